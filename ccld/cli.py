@@ -1,0 +1,126 @@
+"""The one ``ccld`` command: each subcommand lives in the module that does the work.
+
+A subcommand module exposes ``configure(parser)`` (adds its arguments) and
+``main(args, settings) -> int``. Modules are imported only when their command runs, so
+``ccld verdicts`` never imports Faust, torch or CuPy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from ccld.errors import CcldError
+from ccld.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+class Command(Protocol):
+    def configure(self, parser: argparse.ArgumentParser) -> None: ...
+
+    def main(self, args: argparse.Namespace, settings: Settings) -> int: ...
+
+
+#: name -> (module, one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "demo": ("ccld.demo", "run the embedded pipeline on a simulated job with injected faults"),
+    "up": ("ccld.up", "broker (unless --bootstrap) + worker + sink on this machine"),
+    "broker": ("ccld.broker", "run the embedded Kafka-compatible broker (Tansu)"),
+    "topics": ("ccld.topics", "create the CCL-D topics on a broker"),
+    "worker": ("ccld.streams.worker", "run the Faust stream processor that emits verdicts"),
+    "sink": ("ccld.sinks.cli", "archive metrics and verdicts to Parquet"),
+    "archive": ("ccld.sinks.cli_archive", "inspect a Parquet archive (archive summary DIR)"),
+    "verdicts": ("ccld.streams.tail", "tail the verdicts topic"),
+    "simulate": ("ccld.producers.simulator.cli", "run a simulated training job with injected faults"),
+    "bench": ("ccld.bench", "benchmarks (bench accuracy --scenarios FILE)"),
+    "run": ("ccld.producers.attach.cli", "run a command with the PyTorch attachment active"),
+    "import-fr": ("ccld.producers.flight_recorder", "analyse PyTorch Flight Recorder dumps"),
+    "probe": ("ccld.probe.cli", "GPU probe tools (layout, compile check)"),
+}
+
+#: flags every subcommand takes; they become Settings fields of the same name
+COMMON_FLAGS = ("bootstrap", "topic_prefix", "job", "log_level")
+
+
+def _add_common(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("common")
+    g.add_argument("--bootstrap", help="Kafka bootstrap servers (default: CCLD_BOOTSTRAP or the embedded broker)")
+    g.add_argument("--topic-prefix", dest="topic_prefix", help="topic name prefix (default ccl-d.)")
+    g.add_argument("--job", help="job id")
+    g.add_argument("--log-level", dest="log_level", help="DEBUG, INFO, WARNING, ...")
+    g.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="any setting by name, e.g. --set metrics_partitions=8 --set analyzer_hang_min_s=30",
+    )
+
+
+def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Command]]:
+    parser = argparse.ArgumentParser(prog="ccld", description=__doc__.splitlines()[0] if __doc__ else None)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    loaded: dict[str, Command] = {}
+    wanted = _wanted_command()
+    for name, (module, help_) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_)
+        _add_common(p)
+        if name == wanted:
+            mod: Any = importlib.import_module(module)
+            mod.configure(p)
+            loaded[name] = mod
+    return parser, loaded
+
+
+_argv: Sequence[str] = ()
+
+
+def _wanted_command() -> str | None:
+    return next((a for a in _argv if a in COMMANDS), None)
+
+
+def settings_from_args(args: argparse.Namespace) -> Settings:
+    overrides: dict[str, Any] = {k: getattr(args, k, None) for k in COMMON_FLAGS}
+    for item in args.set:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise CcldError(f"--set wants KEY=VALUE, got {item!r}")
+        overrides[key.strip().replace("-", "_")] = value
+    return Settings.load(**overrides)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    global _argv
+    _argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        parser, loaded = build_parser()
+        args = parser.parse_args(_argv)
+        settings = settings_from_args(args)
+    except ModuleNotFoundError as exc:
+        print(f"ccld: this command needs a missing module: {exc} (is the extra installed?)", file=sys.stderr)
+        return 2
+    except CcldError as exc:
+        print(f"ccld: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(
+        level=getattr(logging, settings.log_level.upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        return int(loaded[args.command].main(args, settings))
+    except CcldError as exc:
+        print(f"ccld {args.command}: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"ccld {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,504 @@
+"""Typed records every stage shares: Trace IDs, kernel records, columnar batches, verdicts.
+
+The Avro schemas in ``schemas/`` are the wire contract; these dataclasses are what the code
+handles, with ``to_dict``/``from_dict`` at the boundary. A ``KernelBatch`` is columnar (numpy
+arrays, one row per kernel record) because the analyzer works on whole columns at once.
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from ccld.errors import RecordError
+
+I64 = npt.NDArray[np.int64]
+
+#: Number of per-channel counter slots a record carries (the probing frame folds more onto these).
+MAX_CHANNELS = 8
+
+
+class OpType(enum.IntEnum):
+    """Collective or point-to-point operation type (one byte of the Trace ID)."""
+
+    ALL_REDUCE = 0
+    ALL_GATHER = 1
+    REDUCE_SCATTER = 2
+    BROADCAST = 3
+    REDUCE = 4
+    ALL_TO_ALL = 5
+    BARRIER = 6
+    SEND = 7
+    RECV = 8
+
+
+class DType(enum.IntEnum):
+    """Element type of the buffer (one byte of the Trace ID)."""
+
+    FLOAT32 = 0
+    FLOAT16 = 1
+    BFLOAT16 = 2
+    FLOAT64 = 3
+    INT32 = 4
+    INT64 = 5
+    INT8 = 6
+    UINT8 = 7
+    BOOL = 8
+    FLOAT8 = 9
+    OTHER = 15
+
+
+class Status(enum.IntEnum):
+    """What a kernel record says about its operation on that rank."""
+
+    ENTERED = 0  # the rank entered the operation (t_enter_ns set)
+    PROGRESS = 1  # a sample while inside the operation (counters, t_sample_ns)
+    DONE = 2  # the rank left the operation (t_exit_ns set)
+
+
+class AnomalyKind(str, enum.Enum):
+    """The six root-cause classes of the paper."""
+
+    H1 = "H1"  # not-entered hang: the culprit never entered an op its peers entered
+    H2 = "H2"  # inconsistent hang: ranks entered ops whose signatures or order differ
+    H3 = "H3"  # hardware-fault hang: consistent op, data movement stopped on a link
+    S1 = "S1"  # comp-slow: a late arriver makes everyone wait (P >= beta)
+    S2 = "S2"  # comm-slow: the communication itself is slow (P <= alpha)
+    S3 = "S3"  # mixed-slow: both (alpha < P < beta)
+
+    @property
+    def is_hang(self) -> bool:
+        return self.value.startswith("H")
+
+
+class VerdictState(str, enum.Enum):
+    """Life cycle of one incident on the verdicts topic."""
+
+    OPEN = "open"  # first verdict of an incident
+    UPDATE = "update"  # the incident changed (more affected ranks, a better root cause)
+    RESOLVED = "resolved"  # progress resumed / the slowdown ended
+
+
+def comm_hex(comm_hash: int) -> str:
+    """Render a communicator hash (signed or unsigned 64-bit) as 16 lowercase hex digits."""
+    return f"{comm_hash & 0xFFFF_FFFF_FFFF_FFFF:016x}"
+
+
+def to_signed64(value: int) -> int:
+    """Map an unsigned 64-bit hash onto Avro's signed ``long``."""
+    value &= 0xFFFF_FFFF_FFFF_FFFF
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+_TRACE = struct.Struct("<QIBBH")
+
+
+@dataclass(frozen=True, slots=True)
+class TraceId:
+    """The 16-byte decentralised identity of one communication round.
+
+    Layout (little-endian): communicator hash u64, op sequence u32, op type u8, dtype u8,
+    flags/root u16. Every rank computes it the same way without a central server.
+    """
+
+    comm_hash: int
+    op_seq: int
+    op_type: OpType
+    dtype: DType
+    root: int = 0xFFFF  # root or peer rank for rooted / p2p ops; 0xFFFF when none
+
+    SIZE = 16
+
+    def pack(self) -> bytes:
+        return _TRACE.pack(
+            self.comm_hash & 0xFFFF_FFFF_FFFF_FFFF,
+            self.op_seq & 0xFFFF_FFFF,
+            int(self.op_type),
+            int(self.dtype),
+            self.root & 0xFFFF,
+        )
+
+    @classmethod
+    def unpack(cls, raw: bytes) -> TraceId:
+        if len(raw) != cls.SIZE:
+            raise RecordError(f"a Trace ID is 16 bytes, got {len(raw)}")
+        comm, seq, op, dt, root = _TRACE.unpack(raw)
+        try:
+            return cls(to_signed64(comm), seq, OpType(op), DType(dt), root)
+        except ValueError as exc:
+            raise RecordError(f"bad Trace ID {raw.hex()}: {exc}") from exc
+
+
+@dataclass(frozen=True, slots=True)
+class KernelRecord:
+    """One observation of one operation on one rank (the row form of the metrics wire format).
+
+    Times are nanoseconds on the rank's **own** clock; -1 means not observed. Clocks of
+    different hosts disagree by seconds, so only differences on one rank are meaningful.
+    """
+
+    job: str
+    incarnation: int
+    comm_hash: int
+    op_seq: int
+    op_type: OpType
+    dtype: DType
+    count: int  # element count
+    peer: int  # root (rooted collectives) or peer (send/recv) as a rank of the communicator; -1 none
+    rank: int  # global rank
+    comm_rank: int  # rank inside the communicator
+    comm_size: int
+    world_size: int
+    host: str
+    status: Status
+    t_enter_ns: int = -1
+    t_exit_ns: int = -1
+    t_sample_ns: int = -1
+    send_counts: tuple[int, ...] = ()
+    recv_counts: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.rank < 0 or not 0 <= self.comm_rank < max(self.comm_size, 1):
+            raise RecordError(f"bad rank {self.rank} / comm rank {self.comm_rank} of {self.comm_size}")
+        if len(self.send_counts) != len(self.recv_counts) or len(self.send_counts) > MAX_CHANNELS:
+            raise RecordError("send_counts and recv_counts must have the same length, at most 8")
+
+    @property
+    def trace_id(self) -> TraceId:
+        return TraceId(self.comm_hash, self.op_seq, self.op_type, self.dtype, self.peer & 0xFFFF)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "job": self.job,
+            "incarnation": self.incarnation,
+            "comm_hash": to_signed64(self.comm_hash),
+            "op_seq": self.op_seq,
+            "op_type": self.op_type.name,
+            "dtype": self.dtype.name,
+            "count": self.count,
+            "peer": self.peer,
+            "rank": self.rank,
+            "comm_rank": self.comm_rank,
+            "comm_size": self.comm_size,
+            "world_size": self.world_size,
+            "host": self.host,
+            "status": self.status.name,
+            "t_enter_ns": self.t_enter_ns,
+            "t_exit_ns": self.t_exit_ns,
+            "t_sample_ns": self.t_sample_ns,
+            "send_counts": list(self.send_counts),
+            "recv_counts": list(self.recv_counts),
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> KernelRecord:
+        try:
+            return cls(
+                job=str(d["job"]),
+                incarnation=int(d["incarnation"]),
+                comm_hash=int(d["comm_hash"]),
+                op_seq=int(d["op_seq"]),
+                op_type=OpType[d["op_type"]],
+                dtype=DType[d["dtype"]],
+                count=int(d["count"]),
+                peer=int(d["peer"]),
+                rank=int(d["rank"]),
+                comm_rank=int(d["comm_rank"]),
+                comm_size=int(d["comm_size"]),
+                world_size=int(d["world_size"]),
+                host=str(d["host"]),
+                status=Status[d["status"]],
+                t_enter_ns=int(d["t_enter_ns"]),
+                t_exit_ns=int(d["t_exit_ns"]),
+                t_sample_ns=int(d["t_sample_ns"]),
+                send_counts=tuple(int(x) for x in d["send_counts"]),
+                recv_counts=tuple(int(x) for x in d["recv_counts"]),
+            )
+        except (KeyError, TypeError) as exc:
+            raise RecordError(f"kernel record lacks or mistypes a field: {exc}") from exc
+
+
+#: Per-row integer columns of a KernelBatch, in wire order (each packed as little-endian int64).
+BATCH_COLUMNS: tuple[str, ...] = (
+    "op_seq",
+    "op_type",
+    "dtype",
+    "count",
+    "peer",
+    "rank",
+    "comm_rank",
+    "comm_size",
+    "status",
+    "host_idx",
+    "t_enter_ns",
+    "t_exit_ns",
+    "t_sample_ns",
+)
+
+
+@dataclass(frozen=True, eq=False)
+class KernelBatch:
+    """Many kernel records of one communicator of one job, column by column.
+
+    ``columns`` maps each name of ``BATCH_COLUMNS`` to an int64 array of length ``n``;
+    ``send``/``recv`` are ``(n, channels)`` int64 arrays; ``host_idx`` indexes ``hosts``.
+    ``producer``/``batch_seq`` identify the batch so a replayed duplicate can be recognised.
+    """
+
+    job: str
+    incarnation: int
+    comm_hash: int
+    world_size: int
+    hosts: tuple[str, ...]
+    columns: Mapping[str, I64]
+    send: I64
+    recv: I64
+    producer: str = ""
+    batch_seq: int = 0
+
+    def __post_init__(self) -> None:
+        n = self.n
+        for name in BATCH_COLUMNS:
+            col = self.columns.get(name)
+            if col is None or col.shape != (n,):
+                raise RecordError(f"batch column {name!r} missing or not of length {n}")
+        if self.send.shape != self.recv.shape or self.send.ndim != 2 or self.send.shape[0] != n:
+            raise RecordError(f"send/recv must both be ({n}, channels), got {self.send.shape}/{self.recv.shape}")
+        if self.send.shape[1] > MAX_CHANNELS:
+            raise RecordError(f"at most {MAX_CHANNELS} channels per record, got {self.send.shape[1]}")
+        if n and (int(self.columns["host_idx"].min()) < 0 or int(self.columns["host_idx"].max()) >= len(self.hosts)):
+            raise RecordError("host_idx points outside the hosts table")
+        if n and int(self.columns["rank"].min()) < 0:
+            raise RecordError("a record without a rank (negative rank) is not accepted")
+
+    @property
+    def n(self) -> int:
+        return int(self.columns["op_seq"].shape[0]) if "op_seq" in self.columns else 0
+
+    @property
+    def channels(self) -> int:
+        return int(self.send.shape[1])
+
+    def col(self, name: str) -> I64:
+        return self.columns[name]
+
+    @classmethod
+    def from_records(
+        cls, records: Sequence[KernelRecord], *, producer: str = "", batch_seq: int = 0
+    ) -> KernelBatch:
+        """Build a columnar batch from row records of one job, incarnation and communicator."""
+        if not records:
+            raise RecordError("a batch needs at least one record")
+        first = records[0]
+        if any(
+            (r.job, r.incarnation, r.comm_hash) != (first.job, first.incarnation, first.comm_hash) for r in records
+        ):
+            raise RecordError("a batch holds records of one job, incarnation and communicator only")
+        hosts: dict[str, int] = {}
+        rows = []
+        for r in records:
+            h = hosts.setdefault(r.host, len(hosts))
+            rows.append(
+                (r.op_seq, int(r.op_type), int(r.dtype), r.count, r.peer, r.rank, r.comm_rank, r.comm_size,
+                 int(r.status), h, r.t_enter_ns, r.t_exit_ns, r.t_sample_ns)
+            )
+        table = np.asarray(rows, dtype=np.int64).reshape(len(rows), len(BATCH_COLUMNS))
+        channels = max(len(r.send_counts) for r in records)
+        send = np.zeros((len(records), channels), dtype=np.int64)
+        recv = np.zeros((len(records), channels), dtype=np.int64)
+        for i, r in enumerate(records):
+            send[i, : len(r.send_counts)] = r.send_counts
+            recv[i, : len(r.recv_counts)] = r.recv_counts
+        return cls(
+            job=first.job,
+            incarnation=first.incarnation,
+            comm_hash=to_signed64(first.comm_hash),
+            world_size=max(r.world_size for r in records),
+            hosts=tuple(hosts),
+            columns={name: np.ascontiguousarray(table[:, i]) for i, name in enumerate(BATCH_COLUMNS)},
+            send=send,
+            recv=recv,
+            producer=producer,
+            batch_seq=batch_seq,
+        )
+
+    def records(self) -> list[KernelRecord]:
+        """The row form (slow; for tests, dead letters and the archive, not the hot path)."""
+        cols = {k: v.tolist() for k, v in self.columns.items()}
+        out = []
+        for i in range(self.n):
+            out.append(
+                KernelRecord(
+                    job=self.job,
+                    incarnation=self.incarnation,
+                    comm_hash=self.comm_hash,
+                    op_seq=cols["op_seq"][i],
+                    op_type=OpType(cols["op_type"][i]),
+                    dtype=DType(cols["dtype"][i]),
+                    count=cols["count"][i],
+                    peer=cols["peer"][i],
+                    rank=cols["rank"][i],
+                    comm_rank=cols["comm_rank"][i],
+                    comm_size=cols["comm_size"][i],
+                    world_size=self.world_size,
+                    host=self.hosts[cols["host_idx"][i]],
+                    status=Status(cols["status"][i]),
+                    t_enter_ns=cols["t_enter_ns"][i],
+                    t_exit_ns=cols["t_exit_ns"][i],
+                    t_sample_ns=cols["t_sample_ns"][i],
+                    send_counts=tuple(self.send[i].tolist()),
+                    recv_counts=tuple(self.recv[i].tolist()),
+                )
+            )
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class Link:
+    """A directed link between two global ranks (data flows src -> dst)."""
+
+    src: int
+    dst: int
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """One verdict about one incident: the class, the root cause, the evidence.
+
+    ``onset_time`` and ``detected_time`` are seconds on the analyzer's clock (wall clock in
+    the worker, simulated time in the simulator), never a rank's clock.
+    """
+
+    incident_id: str
+    state: VerdictState
+    kind: AnomalyKind
+    job: str
+    communicator: str  # 16 hex digits
+    op_seq: int
+    op_type: str
+    root_cause_ranks: tuple[int, ...]
+    affected_ranks: tuple[int, ...]
+    confidence: float
+    evidence: str
+    onset_time: float
+    detected_time: float
+    root_cause_hosts: tuple[str, ...] = ()
+    link: Link | None = None
+    channel: int | None = None
+    p: float | None = None
+    mismatch_field: str | None = None
+    details: Mapping[str, str] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "incident_id": self.incident_id,
+            "state": self.state.value,
+            "kind": self.kind.value,
+            "job": self.job,
+            "communicator": self.communicator,
+            "op_seq": self.op_seq,
+            "op_type": self.op_type,
+            "root_cause_ranks": list(self.root_cause_ranks),
+            "root_cause_hosts": list(self.root_cause_hosts),
+            "affected_ranks": list(self.affected_ranks),
+            "link": None if self.link is None else {"src": self.link.src, "dst": self.link.dst},
+            "channel": self.channel,
+            "p": self.p,
+            "mismatch_field": self.mismatch_field,
+            "confidence": self.confidence,
+            "evidence": self.evidence,
+            "onset_time": self.onset_time,
+            "detected_time": self.detected_time,
+            "details": dict(self.details),
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Verdict:
+        try:
+            link = d.get("link")
+            return cls(
+                incident_id=str(d["incident_id"]),
+                state=VerdictState(d["state"]),
+                kind=AnomalyKind(d["kind"]),
+                job=str(d["job"]),
+                communicator=str(d["communicator"]),
+                op_seq=int(d["op_seq"]),
+                op_type=str(d["op_type"]),
+                root_cause_ranks=tuple(int(x) for x in d["root_cause_ranks"]),
+                root_cause_hosts=tuple(str(x) for x in d.get("root_cause_hosts") or ()),
+                affected_ranks=tuple(int(x) for x in d["affected_ranks"]),
+                link=None if link is None else Link(int(link["src"]), int(link["dst"])),
+                channel=None if d.get("channel") is None else int(d["channel"]),
+                p=None if d.get("p") is None else float(d["p"]),
+                mismatch_field=d.get("mismatch_field"),
+                confidence=float(d["confidence"]),
+                evidence=str(d["evidence"]),
+                onset_time=float(d["onset_time"]),
+                detected_time=float(d["detected_time"]),
+                details=dict(d.get("details") or {}),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise RecordError(f"verdict lacks or mistypes a field: {exc}") from exc
+
+    def describe(self) -> str:
+        """One readable line, as `ccld verdicts` and `ccld demo` print it."""
+        where = f"rank {','.join(map(str, self.root_cause_ranks)) or '?'}"
+        if self.root_cause_hosts:
+            where += f" on {','.join(self.root_cause_hosts)}"
+        extra = []
+        if self.link is not None:
+            extra.append(f"link {self.link.src}->{self.link.dst}")
+        if self.channel is not None:
+            extra.append(f"channel {self.channel}")
+        if self.p is not None:
+            extra.append(f"P={self.p:.2f}")
+        if self.mismatch_field:
+            extra.append(f"differs in {self.mismatch_field}")
+        tail = f" ({'; '.join(extra)})" if extra else ""
+        return (
+            f"[{self.state.value}] {self.kind.value} {where}: {self.op_type} #{self.op_seq} of comm "
+            f"{self.communicator}{tail}; {len(self.affected_ranks)} ranks affected; {self.evidence} "
+            f"[incident {self.incident_id}, confidence {self.confidence:.2f}]"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    """A message the pipeline could not use, kept with the reason and where it came from."""
+
+    raw: bytes
+    reason: str
+    detail: str
+    source_topic: str
+    source_partition: int
+    source_offset: int
+    time_ms: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "raw": self.raw,
+            "reason": self.reason,
+            "detail": self.detail,
+            "source_topic": self.source_topic,
+            "source_partition": self.source_partition,
+            "source_offset": self.source_offset,
+            "time_ms": self.time_ms,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> DeadLetter:
+        return cls(
+            raw=bytes(d["raw"]),
+            reason=str(d["reason"]),
+            detail=str(d["detail"]),
+            source_topic=str(d["source_topic"]),
+            source_partition=int(d["source_partition"]),
+            source_offset=int(d["source_offset"]),
+            time_ms=int(d["time_ms"]),
+        )

@@ -1,0 +1,1 @@
+"""Attach CCL-D to PyTorch jobs (torch.distributed)."""

@@ -1,0 +1,1 @@
+"""Fault-injecting discrete-event simulator of a training job."""

@@ -1,0 +1,210 @@
+"""Avro single-object encoding of every CCL-D message, with no schema registry.
+
+A message is the Avro spec's 2-byte marker ``C3 01``, the 8-byte little-endian CRC-64-AVRO
+fingerprint of the writer schema's canonical form, then the Avro binary body. The decoder
+finds the writer schema by fingerprint among the ``.avsc`` files shipped in this package
+(current and historical), and resolves it against the reader's schema, so old bytes stay
+readable after a schema gains an optional field.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import struct
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+from typing import Any
+
+import fastavro
+import fastavro.schema
+import numpy as np
+
+from ccld.errors import RecordError, SchemaError
+from ccld.records import BATCH_COLUMNS, DeadLetter, KernelBatch, KernelRecord, Verdict
+
+MAGIC = b"\xc3\x01"
+HEADER_SIZE = 10
+
+#: The schemas this build writes, by record name.
+CURRENT = ("KernelRecord", "KernelBatch", "Verdict", "DeadLetter")
+
+
+@dataclass(frozen=True)
+class Schema:
+    """A parsed schema with its canonical form and fingerprint."""
+
+    name: str
+    raw: Mapping[str, Any]
+    parsed: Any
+    fingerprint: bytes  # 8 bytes, little-endian as written on the wire
+
+    @property
+    def header(self) -> bytes:
+        return MAGIC + self.fingerprint
+
+
+def _parse(raw: Mapping[str, Any]) -> Schema:
+    parsed = fastavro.parse_schema(dict(raw), _write_hint=False)
+    canonical = fastavro.schema.to_parsing_canonical_form(raw)
+    fp = int(fastavro.schema.fingerprint(canonical, "CRC-64-AVRO"), 16)
+    # fastavro prints the CRC as a big-endian hex string of the 64-bit value; the wire wants little-endian.
+    return Schema(name=str(raw["name"]), raw=raw, parsed=parsed, fingerprint=struct.pack("<Q", fp))
+
+
+@cache
+def load_schema(name: str) -> Schema:
+    """Load ``<name>.avsc`` (or ``history/<name>.avsc``) from the package data."""
+    base = resources.files("ccld.schemas")
+    path = base / f"{name}.avsc"
+    if not path.is_file():
+        path = base / "history" / f"{name}.avsc"
+    if not path.is_file():
+        raise SchemaError("unknown-schema", f"no schema file named {name}.avsc")
+    return _parse(json.loads(path.read_text(encoding="utf-8")))
+
+
+@cache
+def _writers() -> dict[bytes, Schema]:
+    """Every schema this build can read bytes of, keyed by fingerprint."""
+    out: dict[bytes, Schema] = {}
+    base = resources.files("ccld.schemas")
+    names = [n for n in CURRENT]
+    hist = base / "history"
+    if hist.is_dir():
+        names += [p.name[: -len(".avsc")] for p in hist.iterdir() if p.name.endswith(".avsc")]
+    for n in names:
+        s = load_schema(n)
+        out[s.fingerprint] = s
+    return out
+
+
+def encode(name: str, record: Mapping[str, Any]) -> bytes:
+    """Encode a dict with the current schema ``name`` as one single-object message."""
+    schema = load_schema(name)
+    buf = io.BytesIO()
+    buf.write(schema.header)
+    try:
+        fastavro.schemaless_writer(buf, schema.parsed, dict(record))
+    except (ValueError, TypeError, KeyError) as exc:
+        raise SchemaError("unencodable", f"{name}: {exc}") from exc
+    return buf.getvalue()
+
+
+def read_header(data: bytes) -> Schema:
+    """Check the marker and look the writer schema up by fingerprint."""
+    if len(data) < HEADER_SIZE or data[:2] != MAGIC:
+        raise SchemaError("bad-marker", f"not an Avro single-object message (starts {data[:2].hex() or 'empty'})")
+    writer = _writers().get(bytes(data[2:HEADER_SIZE]))
+    if writer is None:
+        raise SchemaError("unknown-fingerprint", f"no known schema has fingerprint {data[2:HEADER_SIZE].hex()}")
+    return writer
+
+
+def decode(data: bytes, reader: str | None = None) -> tuple[str, dict[str, Any]]:
+    """Decode one message; returns (record name, dict). ``reader`` resolves to that schema."""
+    writer = read_header(data)
+    target = load_schema(reader or writer.name)
+    if target.name != writer.name:
+        raise SchemaError("wrong-schema", f"expected {target.name}, message was written as {writer.name}")
+    try:
+        body = io.BytesIO(data[HEADER_SIZE:])
+        rec = fastavro.schemaless_reader(
+            body, writer.parsed, target.parsed if target is not writer else None
+        )
+        if body.tell() != len(data) - HEADER_SIZE:
+            raise SchemaError("corrupt-body", f"{len(data) - HEADER_SIZE - body.tell()} trailing bytes")
+    except SchemaError:
+        raise
+    except Exception as exc:  # fastavro raises EOFError, ValueError, IndexError, UnicodeDecodeError...
+        raise SchemaError("corrupt-body", f"{writer.name}: {type(exc).__name__}: {exc}") from exc
+    if not isinstance(rec, dict):
+        raise SchemaError("corrupt-body", f"{writer.name} did not decode to a record")
+    return writer.name, rec
+
+
+# --- typed helpers -----------------------------------------------------------------------------
+
+
+def encode_batch(batch: KernelBatch) -> bytes:
+    rec: dict[str, Any] = {
+        "job": batch.job,
+        "incarnation": batch.incarnation,
+        "comm_hash": batch.comm_hash,
+        "world_size": batch.world_size,
+        "producer": batch.producer,
+        "batch_seq": batch.batch_seq,
+        "n": batch.n,
+        "channels": batch.channels,
+        "hosts": list(batch.hosts),
+        "send": np.ascontiguousarray(batch.send, dtype="<i8").tobytes(),
+        "recv": np.ascontiguousarray(batch.recv, dtype="<i8").tobytes(),
+    }
+    for name in BATCH_COLUMNS:
+        rec[name] = np.ascontiguousarray(batch.columns[name], dtype="<i8").tobytes()
+    return encode("KernelBatch", rec)
+
+
+def batch_from_dict(rec: Mapping[str, Any]) -> KernelBatch:
+    """Turn a decoded KernelBatch dict into arrays, checking every column's length."""
+    n, ch = int(rec["n"]), int(rec["channels"])
+    if n < 0 or not 0 <= ch <= 8:
+        raise SchemaError("bad-record", f"KernelBatch n={n} channels={ch}")
+
+    def column(name: str, width: int) -> np.ndarray:
+        raw = rec[name]
+        if len(raw) != 8 * n * width:
+            raise SchemaError("bad-record", f"KernelBatch column {name} has {len(raw)} bytes, want {8 * n * width}")
+        return np.frombuffer(raw, dtype="<i8").astype(np.int64, copy=False)
+
+    try:
+        return KernelBatch(
+            job=str(rec["job"]),
+            incarnation=int(rec["incarnation"]),
+            comm_hash=int(rec["comm_hash"]),
+            world_size=int(rec["world_size"]),
+            hosts=tuple(rec["hosts"]),
+            columns={name: column(name, 1) for name in BATCH_COLUMNS},
+            send=column("send", ch).reshape(n, ch),
+            recv=column("recv", ch).reshape(n, ch),
+            producer=str(rec["producer"]),
+            batch_seq=int(rec["batch_seq"]),
+        )
+    except RecordError as exc:
+        raise SchemaError("bad-record", str(exc)) from exc
+
+
+def decode_metrics(data: bytes) -> KernelBatch:
+    """Decode a metrics-topic message (a KernelBatch, or a single KernelRecord) into a batch."""
+    name, rec = decode(data)
+    if name == "KernelBatch":
+        return batch_from_dict(rec)
+    if name == "KernelRecord":
+        try:
+            return KernelBatch.from_records([KernelRecord.from_dict(rec)])
+        except RecordError as exc:
+            raise SchemaError("bad-record", str(exc)) from exc
+    raise SchemaError("wrong-schema", f"a {name} does not belong on the metrics topic")
+
+
+def encode_verdict(v: Verdict) -> bytes:
+    return encode("Verdict", v.to_dict())
+
+
+def decode_verdict(data: bytes) -> Verdict:
+    _, rec = decode(data, reader="Verdict")
+    try:
+        return Verdict.from_dict(rec)
+    except RecordError as exc:
+        raise SchemaError("bad-record", str(exc)) from exc
+
+
+def encode_dead_letter(d: DeadLetter) -> bytes:
+    return encode("DeadLetter", d.to_dict())
+
+
+def decode_dead_letter(data: bytes) -> DeadLetter:
+    _, rec = decode(data, reader="DeadLetter")
+    return DeadLetter.from_dict(rec)

@@ -1,0 +1,1 @@
+"""The analyzer: pure functions from kernel records to verdicts."""
