@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import io
 import json
-import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cache
@@ -49,9 +48,10 @@ class Schema:
 def _parse(raw: Mapping[str, Any]) -> Schema:
     parsed = fastavro.parse_schema(dict(raw), _write_hint=False)
     canonical = fastavro.schema.to_parsing_canonical_form(raw)
-    fp = int(fastavro.schema.fingerprint(canonical, "CRC-64-AVRO"), 16)
-    # fastavro prints the CRC as a big-endian hex string of the 64-bit value; the wire wants little-endian.
-    return Schema(name=str(raw["name"]), raw=raw, parsed=parsed, fingerprint=struct.pack("<Q", fp))
+    # fastavro's hex string is already the little-endian byte order the single-object header wants
+    # (tests/unit/core/test_codec.py checks it against an independent CRC-64-AVRO).
+    fp = bytes.fromhex(fastavro.schema.fingerprint(canonical, "CRC-64-AVRO"))
+    return Schema(name=str(raw["name"]), raw=raw, parsed=parsed, fingerprint=fp)
 
 
 @cache

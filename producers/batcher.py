@@ -1,0 +1,123 @@
+"""Bounded, per-communicator batching of kernel records (pure: no threads, no I/O).
+
+The queue is bounded so a stalled broker can never grow a training process's memory. When
+it is full, the oldest PROGRESS samples go first (the next sample says the same thing);
+ENTERED and DONE records are what hang localization needs, so they are kept as long as a
+hard cap of twice the bound allows, and every drop is counted.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
+
+from ccld.records import KernelBatch, KernelRecord, Status
+
+_Key = tuple[str, int, int]  # job, incarnation, comm_hash
+
+
+@dataclass
+class BatcherStats:
+    """Counters a producer reports (and tests read)."""
+
+    accepted: int = 0
+    dropped_progress: int = 0
+    dropped_critical: int = 0
+    batches: int = 0
+
+
+@dataclass
+class _Pending:
+    records: deque[tuple[int, KernelRecord]] = field(default_factory=deque)  # (arrival id, record)
+    first_arrival_s: float = 0.0
+
+
+class RecordBatcher:
+    """Collects records per (job, incarnation, communicator) and cuts KernelBatches."""
+
+    def __init__(self, *, producer_id: str, batch_max: int, queue_max: int, linger_s: float) -> None:
+        self.producer_id = producer_id
+        self.batch_max = batch_max
+        self.queue_max = queue_max
+        self.linger_s = linger_s
+        self.stats = BatcherStats()
+        self._pending: OrderedDict[_Key, _Pending] = OrderedDict()
+        self._progress: deque[tuple[int, _Key]] = deque()  # arrival ids of queued PROGRESS samples
+        self._dropped_ids: set[int] = set()
+        self._size = 0
+        self._ids = itertools.count()
+        self._seq = itertools.count()
+
+    def __len__(self) -> int:
+        return self._size
+
+    def add(self, record: KernelRecord, now_s: float) -> bool:
+        """Queue one record; returns False when it (or an older sample for it) was dropped."""
+        if self._size >= self.queue_max and not self._drop_oldest_progress():
+            if record.status is Status.PROGRESS or self._size >= 2 * self.queue_max:
+                self._count_drop(record.status)
+                return False
+        key = (record.job, record.incarnation, record.comm_hash)
+        pending = self._pending.get(key)
+        if pending is None:
+            pending = self._pending[key] = _Pending(first_arrival_s=now_s)
+        rid = next(self._ids)
+        pending.records.append((rid, record))
+        if record.status is Status.PROGRESS:
+            self._progress.append((rid, key))
+        self._size += 1
+        self.stats.accepted += 1
+        return True
+
+    def _count_drop(self, status: Status) -> None:
+        if status is Status.PROGRESS:
+            self.stats.dropped_progress += 1
+        else:
+            self.stats.dropped_critical += 1
+
+    def _drop_oldest_progress(self) -> bool:
+        # Lazy deletion: mark the id; batches skip marked records when they are cut.
+        while self._progress:
+            rid, key = self._progress.popleft()
+            if key in self._pending and rid not in self._dropped_ids:
+                self._dropped_ids.add(rid)
+                self._size -= 1
+                self.stats.dropped_progress += 1
+                return True
+        return False
+
+    def ready(self, now_s: float, *, force: bool = False) -> list[KernelBatch]:
+        """Batches that are full, have lingered long enough, or (force) everything queued."""
+        out: list[KernelBatch] = []
+        for key in list(self._pending):
+            pending = self._pending[key]
+            while pending.records and (
+                force or len(pending.records) >= self.batch_max or now_s - pending.first_arrival_s >= self.linger_s
+            ):
+                out.extend(self._cut(pending))
+                pending.first_arrival_s = now_s
+            if not pending.records:
+                del self._pending[key]
+        if not self._pending:
+            self._progress.clear()
+            self._dropped_ids.clear()
+        return out
+
+    def _cut(self, pending: _Pending) -> list[KernelBatch]:
+        take: list[KernelRecord] = []
+        while pending.records and len(take) < self.batch_max:
+            rid, rec = pending.records.popleft()
+            if rid in self._dropped_ids:
+                self._dropped_ids.discard(rid)
+                continue
+            take.append(rec)
+            self._size -= 1
+        if not take:
+            return []
+        self.stats.batches += 1
+        return [KernelBatch.from_records(take, producer=self.producer_id, batch_seq=next(self._seq))]
+
+    def next_batch_seq(self) -> int:
+        """A sequence number for a batch built elsewhere (the simulator builds its own batches)."""
+        return next(self._seq)

@@ -1,0 +1,139 @@
+"""Parquet files of metric records and verdicts: deterministic names, atomic writes.
+
+A file holds consecutive messages of one topic partition and is named by the offset of its
+first message, ``<root>/<topic>/<partition>/<start_offset:019d>.parquet``, so a replay after
+a crash rewrites the same file instead of adding a second copy. Files are written to a
+temporary name and renamed, and files the new one covers are removed, so readers never see
+a half-written file or the same message twice.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from ccld.records import BATCH_COLUMNS, DType, KernelBatch, OpType, Status, Verdict, comm_hex
+
+#: Rows per row group: large enough for fast scans, small enough to read one group in little memory.
+ROW_GROUP_ROWS = 128 * 1024
+
+def file_path(root: Path, topic: str, partition: int, start_offset: int) -> Path:
+    return root / topic / str(partition) / f"{start_offset:019d}.parquet"
+
+
+def _names(codes: np.ndarray, enum_type: type[Any]) -> pa.Array:
+    """Enum codes -> their names (codes no enum member has are kept as digits)."""
+    names = {int(m): m.name for m in enum_type}
+    uniq, inverse = np.unique(codes, return_inverse=True)
+    return pa.array(np.array([names.get(int(u), str(int(u))) for u in uniq], dtype=object)[inverse], pa.string())
+
+
+def metrics_table(batches: Sequence[tuple[int, int, KernelBatch]]) -> pa.Table:
+    """(offset, timestamp_ms, batch) triples -> one flat table, one row per kernel record."""
+    parts: list[pa.Table] = []
+    for offset, ts_ms, b in batches:
+        n, c = b.n, b.channels
+        cols: dict[str, Any] = {
+            "offset": pa.array(np.full(n, offset, dtype=np.int64)),
+            "kafka_ts_ms": pa.array(np.full(n, ts_ms, dtype=np.int64)),
+            "job": pa.array([b.job] * n, pa.string()),
+            "incarnation": pa.array(np.full(n, b.incarnation, dtype=np.int32)),
+            "communicator": pa.array([comm_hex(b.comm_hash)] * n, pa.string()),
+            "world_size": pa.array(np.full(n, b.world_size, dtype=np.int32)),
+        }
+        for name in BATCH_COLUMNS:
+            if name == "host_idx":
+                cols["host"] = pa.array(np.array(b.hosts, dtype=object)[b.columns[name]], pa.string())
+            elif name == "op_type":
+                cols[name] = _names(b.columns[name], OpType)
+            elif name == "dtype":
+                cols[name] = _names(b.columns[name], DType)
+            elif name == "status":
+                cols[name] = _names(b.columns[name], Status)
+            else:
+                cols[name] = pa.array(b.columns[name])
+        offsets = pa.array(np.arange(0, n * c + 1, c, dtype=np.int32))
+        cols["send_counts"] = pa.ListArray.from_arrays(offsets, pa.array(b.send.reshape(-1)))
+        cols["recv_counts"] = pa.ListArray.from_arrays(offsets, pa.array(b.recv.reshape(-1)))
+        parts.append(pa.table(cols))
+    return pa.concat_tables(parts) if parts else pa.table({})
+
+
+def verdicts_table(verdicts: Sequence[tuple[int, int, Verdict]]) -> pa.Table:
+    rows = []
+    for offset, ts_ms, v in verdicts:
+        d = v.to_dict()
+        link = d.pop("link")
+        d["link_src"] = None if link is None else link["src"]
+        d["link_dst"] = None if link is None else link["dst"]
+        d["details"] = json.dumps(d["details"], sort_keys=True)
+        rows.append({"offset": offset, "kafka_ts_ms": ts_ms, **d})
+    schema = pa.schema([
+        ("offset", pa.int64()), ("kafka_ts_ms", pa.int64()), ("incident_id", pa.string()), ("state", pa.string()),
+        ("kind", pa.string()), ("job", pa.string()), ("communicator", pa.string()), ("op_seq", pa.int64()),
+        ("op_type", pa.string()), ("root_cause_ranks", pa.list_(pa.int32())),
+        ("root_cause_hosts", pa.list_(pa.string())), ("affected_ranks", pa.list_(pa.int32())),
+        ("channel", pa.int32()), ("p", pa.float64()), ("mismatch_field", pa.string()),
+        ("confidence", pa.float64()), ("evidence", pa.string()), ("onset_time", pa.float64()),
+        ("detected_time", pa.float64()), ("details", pa.string()), ("link_src", pa.int32()),
+        ("link_dst", pa.int32()),
+    ])
+    return pa.Table.from_pylist(rows, schema=schema)
+
+
+def write_atomic(table: pa.Table, path: Path, end_offset: int) -> Path:
+    """Write ``table`` to ``path`` through a temp file; remove older files it now covers.
+
+    ``end_offset`` is the last offset in the file: files of the same partition that start
+    after ``path``'s start and at or before ``end_offset`` hold a subset and are removed.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    pq.write_table(table, tmp, row_group_size=ROW_GROUP_ROWS, compression="zstd")
+    os.replace(tmp, path)
+    start = int(path.stem)
+    for other in path.parent.glob("*.parquet"):
+        try:
+            o = int(other.stem)
+        except ValueError:
+            continue
+        if start < o <= end_offset:
+            other.unlink(missing_ok=True)
+    return path
+
+
+@dataclass(frozen=True)
+class FileInfo:
+    topic: str
+    partition: int
+    start_offset: int
+    rows: int
+    row_groups: int
+    bytes: int
+    path: Path
+
+
+def scan(root: Path) -> list[FileInfo]:
+    """Every Parquet file of an archive, in topic/partition/offset order."""
+    out = []
+    for path in sorted(root.glob("*/*/*.parquet")):
+        md = pq.ParquetFile(path).metadata
+        out.append(FileInfo(path.parent.parent.name, int(path.parent.name), int(path.stem), md.num_rows,
+                            md.num_row_groups, path.stat().st_size, path))
+    return out
+
+
+def read_verdicts(root: Path, topic: str) -> list[dict[str, Any]]:
+    files: Iterable[Path] = sorted((root / topic).glob("*/*.parquet"))
+    rows: list[dict[str, Any]] = []
+    for f in files:
+        rows.extend(pq.read_table(f).to_pylist())
+    return rows

@@ -1,0 +1,43 @@
+"""`ccld worker`: run the Faust stream processor until SIGINT/SIGTERM."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+from ccld.errors import BrokerError
+from ccld.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--app-id", help="consumer group / app id (default: worker_app_id setting)")
+    parser.add_argument("--web-port", type=int, help="serve Faust's web UI on 127.0.0.1:PORT (default: off)")
+
+
+def run_worker(settings: Settings, app_id: str | None = None) -> int:
+    """Create the topics, then run the worker in this process until a signal stops it."""
+    import faust
+
+    from ccld.streams.app import create_app
+    from ccld.topics import ensure_topics
+
+    if not settings.bootstrap:
+        raise BrokerError("ccld worker needs --bootstrap (or CCLD_BOOTSTRAP); `ccld up` starts everything")
+    ensure_topics(settings)
+    app = create_app(settings, app_id=app_id)
+    worker = faust.Worker(app, loglevel=settings.log_level.lower(), quiet=True, redirect_stdouts=False,
+                          override_logging=False)
+    print(f"worker {app.conf.id} consuming {settings.metrics_topic} at {settings.bootstrap}", flush=True)
+    worker.execute_from_commandline()  # returns via SystemExit when stopped
+    return 0
+
+
+def main(args: argparse.Namespace, settings: Settings) -> int:
+    if args.web_port is not None:
+        settings = settings.replace(worker_web_port=args.web_port)
+    try:
+        return run_worker(settings, app_id=args.app_id)
+    except SystemExit as exc:
+        return int(exc.code or 0)

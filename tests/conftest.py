@@ -1,0 +1,8 @@
+"""Test-session wiring shared by every tier: makes tests/factories.py importable."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
