@@ -81,7 +81,9 @@ class EmbeddedBroker:
 
     def start(self, timeout_s: float = 20.0) -> EmbeddedBroker:
         if not port_is_free(self.port, self.host):
-            raise BrokerError(f"port {self.port} on {self.host} is busy; choose another with --port (0 picks a free one)")
+            raise BrokerError(
+                f"port {self.port} on {self.host} is busy; choose another with --port (0 picks a free one)"
+            )
         binary = tansu_binary()
         url = f"tcp://{self.host}:{self.port}"
         cmd = [binary, "broker", "--listener-url", url, "--advertised-listener-url", url,

@@ -62,7 +62,7 @@ class Status(enum.IntEnum):
     DONE = 2  # the rank left the operation (t_exit_ns set)
 
 
-class AnomalyKind(str, enum.Enum):
+class AnomalyKind(enum.StrEnum):
     """The six root-cause classes of the paper."""
 
     H1 = "H1"  # not-entered hang: the culprit never entered an op its peers entered
@@ -77,7 +77,7 @@ class AnomalyKind(str, enum.Enum):
         return self.value.startswith("H")
 
 
-class VerdictState(str, enum.Enum):
+class VerdictState(enum.StrEnum):
     """Life cycle of one incident on the verdicts topic."""
 
     OPEN = "open"  # first verdict of an incident

@@ -17,10 +17,10 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
+from ccld.producers.batcher import RecordBatcher
 from ccld.records import KernelBatch, KernelRecord, comm_hex
 from ccld.schemas import encode_batch
 from ccld.settings import Settings
-from ccld.producers.batcher import RecordBatcher
 
 log = logging.getLogger(__name__)
 

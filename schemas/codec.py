@@ -47,7 +47,7 @@ class Schema:
 
 def _parse(raw: Mapping[str, Any]) -> Schema:
     parsed = fastavro.parse_schema(dict(raw), _write_hint=False)
-    canonical = fastavro.schema.to_parsing_canonical_form(raw)
+    canonical = fastavro.schema.to_parsing_canonical_form(dict(raw))
     # fastavro's hex string is already the little-endian byte order the single-object header wants
     # (tests/unit/core/test_codec.py checks it against an independent CRC-64-AVRO).
     fp = bytes.fromhex(fastavro.schema.fingerprint(canonical, "CRC-64-AVRO"))

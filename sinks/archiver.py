@@ -64,15 +64,23 @@ class Archiver:
     def run(self, stop: threading.Event) -> None:
         consumer = self._consumer()
         consumer.subscribe(self.topics, on_revoke=lambda c, parts: self._flush_all(c, force=True))
+        heartbeat = self.root / ".sink-heartbeat"
+        self.root.mkdir(parents=True, exist_ok=True)
+        beat = 0.0
         try:
             while not stop.is_set():
+                if time.monotonic() - beat >= 5.0:  # liveness for the compose healthcheck
+                    heartbeat.touch()
+                    beat = time.monotonic()
                 msgs = consumer.consume(num_messages=500, timeout=0.2)
                 for msg in msgs:
-                    if msg.error():
-                        if msg.error().code() != KafkaError._PARTITION_EOF:
-                            log.warning("consume error: %s", msg.error())
+                    err = msg.error()
+                    if err is not None:
+                        if err.code() != KafkaError._PARTITION_EOF:
+                            log.warning("consume error: %s", err)
                         continue
-                    self._add(msg.topic(), msg.partition(), msg.offset(), msg.timestamp()[1], msg.value())
+                    self._add(str(msg.topic()), msg.partition() or 0, msg.offset() or 0, msg.timestamp()[1],
+                              msg.value())
                 self._flush_all(consumer, force=False)
             self._flush_all(consumer, force=True)
         finally:

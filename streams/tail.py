@@ -58,9 +58,10 @@ def iter_verdicts(
             msg = consumer.poll(0.2)
             if msg is None:
                 continue
-            if msg.error():
-                if msg.error().code() != KafkaError._PARTITION_EOF:
-                    print(f"ccld verdicts: {msg.error()}", file=sys.stderr)
+            err = msg.error()
+            if err is not None:
+                if err.code() != KafkaError._PARTITION_EOF:
+                    print(f"ccld verdicts: {err}", file=sys.stderr)
                 continue
             try:
                 v = decode_verdict(msg.value() or b"")

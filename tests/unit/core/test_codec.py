@@ -11,8 +11,16 @@ import pytest
 
 from ccld.errors import SchemaError
 from ccld.records import AnomalyKind, KernelBatch, Link, Verdict, VerdictState
-from ccld.schemas import decode, decode_metrics, decode_verdict, encode, encode_batch, encode_verdict, load_schema
-from ccld.schemas import codec
+from ccld.schemas import (
+    codec,
+    decode,
+    decode_metrics,
+    decode_verdict,
+    encode,
+    encode_batch,
+    encode_verdict,
+    load_schema,
+)
 from factories import make_kernel_record
 
 SCHEMAS = Path(codec.__file__).parent

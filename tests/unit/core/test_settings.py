@@ -1,0 +1,58 @@
+"""Settings: environment, flags, unknown keys, validation, and the compose file's variables."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from ccld.errors import ConfigError
+from ccld.settings import Settings, known_env_vars
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def test_defaults_env_and_overrides_layer_in_order() -> None:
+    env = {"CCLD_METRICS_PARTITIONS": "8", "CCLD_JOB": "from-env", "CCLD_ANALYZER_ALPHA": "0.3", "PATH": "/x"}
+    s = Settings.load(env, job="from-flag", bootstrap=None)
+    assert (s.metrics_partitions, s.job, s.analyzer.alpha, s.bootstrap) == (8, "from-flag", 0.3, "")
+    assert s.metrics_topic == "ccl-d.metrics"
+    assert s.replace(topic_prefix="x.").verdicts_topic == "x.verdicts"
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"CCLD_METRIC_PARTITIONS": "8"}, "unknown environment variable 'CCLD_METRIC_PARTITIONS'"),
+        ({"CCLD_METRICS_PARTITIONS": "many"}, "not a valid int"),
+        ({"CCLD_METRICS_PARTITIONS": "0"}, "at least 1"),
+        ({"CCLD_ANALYZER_ALPHA": "0.9"}, "alpha <= beta"),
+    ],
+)
+def test_bad_environment_is_rejected_clearly(env: dict[str, str], message: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        Settings.load(env)
+
+
+def test_unknown_override_is_rejected() -> None:
+    with pytest.raises(ConfigError, match="unknown argument 'partitions'"):
+        Settings.load({}, partitions=3)
+
+
+def test_settings_are_frozen() -> None:
+    s = Settings.load({})
+    with pytest.raises(AttributeError):
+        s.job = "x"  # type: ignore[misc]
+
+
+def test_every_compose_ccld_variable_is_a_setting() -> None:
+    text = (ROOT / "docker-compose.yml").read_text()
+    used = set(re.findall(r"\b(CCLD_[A-Z0-9_]+)\b", text))
+    assert used, "docker-compose.yml sets no CCLD_* variable"
+    unknown = used - known_env_vars()
+    assert not unknown, f"docker-compose.yml sets variables the settings object does not know: {sorted(unknown)}"
+    Settings.load(dict.fromkeys(used, "1") | {"CCLD_ANALYZER_ALPHA": "0.4", "CCLD_ANALYZER_BETA": "0.6"}
+                  | {k: "x" for k in used if k in {"CCLD_BOOTSTRAP", "CCLD_JOB", "CCLD_TOPIC_PREFIX",
+                                                   "CCLD_ARCHIVE_DIR", "CCLD_WORKER_APP_ID", "CCLD_SINK_GROUP"}}
+                  | {k: "INFO" for k in used if k == "CCLD_LOG_LEVEL"})

@@ -1,0 +1,44 @@
+"""The producer's bounded batcher: batching per communicator and the drop policy."""
+
+from __future__ import annotations
+
+from ccld.producers.batcher import RecordBatcher
+from ccld.records import Status
+from factories import make_kernel_record
+
+
+def batcher(queue_max: int = 10, batch_max: int = 4) -> RecordBatcher:
+    return RecordBatcher(producer_id="p", batch_max=batch_max, queue_max=queue_max, linger_s=0.5)
+
+
+def test_batches_are_per_communicator_and_cut_by_size_or_linger() -> None:
+    b = batcher(queue_max=100)
+    for i in range(5):
+        b.add(make_kernel_record(op_seq=i), 0.0)
+    b.add(make_kernel_record(comm_hash=99), 0.0)
+    full = b.ready(0.1)
+    assert [x.n for x in full] == [4] and full[0].comm_hash == make_kernel_record().comm_hash
+    late = b.ready(0.6)
+    assert sorted(x.n for x in late) == [1, 1] and len(b) == 0
+    assert [x.batch_seq for x in full + late] == [0, 1, 2]
+
+
+def test_full_queue_drops_oldest_progress_first_and_keeps_enter_exit() -> None:
+    b = batcher(queue_max=4, batch_max=100)
+    for i in range(3):
+        b.add(make_kernel_record(status=Status.PROGRESS, t_sample_ns=i), 0.0)
+    b.add(make_kernel_record(status=Status.ENTERED), 0.0)
+    assert b.add(make_kernel_record(status=Status.DONE), 0.0)  # evicts the oldest PROGRESS
+    assert b.stats.dropped_progress == 1
+    out = b.ready(0.0, force=True)[0].records()
+    assert [r.status for r in out] == [Status.PROGRESS, Status.PROGRESS, Status.ENTERED, Status.DONE]
+    assert [r.t_sample_ns for r in out[:2]] == [1, 2]
+
+
+def test_enter_exit_beyond_twice_the_bound_are_counted_not_silent() -> None:
+    b = batcher(queue_max=2, batch_max=100)
+    kept = [b.add(make_kernel_record(status=Status.ENTERED, op_seq=i), 0.0) for i in range(6)]
+    assert kept == [True] * 4 + [False] * 2
+    assert b.stats.dropped_critical == 2 and len(b) == 4
+    assert not b.add(make_kernel_record(status=Status.PROGRESS), 0.0)
+    assert b.stats.dropped_progress == 1
