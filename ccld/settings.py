@@ -29,25 +29,25 @@ class Settings:
     """Everything a CCL-D process can be told. Units are in the names."""
 
     bootstrap: str = ""  # Kafka bootstrap servers; empty: start the embedded broker
-    topic_prefix: str = "ccl-d."
-    metrics_partitions: int = 4
-    verdicts_partitions: int = 1
-    deadletter_partitions: int = 1
-    replication_factor: int = 1
-    job: str = "default"
-    archive_dir: str = "ccld-archive"
-    sink_group: str = "ccld-sink"
+    topic_prefix: str = "ccl-d."  # topics are <prefix>metrics, <prefix>verdicts, <prefix>deadletter
+    metrics_partitions: int = 4  # partitions of the metrics topic (the most workers that share the load)
+    verdicts_partitions: int = 1  # partitions of the verdicts topic
+    deadletter_partitions: int = 1  # partitions of the dead-letter topic
+    replication_factor: int = 1  # replication of topics CCL-D creates
+    job: str = "default"  # job id producers stamp on their records
+    archive_dir: str = "ccld-archive"  # root folder of the Parquet archive
+    sink_group: str = "ccld-sink"  # consumer group of the Parquet sink
     sink_max_rows: int = 100_000  # rows per Parquet file (and row group) at most
     sink_max_age_s: float = 10.0  # flush a partial file after this long
-    worker_app_id: str = "ccld-worker"
+    worker_app_id: str = "ccld-worker"  # Faust app id (consumer group and changelog names)
     worker_web_port: int = 0  # 0: no web server
     worker_tick_s: float = 1.0  # how often the worker re-evaluates open operations
     producer_queue_max: int = 200_000  # kernel records waiting in a producer, at most
     producer_batch_max: int = 2_000  # kernel records per batch message, at most
     producer_linger_ms: int = 100  # a batch waits at most this long for more records
-    session_timeout_ms: int = 6_000
-    heartbeat_ms: int = 2_000
-    log_level: str = "INFO"
+    session_timeout_ms: int = 6_000  # consumer group session timeout (short: fast joins and failover)
+    heartbeat_ms: int = 2_000  # consumer group heartbeat interval
+    log_level: str = "INFO"  # DEBUG, INFO, WARNING, ERROR
     analyzer: AnalyzerSettings = field(default_factory=AnalyzerSettings)
 
     def topic(self, kind: str) -> str:

@@ -44,8 +44,8 @@ class WorkerState:
             self.last_snapshot[partition] = time.monotonic()
         return proc
 
-    def key(self, partition: int) -> str:
-        return f"{self.settings.metrics_topic}:{partition}"
+    def key(self, partition: int) -> bytes:
+        return f"{self.settings.metrics_topic}:{partition}".encode()
 
     def maybe_snapshot(self, partition: int, force: bool) -> None:
         now = time.monotonic()
@@ -54,7 +54,7 @@ class WorkerState:
         key, value = self.key(partition), self.processors[partition].snapshot()
         # Written straight to the partition's changelog so the timer (outside any event) can save too.
         self.table.data[key] = value
-        self.table.send_changelog(partition, key, value, key_serializer="raw", value_serializer="raw")
+        self.table.send_changelog(partition, key, value)
         self.last_snapshot[partition] = now
 
 
@@ -81,8 +81,9 @@ def create_app(settings: Settings, *, app_id: str | None = None) -> faust.App:
                          value_serializer="raw", key_serializer="raw", internal=False)
     deadletter = app.topic(settings.deadletter_topic, value_type=bytes, key_type=bytes,
                            value_serializer="raw", key_serializer="raw", internal=False)
+    # bytes keys and values: Faust then uses the raw codec for both (no JSON round trip).
     table = app.Table("analyzer-state", default=None, partitions=settings.metrics_partitions,
-                      key_type=str, value_type=bytes, value_serializer="raw", key_serializer="raw")
+                      key_type=bytes, value_type=bytes)
     state = WorkerState(settings, table)
     app.ccld_state = state  # type: ignore[attr-defined]
 

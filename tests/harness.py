@@ -1,0 +1,69 @@
+"""Helpers for integration tests: a real worker process and a verdict collector."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from ccld.records import Verdict
+from ccld.settings import Settings
+from ccld.streams.tail import iter_verdicts
+from ccld.up import child_env
+
+
+class WorkerProcess:
+    """A real `ccld worker` in a child process, with its log kept for failing tests."""
+
+    def __init__(self, settings: Settings, log_path: Path) -> None:
+        self.settings = settings
+        self.log_path = log_path
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, ready_timeout_s: float = 60.0) -> WorkerProcess:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        start_len = self.log_path.stat().st_size if self.log_path.exists() else 0
+        out = open(self.log_path, "ab")  # noqa: SIM115 - closed with the process
+        self.proc = subprocess.Popen([sys.executable, "-P", "-m", "ccld.cli", "worker"], env=child_env(self.settings),
+                                     stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + ready_timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"worker exited with {self.proc.returncode}:\n{self.log()}")
+            # Faust's recovery service logs "Worker ready" once partitions are assigned and tables recovered.
+            if "Worker ready" in self.log_path.read_bytes()[start_len:].decode(errors="replace"):
+                return self
+            time.sleep(0.2)
+        raise AssertionError(f"worker not ready in {ready_timeout_s} s:\n{self.log()}")
+
+    def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 20.0) -> int:
+        if self.proc is None:
+            return 0
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, sig)
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        code = self.proc.returncode
+        self.proc = None
+        return code
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")[-6000:] if self.log_path.exists() else "(no log)"
+
+
+def collect_verdicts(
+    settings: Settings, timeout_s: float, until: Callable[[list[Verdict]], bool] = lambda vs: False
+) -> list[Verdict]:
+    """Distinct verdicts from the beginning of the topic until ``until(verdicts)`` or the timeout."""
+    got: list[Verdict] = []
+    deadline = time.monotonic() + timeout_s
+    for v in iter_verdicts(settings, from_beginning=True, stop=lambda: time.monotonic() > deadline or until(got)):
+        got.append(v)
+    return got
