@@ -62,7 +62,8 @@ def main(args: argparse.Namespace, settings: Settings) -> int:
     from ccld.up import Pipeline
 
     scenarios = [Scenario.from_dict(d) for d in DEMO_SCENARIOS]
-    expected = [Expected(sc.id, e.kind, e.rank, f.onset_s) for sc in scenarios for e, f in zip(sc.expect, sc.faults)]
+    expected = [Expected(sc.id, e.kind, e.rank, f.onset_s)
+                for sc in scenarios for e, f in zip(sc.expect, sc.faults, strict=True)]
     archive = args.dir / "archive"
     tag = f"{int(time.time())}"
     settings = settings.replace(archive_dir=str(archive), worker_app_id=f"ccld-demo-{tag}",
