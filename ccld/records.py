@@ -328,6 +328,39 @@ class KernelBatch:
             batch_seq=batch_seq,
         )
 
+    @classmethod
+    def concat(cls, batches: Sequence[KernelBatch], *, producer: str = "", batch_seq: int = 0) -> KernelBatch:
+        """One batch holding the rows of several batches of the same job, incarnation and communicator."""
+        if not batches:
+            raise RecordError("concat needs at least one batch")
+        first = batches[0]
+        if any((b.job, b.incarnation, b.comm_hash) != (first.job, first.incarnation, first.comm_hash) for b in batches):
+            raise RecordError("concat joins batches of one job, incarnation and communicator only")
+        channels = max(b.channels for b in batches)
+        hosts: dict[str, int] = {}
+        columns: dict[str, list[I64]] = {name: [] for name in BATCH_COLUMNS}
+        send, recv = [], []
+        for b in batches:
+            remap = np.array([hosts.setdefault(h, len(hosts)) for h in b.hosts], dtype=np.int64)
+            for name in BATCH_COLUMNS:
+                col = b.columns[name]
+                columns[name].append(remap[col] if name == "host_idx" and b.n else col)
+            pad = ((0, 0), (0, channels - b.channels))
+            send.append(np.pad(b.send, pad))
+            recv.append(np.pad(b.recv, pad))
+        return cls(
+            job=first.job,
+            incarnation=first.incarnation,
+            comm_hash=first.comm_hash,
+            world_size=max(b.world_size for b in batches),
+            hosts=tuple(hosts),
+            columns={name: np.concatenate(parts) for name, parts in columns.items()},
+            send=np.concatenate(send),
+            recv=np.concatenate(recv),
+            producer=producer,
+            batch_seq=batch_seq,
+        )
+
     def records(self) -> list[KernelRecord]:
         """The row form (slow; for tests, dead letters and the archive, not the hot path)."""
         cols = {k: v.tolist() for k, v in self.columns.items()}

@@ -42,9 +42,10 @@ class Settings:
     worker_app_id: str = "ccld-worker"  # Faust app id (consumer group and changelog names)
     worker_web_port: int = 0  # 0: no web server
     worker_tick_s: float = 1.0  # how often the worker re-evaluates open operations
+    worker_commit_interval_s: float = 2.8  # how often the worker commits consumed offsets
     producer_queue_max: int = 200_000  # kernel records waiting in a producer, at most
     producer_batch_max: int = 2_000  # kernel records per batch message, at most
-    producer_linger_ms: int = 100  # a batch waits at most this long for more records
+    producer_linger_ms: int = 500  # a batch waits at most this long for more records (fewer, larger messages)
     session_timeout_ms: int = 6_000  # consumer group session timeout (short: fast joins and failover)
     heartbeat_ms: int = 2_000  # consumer group heartbeat interval
     log_level: str = "INFO"  # DEBUG, INFO, WARNING, ERROR

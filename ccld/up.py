@@ -37,6 +37,7 @@ def child_env(settings: Settings) -> dict[str, str]:
         "CCLD_SINK_GROUP": settings.sink_group,
         "CCLD_SINK_MAX_AGE_S": str(settings.sink_max_age_s),
         "CCLD_WORKER_TICK_S": str(settings.worker_tick_s),
+        "CCLD_WORKER_COMMIT_INTERVAL_S": str(settings.worker_commit_interval_s),
         "CCLD_LOG_LEVEL": settings.log_level,
     })
     for f in settings.analyzer.__dataclass_fields__:

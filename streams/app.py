@@ -73,7 +73,7 @@ def create_app(settings: Settings, *, app_id: str | None = None) -> faust.App:
         web_port=settings.worker_web_port or 6066,
         web_bind="127.0.0.1",
         consumer_auto_offset_reset="earliest",
-        producer_compression_type="lz4",
+        broker_commit_interval=settings.worker_commit_interval_s,
     )
     metrics = app.topic(settings.metrics_topic, value_type=bytes, key_type=bytes,
                         value_serializer="raw", key_serializer="raw", internal=False)

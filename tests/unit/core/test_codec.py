@@ -152,3 +152,14 @@ def test_historical_schema_is_resolved_to_current(monkeypatch: pytest.MonkeyPatc
     fastavro.schemaless_writer(buf, old.parsed, body)
     v = decode_verdict(old.header + buf.getvalue())
     assert v.mismatch_field is None and v.kind is AnomalyKind.H2
+
+
+def test_concat_keeps_rows_and_remaps_hosts() -> None:
+    a = KernelBatch.from_records([make_kernel_record(host="h1", send_counts=(1,), recv_counts=(2,))])
+    b = KernelBatch.from_records([make_kernel_record(host="h2", rank=2, comm_rank=2),
+                                  make_kernel_record(host="h1", rank=3, comm_rank=3)])
+    both = KernelBatch.concat([a, b], producer="x", batch_seq=4)
+    assert both.hosts == ("h1", "h2") and both.channels == 2
+    assert [r.host for r in both.records()] == ["h1", "h2", "h1"]
+    assert both.records()[0].send_counts == (1, 0) and both.records()[1:] == b.records()
+    assert decode_metrics(encode_batch(both)).records() == both.records()
