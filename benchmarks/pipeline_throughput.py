@@ -1,0 +1,158 @@
+"""Kernel records/s through the Faust worker next to raw confluent-kafka consume-and-decode, same run.
+
+Usage: python benchmarks/pipeline_throughput.py [--ranks 1024] [--seconds 120] [--batch 1000]
+       [--repeat 3] [--out RESULT.json]
+
+A healthy simulated job (records exactly as the probes emit them) is re-batched per
+communicator into messages of about ``--batch`` records (what a producer's linger collects),
+published once to the embedded broker, then read (1) by a plain confluent-kafka consumer
+that decodes every message into columns, and (2) by a real ``ccld worker`` process (decode,
+analyze, verdicts), timed from "Worker ready" until its committed offsets reach the end.
+Medians over ``--repeat`` runs are printed with the ratio; targets: >= 100,000 records/s
+and >= 50 % of the raw rate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from collections import defaultdict
+from pathlib import Path
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+from ccld.broker import EmbeddedBroker
+from ccld.producers.kafka import MetricsProducer
+from ccld.producers.simulator.scenario import Scenario
+from ccld.producers.simulator.sim import simulate
+from ccld.records import KernelBatch
+from ccld.schemas import decode_metrics
+from ccld.settings import Settings
+from ccld.topics import ensure_topics
+from ccld.up import child_env
+
+
+def make_batches(ranks: int, seconds: float, batch: int) -> list[tuple[float, KernelBatch]]:
+    sc = Scenario.from_dict({"id": "throughput", "seed": 1, "ranks": ranks, "duration_s": seconds, "channels": 8,
+                             "layout": {"tp": 8, "pp": 4, "dp": max(ranks // 32, 1)}})
+    pending: dict[int, list[KernelBatch]] = defaultdict(list)
+    out: list[tuple[float, KernelBatch]] = []
+    for t, b in simulate(sc):
+        group = pending[b.comm_hash]
+        group.append(b)
+        if sum(x.n for x in group) >= batch:
+            out.append((t, KernelBatch.concat(group, producer="bench", batch_seq=len(out))))
+            group.clear()
+    for group in pending.values():
+        if group:
+            out.append((seconds, KernelBatch.concat(group, producer="bench", batch_seq=len(out))))
+    return out
+
+
+def publish(settings: Settings, batches: list[tuple[float, KernelBatch]]) -> dict[int, int]:
+    """Produce everything; returns the number of messages per partition."""
+    per_part: dict[int, int] = defaultdict(int)
+    with MetricsProducer(settings, background=False) as p:
+        from ccld.producers.kafka import job_partition
+
+        for t, b in batches:
+            p.send_batch(b, timestamp_ms=int(t * 1000))
+            per_part[job_partition(b.job, settings.metrics_partitions)] += 1
+        if p.flush(60):
+            raise SystemExit("could not deliver the benchmark's messages")
+    return dict(per_part)
+
+
+def raw_rate(settings: Settings, per_part: dict[int, int]) -> tuple[float, int]:
+    c = Consumer({"bootstrap.servers": settings.bootstrap, "group.id": f"raw-{uuid.uuid4().hex[:6]}",
+                  "enable.auto.commit": False, "fetch.max.bytes": 64 << 20})
+    c.assign([TopicPartition(settings.metrics_topic, p, OFFSET_BEGINNING) for p in per_part])
+    want, got, records = sum(per_part.values()), 0, 0
+    t0 = None
+    while got < want:
+        for msg in c.consume(500, timeout=1.0):
+            if msg.error():
+                continue
+            if t0 is None:
+                t0 = time.perf_counter()
+            records += decode_metrics(msg.value() or b"").n
+            got += 1
+    elapsed = time.perf_counter() - (t0 or time.perf_counter())
+    c.close()
+    return records / max(elapsed, 1e-9), records
+
+
+def worker_rate(settings: Settings, per_part: dict[int, int], records: int, log: Path) -> float:
+    app_id = f"bench-{uuid.uuid4().hex[:8]}"
+    s = settings.replace(worker_app_id=app_id, worker_commit_interval_s=0.2, log_level="INFO")
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([sys.executable, "-P", "-m", "ccld.cli", "worker"], env=child_env(s), stdout=out,
+                                stderr=subprocess.STDOUT)
+    try:
+        while b"Worker ready" not in log.read_bytes():
+            if proc.poll() is not None:
+                raise SystemExit(f"worker died:\n{log.read_text()[-3000:]}")
+            time.sleep(0.05)
+        t0 = time.perf_counter()
+        c = Consumer({"bootstrap.servers": s.bootstrap, "group.id": app_id, "enable.auto.commit": False})
+        parts = [TopicPartition(s.metrics_topic, p) for p in per_part]
+        while True:
+            done = {tp.partition: tp.offset for tp in c.committed(parts, timeout=5)}
+            if all(done.get(p, -1) >= n for p, n in per_part.items()):
+                break
+            time.sleep(0.05)
+        elapsed = time.perf_counter() - t0
+        c.close()
+        return records / elapsed
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    ap.add_argument("--ranks", type=int, default=1024)
+    ap.add_argument("--seconds", type=float, default=120.0)
+    ap.add_argument("--batch", type=int, default=1000, help="records per message (producer batching)")
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args()
+
+    batches = make_batches(args.ranks, args.seconds, args.batch)
+    n_records = sum(b.n for _, b in batches)
+    print(f"{len(batches)} messages, {n_records:,} kernel records "
+          f"({n_records / len(batches):.0f} per message), {args.ranks} ranks, {args.seconds:.0f} s simulated")
+    raws, workers = [], []
+    with EmbeddedBroker(0) as broker:
+        for i in range(args.repeat):
+            s = Settings.load({}, bootstrap=broker.bootstrap, topic_prefix=f"bench{i}-{uuid.uuid4().hex[:4]}.",
+                              metrics_partitions=1)
+            ensure_topics(s)
+            per_part = publish(s, batches)
+            raw, got = raw_rate(s, per_part)
+            if got != n_records:
+                raise SystemExit(f"raw consumer read {got} records, {n_records} were produced")
+            w = worker_rate(s, per_part, n_records, Path(f"/tmp/ccld-bench-worker-{i}.log"))
+            raws.append(raw)
+            workers.append(w)
+            print(f"run {i + 1}: raw consume+decode {raw:,.0f} records/s; worker {w:,.0f} records/s "
+                  f"({w / raw:.0%} of raw)", flush=True)
+    raw_m, w_m = statistics.median(raws), statistics.median(workers)
+    result = {"messages": len(batches), "records": n_records, "records_per_message": n_records / len(batches),
+              "raw_records_per_s": raws, "worker_records_per_s": workers, "raw_median": raw_m,
+              "worker_median": w_m, "ratio_median": w_m / raw_m,
+              "target_worker_records_per_s": 100_000, "target_ratio": 0.5}
+    print(f"median: raw {raw_m:,.0f} records/s, worker {w_m:,.0f} records/s, ratio {w_m / raw_m:.0%} "
+          f"(targets: >= 100,000 records/s and >= 50 %)")
+    if args.out:
+        args.out.write_text(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
