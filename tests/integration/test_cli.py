@@ -1,0 +1,94 @@
+"""The CLI as a person uses it: `ccld up`, `ccld broker`, `ccld verdicts`, in real processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from ccld.broker import free_port
+from ccld.producers.kafka import MetricsProducer
+from ccld.producers.simulator.scenario import Scenario
+from ccld.producers.simulator.sim import simulate
+from ccld.settings import Settings
+from harness import WorkerProcess
+
+pytestmark = pytest.mark.integration
+
+
+def ccld(*args: str, cwd: Path | None = None) -> subprocess.Popen[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CCLD_")}
+    return subprocess.Popen([sys.executable, "-P", "-m", "ccld.cli", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, cwd=cwd, env=env, start_new_session=True)
+
+
+def read_until(proc: subprocess.Popen[str], prefix: str, timeout_s: float = 30.0) -> str:
+    assert proc.stdout is not None
+    deadline = time.monotonic() + timeout_s
+    seen = []
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line and proc.poll() is not None:
+            break
+        seen.append(line)
+        if line.startswith(prefix):
+            return line.strip()
+    raise AssertionError(f"no line starting with {prefix!r}:\n{''.join(seen)}")
+
+
+def test_up_prints_bootstrap_and_stops_cleanly_on_ctrl_c(tmp_path: Path) -> None:
+    proc = ccld("up", "--port", "0", "--logs", str(tmp_path / "logs"), "--set", f"archive_dir={tmp_path / 'a'}",
+                cwd=tmp_path)
+    try:
+        line = read_until(proc, "bootstrap: ")
+        host, port = line.split(": ", 1)[1].rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=5):
+            pass
+        time.sleep(3)  # worker and sink are up
+        assert proc.poll() is None
+        os.killpg(proc.pid, signal.SIGINT)
+        assert proc.wait(40) == 0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    with pytest.raises(OSError):
+        socket.create_connection((host, int(port)), timeout=2).close()  # the broker is gone too
+
+
+def test_broker_on_a_busy_port_says_so(tmp_path: Path) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        proc = ccld("broker", "--port", str(port))
+        out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 2 and f"port {port} on 127.0.0.1 is busy" in out
+
+
+def test_commands_without_a_broker_fail_clearly() -> None:
+    port = free_port()
+    proc = ccld("verdicts", "--bootstrap", f"127.0.0.1:{port}", "--timeout", "1")
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 2 and "cannot reach Kafka" in out
+
+
+def test_verdicts_json_lines_with_timeout(ccld_settings: Settings, running_worker: WorkerProcess) -> None:
+    sc = Scenario.from_dict({"id": "cli-h1", "seed": 2, "ranks": 8, "layout": {"tp": 8, "pp": 1, "dp": 1},
+                             "channels": 2, "step_time_s": 1.0, "duration_s": 90.0,
+                             "faults": [{"kind": "H1", "rank": 2, "onset_s": 40.0}]})
+    with MetricsProducer(ccld_settings, background=False) as p:
+        for t, b in simulate(sc):
+            p.send_batch(b, timestamp_ms=int(t * 1000))
+    proc = ccld("verdicts", "--json", "--from-beginning", "--timeout", "20", "--bootstrap", ccld_settings.bootstrap,
+                "--topic-prefix", ccld_settings.topic_prefix)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, out
+    lines = [json.loads(x) for x in out.splitlines() if x.startswith("{")]
+    assert any(v["kind"] == "H1" and v["root_cause_ranks"] == [2] for v in lines), out + running_worker.log()
