@@ -55,6 +55,13 @@ def wait_until_answers(bootstrap: str, timeout_s: float = 20.0) -> None:
     from confluent_kafka.admin import AdminClient
 
     deadline = time.monotonic() + timeout_s
+    host, _, port = bootstrap.split(",")[0].rpartition(":")
+    while time.monotonic() < deadline:  # the port first, so librdkafka does not log refused connections
+        try:
+            socket.create_connection((host or HOST, int(port)), timeout=1).close()
+            break
+        except (OSError, ValueError):
+            time.sleep(0.05)
     admin = AdminClient({"bootstrap.servers": bootstrap})
     last: Exception | None = None
     while time.monotonic() < deadline:

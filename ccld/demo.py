@@ -9,6 +9,7 @@ the right class on the right rank.
 from __future__ import annotations
 
 import argparse
+import logging
 import threading
 import time
 from dataclasses import dataclass
@@ -61,6 +62,8 @@ def main(args: argparse.Namespace, settings: Settings) -> int:
     from ccld.streams.tail import iter_verdicts
     from ccld.up import Pipeline
 
+    if settings.log_level.upper() == "INFO":  # the demo's own lines tell the story; keep library chatter out
+        logging.getLogger("ccld").setLevel(logging.WARNING)
     scenarios = [Scenario.from_dict(d) for d in DEMO_SCENARIOS]
     expected = [Expected(sc.id, e.kind, e.rank, f.onset_s)
                 for sc in scenarios for e, f in zip(sc.expect, sc.faults, strict=True)]

@@ -106,6 +106,7 @@ class MetricsProducer:
         if left:
             log.warning("metrics producer closed with %d messages undelivered", left)
             self._counters["delivery_failures"] += left
+        self._producer = None  # librdkafka's client (and its reconnect attempts) ends with the last reference
 
     def __enter__(self) -> MetricsProducer:
         return self
