@@ -44,7 +44,8 @@ class RecordBatcher:
         self.stats = BatcherStats()
         self._pending: OrderedDict[_Key, _Pending] = OrderedDict()
         self._progress: deque[tuple[int, _Key]] = deque()  # arrival ids of queued PROGRESS samples
-        self._dropped_ids: set[int] = set()
+        self._live_progress: set[int] = set()  # ids of PROGRESS samples still queued
+        self._dropped_ids: set[int] = set()  # queued ids evicted, skipped when their batch is cut
         self._size = 0
         self._ids = itertools.count()
         self._seq = itertools.count()
@@ -66,6 +67,7 @@ class RecordBatcher:
         pending.records.append((rid, record))
         if record.status is Status.PROGRESS:
             self._progress.append((rid, key))
+            self._live_progress.add(rid)
         self._size += 1
         self.stats.accepted += 1
         return True
@@ -79,8 +81,9 @@ class RecordBatcher:
     def _drop_oldest_progress(self) -> bool:
         # Lazy deletion: mark the id; batches skip marked records when they are cut.
         while self._progress:
-            rid, key = self._progress.popleft()
-            if key in self._pending and rid not in self._dropped_ids:
+            rid, _key = self._progress.popleft()
+            if rid in self._live_progress:
+                self._live_progress.discard(rid)
                 self._dropped_ids.add(rid)
                 self._size -= 1
                 self.stats.dropped_progress += 1
@@ -101,7 +104,6 @@ class RecordBatcher:
                 del self._pending[key]
         if not self._pending:
             self._progress.clear()
-            self._dropped_ids.clear()
         return out
 
     def _cut(self, pending: _Pending) -> list[KernelBatch]:
@@ -111,6 +113,7 @@ class RecordBatcher:
             if rid in self._dropped_ids:
                 self._dropped_ids.discard(rid)
                 continue
+            self._live_progress.discard(rid)
             take.append(rec)
             self._size -= 1
         if not take:

@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from ccld.records import Verdict
+from ccld.records import KernelBatch, Verdict
 from ccld.settings import Settings
 from ccld.streams.tail import iter_verdicts
 from ccld.up import child_env
@@ -67,3 +67,27 @@ def collect_verdicts(
     for v in iter_verdicts(settings, from_beginning=True, stop=lambda: time.monotonic() > deadline or until(got)):
         got.append(v)
     return got
+
+
+def raw_batches(settings: Settings, idle_s: float = 3.0) -> list[KernelBatch]:
+    """Every metrics batch on ``settings.metrics_topic`` until nothing new arrives for ``idle_s``."""
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+    from ccld.schemas import decode_metrics
+
+    c = Consumer({"bootstrap.servers": settings.bootstrap, "group.id": f"raw-{time.time_ns()}",
+                  "enable.auto.commit": False})
+    try:
+        topic = settings.metrics_topic
+        parts = c.list_topics(topic, timeout=10).topics[topic].partitions
+        c.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in parts])
+        out: list[KernelBatch] = []
+        last = time.monotonic()
+        while time.monotonic() - last < idle_s:
+            msg = c.poll(0.2)
+            if msg is not None and msg.error() is None:
+                out.append(decode_metrics(msg.value() or b""))
+                last = time.monotonic()
+        return out
+    finally:
+        c.close()

@@ -42,3 +42,15 @@ def test_enter_exit_beyond_twice_the_bound_are_counted_not_silent() -> None:
     assert b.stats.dropped_critical == 2 and len(b) == 4
     assert not b.add(make_kernel_record(status=Status.PROGRESS), 0.0)
     assert b.stats.dropped_progress == 1
+
+
+def test_samples_already_sent_are_never_evicted_again() -> None:
+    b = batcher(queue_max=3, batch_max=2)
+    b.add(make_kernel_record(status=Status.PROGRESS, op_seq=0), 0.0)
+    b.add(make_kernel_record(status=Status.PROGRESS, op_seq=1), 0.0)
+    assert [x.n for x in b.ready(0.0)] == [2] and len(b) == 0
+    for i in range(2, 8):  # the queue fills again; only queued samples may go
+        b.add(make_kernel_record(status=Status.PROGRESS, op_seq=i), 0.0)
+    assert len(b) == 3 and b.stats.dropped_progress == 3
+    out = [r.op_seq for x in b.ready(0.0, force=True) for r in x.records()]
+    assert out == [5, 6, 7] and len(b) == 0
