@@ -1,0 +1,220 @@
+"""Generate ``standard.jsonl``, the standard accuracy suite (deterministic: same file every run).
+
+    python benchmarks/scenarios/make_standard.py [--out benchmarks/scenarios/standard.jsonl]
+
+Mix: every fault class at 8..4,096 ranks (most small or medium, a few large), healthy runs,
+transient blips, checkpoints (single and recurring), and pairs of simultaneous faults. Every
+fault starts after at least 60 s of steady steps so false alarms on healthy time are measured,
+and each run lasts long enough after onset for the analyzer to decide (hangs 80 s, slowdowns
+70 s). S3 parameters are chosen so the slow ratio P lands near 0.5 with the simulator's timing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+from ccld.producers.simulator.engine import COMPUTE_SHARE, TP_SHARE
+from ccld.producers.simulator.scenario import Scenario
+from ccld.producers.simulator.sim import manifested
+
+OUT = Path(__file__).with_name("standard.jsonl")
+
+#: ranks -> candidate layouts (tp, pp, dp); tensor groups stay inside an 8-GPU node
+LAYOUTS: dict[int, list[tuple[int, int, int]]] = {
+    8: [(4, 1, 2), (2, 2, 2), (8, 1, 1), (4, 2, 1)],
+    16: [(4, 2, 2), (8, 1, 2), (2, 2, 4), (4, 1, 4)],
+    32: [(8, 2, 2), (4, 2, 4), (8, 1, 4)],
+    64: [(8, 2, 4), (8, 1, 8), (4, 4, 4)],
+    128: [(8, 2, 8), (8, 4, 4), (8, 1, 16)],
+    256: [(8, 2, 16), (8, 1, 32)],
+    512: [(8, 2, 32), (8, 1, 64)],
+    1024: [(8, 1, 128), (8, 2, 64)],
+    2048: [(8, 1, 256)],
+    4096: [(8, 1, 512)],
+}
+SMALL_MEDIUM = [8, 16, 32, 64, 128, 256, 512]
+SIZE_WEIGHTS = [14, 20, 20, 16, 12, 10, 8]
+LINK_KINDS = ("H3", "S2", "S3")
+
+
+class Maker:
+    """Builds scenarios from one seeded random stream."""
+
+    def __init__(self, seed: int, check: bool = True) -> None:
+        self.check = check  # run single-fault scenarios once to prove the fault takes effect
+        self.rng = random.Random(seed)
+        self.n = 0
+        self.out: list[dict[str, Any]] = []
+
+    def base(self, kind: str, ranks: int, *, step: float | None = None) -> dict[str, Any]:
+        r = self.rng
+        tp, pp, dp = r.choice(LAYOUTS[ranks])
+        if kind in LINK_KINDS + ("pair",):
+            tp, pp, dp = r.choice([lay for lay in LAYOUTS[ranks] if lay[0] > 1])
+        self.n += 1
+        big = ranks >= 1024
+        return {
+            "id": f"{kind}-{ranks}-{self.n:03d}",
+            "seed": r.randrange(1, 1_000_000),
+            "ranks": ranks,
+            "gpus_per_node": 8,
+            "layout": {"tp": tp, "pp": pp, "dp": dp},
+            "channels": r.choice([2, 4, 4, 8]),
+            "step_time_s": step if step is not None else (3.0 if big else r.choice([1.0, 1.5, 2.0, 2.0])),
+            "duration_s": 0.0,  # set by the caller
+            "clock_skew_s": round(r.uniform(0.2, 5.0), 2),
+            "jitter": round(r.uniform(0.005, 0.04), 3),
+            "faults": [],
+            "expect": [],
+        }
+
+    def onset(self, sc: dict[str, Any]) -> float:
+        return float(round(self.rng.uniform(60.0, 90.0) if sc["ranks"] < 1024 else 60.0 + self.rng.uniform(0, 6), 1))
+
+    def rank(self, sc: dict[str, Any]) -> int:
+        return self.rng.randrange(sc["ranks"])
+
+    def fault(self, sc: dict[str, Any], kind: str, rank: int, onset: float) -> dict[str, Any]:
+        r = self.rng
+        f: dict[str, Any] = {"kind": kind, "rank": rank, "onset_s": onset}
+        tp = sc["layout"]["tp"]
+        if kind in LINK_KINDS:
+            f["peer"] = (rank // tp) * tp + (rank % tp + 1) % tp
+        if kind == "H2":
+            choices = ["op", "dtype", "count"] + (["order"] if sc["layout"]["dp"] > 1 else [])
+            if tp == 1:
+                choices = [c for c in choices if c != "order"] or choices
+            f["mismatch"] = r.choice(choices)
+        elif kind == "S1":
+            f["factor"] = round(r.uniform(1.5, 4.0), 2)
+        elif kind == "S2":
+            f["factor"] = round(r.uniform(0.08, 0.25), 3)
+        elif kind == "S3":
+            lf = r.uniform(0.1, 0.25)
+            comm_excess = TP_SHARE * sc["step_time_s"] * (1 / lf - 1)
+            late = comm_excess * r.uniform(0.85, 1.2)  # P = late / (late + comm_excess) ~ 0.5
+            f["link_factor"] = round(lf, 3)
+            f["compute_factor"] = round(1 + late / (COMPUTE_SHARE * sc["step_time_s"]), 3)
+        return f
+
+    def add(self, sc: dict[str, Any]) -> None:
+        Scenario.from_dict(sc)  # every generated scenario must validate
+        self.out.append(sc)
+
+    # -- families of scenarios --------------------------------------------------------------------
+    def single(self, kind: str, ranks: int) -> None:
+        sc = self.base(kind, ranks)
+        if kind == "H2" and sc["layout"]["tp"] == 1 and sc["layout"]["dp"] == 1:
+            sc["layout"] = {"tp": ranks // 2 if ranks <= 16 else 8, "pp": 1, "dp": 2 if ranks <= 16 else ranks // 8}
+        on = self.onset(sc)
+        rk = self.rank(sc)
+        sc["faults"] = [self.fault(sc, kind, rk, on)]
+        sc["expect"] = [{"kind": kind, "rank": rk}]
+        sc["duration_s"] = on + (80.0 if kind.startswith("H") else 70.0)
+        if self.check and not all(manifested(Scenario.from_dict(sc))):
+            raise RuntimeError(f"{sc['id']}: the fault does not take effect")
+        self.add(sc)
+
+    def healthy(self, ranks: int) -> None:
+        sc = self.base("healthy", ranks)
+        sc["duration_s"] = 150.0 if ranks < 1024 else 110.0
+        self.add(sc)
+
+    def transient(self, ranks: int) -> None:
+        sc = self.base("transient", ranks)
+        on = self.onset(sc)
+        sc["faults"] = [{"kind": "transient", "rank": self.rank(sc), "onset_s": on,
+                         "delay_s": round(self.rng.uniform(0.5, 3.0) * sc["step_time_s"], 2)}]
+        if self.rng.random() < 0.3:  # a second blip elsewhere, later
+            sc["faults"].append({"kind": "transient", "rank": self.rank(sc), "onset_s": on + 25,
+                                 "delay_s": round(self.rng.uniform(0.5, 2.0), 2)})
+        sc["duration_s"] = on + 60.0
+        self.add(sc)
+
+    def checkpoint(self, ranks: int, recurring: bool) -> None:
+        sc = self.base("ckpt-rec" if recurring else "ckpt", ranks)
+        on = self.onset(sc)
+        f: dict[str, Any] = {"kind": "checkpoint", "onset_s": on, "writer_rank": self.rank(sc)}
+        if recurring:
+            f["every_s"] = float(self.rng.choice([40, 50, 60]))
+            f["pause_s"] = round(self.rng.uniform(5.0, 25.0), 1)
+            sc["duration_s"] = on + 3 * f["every_s"] + 20
+        else:
+            f["pause_s"] = round(self.rng.uniform(2.0, 15.0), 1)
+            sc["duration_s"] = on + 60.0
+        sc["faults"] = [f]
+        self.add(sc)
+
+    def pair(self, kinds: tuple[str, str], ranks: int) -> None:
+        # one hang can keep another from ever happening (its rank is already stuck behind the
+        # first): draw again until both faults really take effect, so the ground truth holds
+        for _ in range(50):
+            sc = self._pair(kinds, ranks)
+            if all(manifested(Scenario.from_dict(sc))):
+                self.add(sc)
+                return
+        raise RuntimeError(f"could not place {kinds} at {ranks} ranks so that both take effect")
+
+    def _pair(self, kinds: tuple[str, str], ranks: int) -> dict[str, Any]:
+        sc = self.base("pair", ranks)
+        tp = sc["layout"]["tp"]
+        on = self.onset(sc)
+        groups = ranks // tp
+        if groups < 2:
+            sc["layout"] = {"tp": 4, "pp": 1, "dp": ranks // 4}
+            tp, groups = 4, ranks // 4
+        g1, g2 = self.rng.sample(range(groups), 2)  # two different tensor groups
+        r1, r2 = g1 * tp + self.rng.randrange(tp), g2 * tp + self.rng.randrange(tp)
+        sc["faults"] = [self.fault(sc, kinds[0], r1, on), self.fault(sc, kinds[1], r2, on)]
+        sc["expect"] = [{"kind": kinds[0], "rank": r1}, {"kind": kinds[1], "rank": r2}]
+        sc["duration_s"] = on + (80.0 if any(k.startswith("H") for k in kinds) else 70.0)
+        return sc
+
+
+def build(seed: int = 20260101, check: bool = True) -> list[dict[str, Any]]:
+    m = Maker(seed, check)
+
+    def size() -> int:
+        return m.rng.choices(SMALL_MEDIUM, SIZE_WEIGHTS)[0]
+
+    for kind in ("H1", "H2", "H3", "S1", "S2", "S3"):
+        for _ in range(36):
+            m.single(kind, size())
+    for _ in range(36):
+        m.healthy(size())
+    for _ in range(22):
+        m.transient(size())
+    for _ in range(12):
+        m.checkpoint(size(), recurring=False)
+    for _ in range(12):
+        m.checkpoint(size(), recurring=True)
+    pairs = [("S1", "S2"), ("S2", "S2"), ("S1", "S1"), ("S1", "S3"), ("S2", "S3"), ("H1", "H1"), ("H1", "H3"),
+             ("H3", "H3")]
+    for i in range(24):
+        m.pair(pairs[i % len(pairs)], m.rng.choice([16, 32, 64, 128, 256]))
+    # a few large jobs
+    for kind, ranks in (("H1", 1024), ("S2", 1024), ("S1", 1024), ("H3", 2048), ("S3", 2048), ("H2", 2048),
+                        ("H1", 4096), ("S2", 4096), ("S1", 4096), ("H3", 4096)):
+        m.single(kind, ranks)
+    m.healthy(1024)
+    m.healthy(4096)
+    m.checkpoint(1024, recurring=False)
+    return m.out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    ap.add_argument("--out", default=str(OUT))
+    ap.add_argument("--seed", type=int, default=20260101)
+    args = ap.parse_args()
+    rows = build(args.seed)
+    Path(args.out).write_text("".join(json.dumps(r, separators=(", ", ": ")) + "\n" for r in rows))
+    print(f"{len(rows)} scenarios -> {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,86 @@
+"""``ccld run [--bootstrap B] [--job J] -- COMMAND ...``: run a command with the attachment active.
+
+Every Python process the command starts (``torchrun`` and each rank it spawns, or a plain
+``python train.py``) attaches to torch.distributed at start-up through a generated
+``sitecustomize.py``; the script itself is not changed. Settings reach the children as
+``CCLD_*`` variables (only those that differ from the defaults are set).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from types import FrameType
+
+from ccld.producers.attach.bootstrap import child_env, write_site_dir
+from ccld.settings import Settings
+from ccld.streams.analysis.settings import AnalyzerSettings
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--sink", default="kafka", help="where records go: kafka (default) or jsonl:DIR")
+    parser.add_argument(
+        "--heartbeat-ms", dest="heartbeat_ms", type=int, default=None,
+        help="PROGRESS sample interval while a rank is inside a collective (default 200)",
+    )  # fmt: skip
+    parser.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- COMMAND ...", help="the command to run")
+
+
+def settings_env(settings: Settings) -> dict[str, str]:
+    """``CCLD_*`` variables that reproduce ``settings`` in a child (non-default fields only)."""
+    out: dict[str, str] = {}
+    default = Settings()
+    for f in dataclasses.fields(Settings):
+        if f.name == "analyzer":
+            continue
+        value = getattr(settings, f.name)
+        if value != getattr(default, f.name):
+            out[f"CCLD_{f.name.upper()}"] = str(value)
+    for f in dataclasses.fields(AnalyzerSettings):
+        value = getattr(settings.analyzer, f.name)
+        if value != getattr(default.analyzer, f.name):
+            out[f"CCLD_ANALYZER_{f.name.upper()}"] = str(value)
+    return out
+
+
+def main(args: argparse.Namespace, settings: Settings) -> int:
+    cmd = list(args.cmd)
+    if cmd and cmd[0] == "--":
+        cmd = cmd[1:]
+    if not cmd:
+        print("ccld run: no command given (ccld run [options] -- COMMAND ...)", file=sys.stderr)
+        return 2
+    sink = str(args.sink)
+    if sink.partition(":")[0] in ("", "kafka") and not settings.bootstrap:
+        print("ccld run: the kafka sink needs --bootstrap (or CCLD_BOOTSTRAP)", file=sys.stderr)
+        return 2
+    with tempfile.TemporaryDirectory(prefix="ccld-run-") as site_dir:
+        write_site_dir(site_dir)
+        env = child_env(
+            dict(os.environ), settings_env(settings), site_dir=site_dir, sink=sink, heartbeat_ms=args.heartbeat_ms
+        )
+        try:
+            proc = subprocess.Popen(cmd, env=env)
+        except OSError as exc:
+            print(f"ccld run: cannot start {cmd[0]!r}: {exc}", file=sys.stderr)
+            return 127
+
+        def forward(signum: int, _frame: FrameType | None) -> None:
+            proc.send_signal(signum)
+
+        old = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGHUP)}
+        try:
+            while True:
+                try:
+                    rc = proc.wait()
+                    return 128 - rc if rc < 0 else rc  # killed by a signal: the shell's convention
+                except KeyboardInterrupt:  # the child got the same SIGINT from the terminal
+                    continue
+        finally:
+            for s, h in old.items():
+                signal.signal(s, h)

@@ -1,0 +1,144 @@
+"""Record sinks for the attachment: Kafka (through MetricsProducer), JSON-lines files, a list.
+
+All are called from the attachment's emitter thread, never from the training thread. The
+Kafka sink builds its producer lazily on the first record, so attaching costs nothing until a
+collective runs, and a producer that cannot be built turns into counted drops.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import threading
+from pathlib import Path
+from typing import Any
+
+from ccld.records import KernelRecord
+from ccld.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+class ListSink:
+    """Keeps records in memory (tests, in-process analysis)."""
+
+    def __init__(self) -> None:
+        self.records: list[KernelRecord] = []
+        self._lock = threading.Lock()
+
+    def submit(self, record: KernelRecord) -> None:
+        with self._lock:
+            self.records.append(record)
+
+    def flush(self, timeout_s: float = 0.0) -> int:
+        return 0
+
+    def close(self) -> None:
+        pass
+
+
+class JsonlSink:
+    """Appends one JSON object per record (``KernelRecord.to_dict``) to a file per process.
+
+    ``target`` is a directory (the file is ``records-<host>-<pid>.jsonl`` inside it) or a path
+    ending in ``.jsonl``.
+    """
+
+    def __init__(self, target: str | os.PathLike[str]) -> None:
+        path = Path(target)
+        if path.suffix != ".jsonl":
+            path.mkdir(parents=True, exist_ok=True)
+            path = path / f"records-{socket.gethostname()}-{os.getpid()}.jsonl"
+        self.path = path
+        self._fh: Any = None
+        self._lock = threading.Lock()
+
+    def submit(self, record: KernelRecord) -> None:
+        with self._lock:
+            if self._fh is None:
+                self._fh = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - kept open
+            self._fh.write(json.dumps(record.to_dict(), separators=(",", ":")) + "\n")
+
+    def flush(self, timeout_s: float = 0.0) -> int:
+        with self._lock:
+            if self._fh is not None:
+                self._fh.flush()
+        return 0
+
+    def close(self) -> None:
+        with self._lock:
+            if self._fh is not None:
+                self._fh.close()
+                self._fh = None
+
+
+def read_jsonl(paths: list[Path]) -> list[KernelRecord]:
+    """Every record of some JSON-lines files (a torn last line of a killed process is skipped)."""
+    out: list[KernelRecord] = []
+    for p in paths:
+        for line in p.read_text(encoding="utf-8").splitlines():
+            try:
+                out.append(KernelRecord.from_dict(json.loads(line)))
+            except (ValueError, KeyError):
+                continue
+    return out
+
+
+class KafkaSink:
+    """Sends through ``ccld.producers.kafka.MetricsProducer``, created on the first record."""
+
+    def __init__(self, settings: Settings, producer_id: str | None = None) -> None:
+        self.settings = settings
+        self.producer_id = producer_id
+        self._producer: Any = None
+        self._failed = False
+        self.dropped = 0
+
+    def _get(self) -> Any:
+        if self._producer is None and not self._failed:
+            try:
+                from ccld.producers.kafka import MetricsProducer
+
+                self._producer = MetricsProducer(self.settings, producer_id=self.producer_id)
+            except Exception:  # noqa: BLE001 - no producer: records become counted drops
+                self._failed = True
+                log.warning("ccld attach: cannot create the metrics producer; records are dropped", exc_info=True)
+        return self._producer
+
+    def submit(self, record: KernelRecord) -> None:
+        producer = self._get()
+        if producer is None:
+            self.dropped += 1
+            return
+        producer.submit(record)
+
+    def flush(self, timeout_s: float = 2.0) -> Any:
+        if self._producer is not None:
+            return self._producer.flush(timeout_s)
+        return 0
+
+    def close(self) -> None:
+        if self._producer is not None:
+            self._producer.close()
+            self._producer = None
+
+    @property
+    def stats(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"sink_dropped": self.dropped}
+        if self._producer is not None:
+            out.update({f"producer_{k}": v for k, v in dict(self._producer.stats).items()})
+        return out
+
+
+def sink_from_spec(spec: str, settings: Settings, producer_id: str | None = None) -> Any:
+    """``kafka`` (default) or ``jsonl:<dir or file>``."""
+    kind, _, arg = spec.partition(":")
+    if kind in ("", "kafka"):
+        return KafkaSink(settings, producer_id)
+    if kind == "jsonl" and arg:
+        return JsonlSink(arg)
+    from ccld.errors import ConfigError
+
+    raise ConfigError(f"unknown attach sink {spec!r}: use 'kafka' or 'jsonl:DIR'")

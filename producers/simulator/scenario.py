@@ -1,0 +1,310 @@
+"""Scenario files: typed, validated descriptions of a simulated job and the faults injected into it.
+
+One scenario is one JSON object (one line of a ``.jsonl`` file)::
+
+    {"id": "s2-1024-a", "seed": 7, "ranks": 1024, "gpus_per_node": 8,
+     "layout": {"tp": 8, "pp": 4, "dp": 32}, "channels": 8, "step_time_s": 2.0, "duration_s": 600,
+     "clock_skew_s": 3.0, "jitter": 0.05,
+     "faults": [{"kind": "S2", "rank": 517, "peer": 518, "onset_s": 120, "factor": 0.25}],
+     "expect": [{"kind": "S2", "rank": 517}]}
+
+Defaults of the top level: seed 0, gpus_per_node 8, layout tp = min(8, ranks), pp 1, dp the rest,
+channels 4, step_time_s 2.0, duration_s 180, clock_skew_s 1.0, jitter 0.02, sample_interval_s 1.0,
+faults [], expect []. Fault kinds and the defaults of their fields are in ``FAULT_FIELDS``;
+``onset_s`` defaults to 60 s. ``peer`` (H3, S2, S3) must be the next rank of the same
+tensor-parallel group (wrapping) and defaults to it. ``expect`` is ground truth for scoring only:
+the simulator never hands it (or the faults) to the analyzer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ccld.errors import ScenarioError
+
+HANG_KINDS = ("H1", "H2", "H3")
+SLOW_KINDS = ("S1", "S2", "S3")
+BENIGN_KINDS = ("transient", "checkpoint")
+MISMATCH_FIELDS = ("op", "dtype", "count", "order")
+
+#: kind -> {field: default}; ``None`` as default means "required" for rank, "derived" for peer,
+#: "not recurring" for every_s.
+FAULT_FIELDS: dict[str, dict[str, Any]] = {
+    "H1": {"rank": None, "onset_s": 60.0},
+    "H2": {"rank": None, "onset_s": 60.0, "mismatch": "dtype"},
+    "H3": {"rank": None, "peer": None, "onset_s": 60.0},
+    "S1": {"rank": None, "onset_s": 60.0, "factor": 4.0},
+    "S2": {"rank": None, "peer": None, "onset_s": 60.0, "factor": 0.25},
+    "S3": {"rank": None, "peer": None, "onset_s": 60.0, "compute_factor": 1.3, "link_factor": 0.25},
+    "transient": {"rank": None, "onset_s": 60.0, "delay_s": 1.0},
+    "checkpoint": {"onset_s": 60.0, "pause_s": 10.0, "writer_rank": 0, "every_s": None},
+}
+
+_TOP_KEYS = frozenset(
+    {"id", "seed", "ranks", "gpus_per_node", "layout", "channels", "step_time_s", "duration_s",
+     "clock_skew_s", "jitter", "sample_interval_s", "faults", "expect"}
+)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """3-D parallel layout: tensor (fastest, inside a node), pipeline, data parallel."""
+
+    tp: int
+    pp: int
+    dp: int
+
+    @property
+    def size(self) -> int:
+        return self.tp * self.pp * self.dp
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One injected event; fields that do not apply to the kind keep their neutral values."""
+
+    kind: str
+    onset_s: float
+    rank: int = -1
+    peer: int = -1
+    factor: float = 1.0
+    mismatch: str = ""
+    compute_factor: float = 1.0
+    link_factor: float = 1.0
+    delay_s: float = 0.0
+    pause_s: float = 0.0
+    writer_rank: int = -1
+    every_s: float | None = None
+
+    @property
+    def is_benign(self) -> bool:
+        return self.kind in BENIGN_KINDS
+
+
+@dataclass(frozen=True)
+class Expectation:
+    """One expected root cause: the class and the rank a correct verdict names."""
+
+    kind: str
+    rank: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "rank": self.rank}
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """A simulated job: size, layout, timing, and the faults injected (ground truth in ``expect``)."""
+
+    id: str
+    ranks: int
+    layout: Layout
+    seed: int = 0
+    gpus_per_node: int = 8
+    channels: int = 4
+    step_time_s: float = 2.0
+    duration_s: float = 180.0
+    clock_skew_s: float = 1.0
+    jitter: float = 0.02
+    sample_interval_s: float = 1.0
+    faults: tuple[Fault, ...] = ()
+    expect: tuple[Expectation, ...] = ()
+    raw: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def is_healthy(self) -> bool:
+        """No expected root cause: every verdict on this scenario is a false alarm."""
+        return not self.expect
+
+    def tp_next(self, rank: int) -> int:
+        """The next rank of ``rank``'s tensor-parallel ring (wrapping)."""
+        tp = self.layout.tp
+        return (rank // tp) * tp + (rank % tp + 1) % tp
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Scenario:
+        """Validate and type one scenario; every problem raises ScenarioError naming it."""
+        if not isinstance(d, Mapping):
+            raise ScenarioError(f"a scenario is a JSON object, got {type(d).__name__}")
+        sid = str(d.get("id", "")).strip()
+        if not sid:
+            raise ScenarioError("a scenario needs a non-empty 'id'")
+        unknown = set(d) - _TOP_KEYS
+        if unknown:
+            raise ScenarioError(f"scenario {sid}: unknown keys {sorted(unknown)}; known: {sorted(_TOP_KEYS)}")
+        ranks = _int(d, "ranks", None, sid, lo=2)
+        gpn = _int(d, "gpus_per_node", 8, sid, lo=1)
+        layout = _layout(d.get("layout"), ranks, gpn, sid)
+        sc = cls(
+            id=sid,
+            ranks=ranks,
+            layout=layout,
+            seed=_int(d, "seed", 0, sid, lo=0),
+            gpus_per_node=gpn,
+            channels=_int(d, "channels", 4, sid, lo=1, hi=8),
+            step_time_s=_float(d, "step_time_s", 2.0, sid, lo=0.05),
+            duration_s=_float(d, "duration_s", 180.0, sid, lo=1.0),
+            clock_skew_s=_float(d, "clock_skew_s", 1.0, sid, lo=0.0),
+            jitter=_float(d, "jitter", 0.02, sid, lo=0.0, hi=0.5),
+            sample_interval_s=_float(d, "sample_interval_s", 1.0, sid, lo=0.01),
+            raw=dict(d),
+        )
+        faults = d.get("faults", [])
+        expect = d.get("expect", [])
+        if not isinstance(faults, list) or not isinstance(expect, list):
+            raise ScenarioError(f"scenario {sid}: 'faults' and 'expect' must be lists")
+        parsed = tuple(_fault(f, sc, i) for i, f in enumerate(faults))
+        exp = tuple(_expectation(e, sc, i) for i, e in enumerate(expect))
+        return _replace(sc, faults=parsed, expect=exp)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The scenario as given (defaults are not written out)."""
+        return dict(self.raw)
+
+
+def _replace(sc: Scenario, **changes: Any) -> Scenario:
+    return dataclasses.replace(sc, **changes)
+
+
+def _int(d: Mapping[str, Any], key: str, default: int | None, sid: str, lo: int = 0, hi: int | None = None) -> int:
+    if key not in d or d[key] is None:
+        if default is None:
+            raise ScenarioError(f"scenario {sid}: '{key}' is required")
+        return default
+    v = d[key]
+    if isinstance(v, bool) or not isinstance(v, int | float) or float(v) != int(v):
+        raise ScenarioError(f"scenario {sid}: '{key}' must be an integer, got {v!r}")
+    v = int(v)
+    if v < lo or (hi is not None and v > hi):
+        raise ScenarioError(f"scenario {sid}: '{key}' = {v} out of range [{lo}, {hi if hi is not None else 'inf'}]")
+    return v
+
+
+def _float(
+    d: Mapping[str, Any], key: str, default: float | None, sid: str, lo: float = 0.0, hi: float | None = None
+) -> float:
+    if key not in d or d[key] is None:
+        if default is None:
+            raise ScenarioError(f"scenario {sid}: '{key}' is required")
+        return default
+    v = d[key]
+    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(float(v)):
+        raise ScenarioError(f"scenario {sid}: '{key}' must be a finite number, got {v!r}")
+    v = float(v)
+    if v < lo or (hi is not None and v > hi):
+        raise ScenarioError(f"scenario {sid}: '{key}' = {v} out of range [{lo}, {hi if hi is not None else 'inf'}]")
+    return v
+
+
+def _layout(raw: Any, ranks: int, gpn: int, sid: str) -> Layout:
+    if raw is None:
+        tp = min(gpn, ranks)
+        raw = {"tp": tp, "pp": 1, "dp": ranks // tp}
+    if not isinstance(raw, Mapping) or set(raw) - {"tp", "pp", "dp"}:
+        raise ScenarioError(f"scenario {sid}: 'layout' must be an object with keys tp, pp, dp")
+    tp = _int(raw, "tp", 1, sid, lo=1)
+    pp = _int(raw, "pp", 1, sid, lo=1)
+    dp = _int(raw, "dp", max(ranks // (tp * pp), 1), sid, lo=1)
+    layout = Layout(tp, pp, dp)
+    if layout.size != ranks:
+        raise ScenarioError(f"scenario {sid}: layout tp*pp*dp = {tp}*{pp}*{dp} = {layout.size} != ranks {ranks}")
+    if tp > gpn or gpn % tp:
+        raise ScenarioError(f"scenario {sid}: tensor-parallel groups ({tp}) must fit a node of {gpn} GPUs")
+    return layout
+
+
+def _fault(raw: Any, sc: Scenario, i: int) -> Fault:
+    where = f"scenario {sc.id}: fault #{i}"
+    if not isinstance(raw, Mapping):
+        raise ScenarioError(f"{where} must be an object")
+    kind = raw.get("kind")
+    if kind not in FAULT_FIELDS:
+        raise ScenarioError(f"{where}: unknown kind {kind!r}; known: {', '.join(FAULT_FIELDS)}")
+    spec = FAULT_FIELDS[kind]
+    unknown = set(raw) - set(spec) - {"kind"}
+    if unknown:
+        raise ScenarioError(f"{where} ({kind}): unknown keys {sorted(unknown)}; known: {sorted(spec)}")
+    vals = {k: raw.get(k, v) for k, v in spec.items()}
+    f: dict[str, Any] = {"kind": kind}
+    f["onset_s"] = _float(vals, "onset_s", 60.0, sc.id, lo=0.0)
+    if f["onset_s"] >= sc.duration_s:
+        raise ScenarioError(f"{where}: onset_s {f['onset_s']} is not before duration_s {sc.duration_s}")
+    if "rank" in spec:
+        f["rank"] = _int(vals, "rank", None, sc.id, lo=0, hi=sc.ranks - 1)
+    if "peer" in spec:
+        want = sc.tp_next(f["rank"])
+        peer = want if vals["peer"] is None else _int(vals, "peer", None, sc.id, lo=0)
+        if sc.layout.tp < 2 or peer != want:
+            raise ScenarioError(
+                f"{where}: link {f['rank']}->{peer} does not exist; a link fault needs peer = the next rank of "
+                f"the same tensor-parallel group (tp={sc.layout.tp}{', no links' if sc.layout.tp < 2 else ''}"
+                f"{'' if sc.layout.tp < 2 else f', so peer {want}'})"
+            )
+        f["peer"] = peer
+    if kind == "H2":
+        if vals["mismatch"] not in MISMATCH_FIELDS:
+            raise ScenarioError(f"{where}: mismatch must be one of {MISMATCH_FIELDS}, got {vals['mismatch']!r}")
+        if vals["mismatch"] == "order" and sc.layout.dp < 2:
+            raise ScenarioError(f"{where}: an 'order' mismatch needs data-parallel groups (dp >= 2)")
+        if sc.layout.tp < 2 and sc.layout.dp < 2:
+            raise ScenarioError(f"{where}: H2 needs a collective group (tp >= 2 or dp >= 2)")
+        f["mismatch"] = vals["mismatch"]
+    if kind == "S1":
+        f["factor"] = _float(vals, "factor", None, sc.id, lo=1.0)
+    if kind == "S2":
+        f["factor"] = _float(vals, "factor", None, sc.id, lo=1e-3, hi=1.0)
+    if kind == "S3":
+        f["compute_factor"] = _float(vals, "compute_factor", None, sc.id, lo=1.0)
+        f["link_factor"] = _float(vals, "link_factor", None, sc.id, lo=1e-3, hi=1.0)
+    if kind == "transient":
+        f["delay_s"] = _float(vals, "delay_s", None, sc.id, lo=0.0)
+    if kind == "checkpoint":
+        f["pause_s"] = _float(vals, "pause_s", None, sc.id, lo=0.0)
+        f["writer_rank"] = _int(vals, "writer_rank", None, sc.id, lo=0, hi=sc.ranks - 1)
+        if vals["every_s"] is not None:
+            f["every_s"] = _float(vals, "every_s", None, sc.id, lo=sc.step_time_s)
+    return Fault(**f)
+
+
+def _expectation(raw: Any, sc: Scenario, i: int) -> Expectation:
+    where = f"scenario {sc.id}: expect #{i}"
+    if not isinstance(raw, Mapping) or set(raw) != {"kind", "rank"}:
+        raise ScenarioError(f"{where} must be an object with exactly the keys kind and rank")
+    if raw["kind"] not in HANG_KINDS + SLOW_KINDS:
+        raise ScenarioError(f"{where}: kind must be one of {HANG_KINDS + SLOW_KINDS}, got {raw['kind']!r}")
+    return Expectation(str(raw["kind"]), _int(raw, "rank", None, sc.id, lo=0, hi=sc.ranks - 1))
+
+
+def iter_scenarios(path: str | Path) -> Iterator[Scenario]:
+    """Scenarios of a JSON-lines file (blank lines and lines starting with # are skipped)."""
+    p = Path(path)
+    try:
+        lines = p.read_text().splitlines()
+    except OSError as exc:
+        raise ScenarioError(f"cannot read scenarios from {p}: {exc}") from exc
+    seen: set[str] = set()
+    for n, line in enumerate(lines, 1):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        try:
+            d = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ScenarioError(f"{p}:{n}: not JSON: {exc}") from exc
+        try:
+            sc = Scenario.from_dict(d)
+        except ScenarioError as exc:
+            raise ScenarioError(f"{p}:{n}: {exc}") from exc
+        if sc.id in seen:
+            raise ScenarioError(f"{p}:{n}: duplicate scenario id {sc.id!r}")
+        seen.add(sc.id)
+        yield sc
+
+
+def load_scenarios(path: str | Path) -> list[Scenario]:
+    return list(iter_scenarios(path))

@@ -1,0 +1,45 @@
+"""``simulate(scenario)``: the records a real probe fleet would emit for the scenario's job."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+
+import numpy as np
+
+from ccld.producers.simulator.emit import emit
+from ccld.producers.simulator.engine import Engine, run_engine
+from ccld.producers.simulator.scenario import Scenario
+from ccld.producers.simulator.topology import Topology
+from ccld.records import KernelBatch
+
+log = logging.getLogger(__name__)
+
+
+def simulate(scenario: Scenario, *, job: str | None = None) -> Iterator[tuple[float, KernelBatch]]:
+    """Yield ``(t, batch)``: ``t`` is when the batch reaches the analyzer, in simulated seconds
+    from the start of the run (non-decreasing); each batch holds records of one communicator.
+
+    Only what probes observe goes out: the faults and ``expect`` stay in the scenario.
+    """
+    t0 = time.perf_counter()
+    topo = Topology.build(scenario)
+    phases = run_engine(scenario, topo)
+    rng = np.random.default_rng([scenario.seed, 1])
+    skew = rng.uniform(-scenario.clock_skew_s, scenario.clock_skew_s, len(topo.hosts))
+    log.debug("scenario %s: %d phases modelled in %.3f s", scenario.id, len(phases), time.perf_counter() - t0)
+    yield from emit(
+        phases, topo, job=job or scenario.id, channels=scenario.channels, interval_s=scenario.sample_interval_s,
+        duration_s=scenario.duration_s, skew_s=skew, producer=f"sim:{scenario.id}",
+    )
+
+
+def manifested(scenario: Scenario) -> list[bool]:
+    """Per fault, whether it takes effect in this run (one hang can keep another from happening).
+
+    For scenario authors (the suite generator checks its pairs of faults); not for the analyzer.
+    """
+    engine = Engine(scenario, Topology.build(scenario))
+    engine.run()
+    return engine.manifested()

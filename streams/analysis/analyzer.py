@@ -1,0 +1,207 @@
+"""The Analyzer: kernel batches in, deduplicated verdicts out (pure, no I/O).
+
+``ingest`` only queues a batch (cheap, so thousands of small batches cost little); ``evaluate``
+applies everything queued with a few numpy passes per job, judges completed ops for slowness,
+stalled communicators for hangs, resolves the cross-communicator wait-for relation, and turns
+root causes into incidents. ``analyze_batches`` replays a stream with an evaluation every tick.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import numpy as np
+
+from ccld.errors import RecordError
+from ccld.records import KernelBatch, Verdict
+from ccld.streams.analysis.hangs import CommDiag, diagnose
+from ccld.streams.analysis.incidents import Candidate, IncidentBook
+from ccld.streams.analysis.jobview import JobAnalysis, hang_candidate, slow_candidate
+from ccld.streams.analysis.settings import AnalyzerSettings
+from ccld.streams.analysis.waitfor import resolve
+
+log = logging.getLogger(__name__)
+
+STATE_VERSION = 1
+
+
+class Analyzer:
+    """Detects and localizes H1-H3 hangs and S1-S3 slowdowns across any number of jobs."""
+
+    def __init__(self, settings: AnalyzerSettings | None = None) -> None:
+        self.settings = settings or AnalyzerSettings()
+        self.jobs: dict[tuple[str, int], JobAnalysis] = {}
+        self.book = IncidentBook(self.settings.resolved_memory, self.settings.update_min_interval_s)
+        self._batches: dict[str, OrderedDict[int, None]] = {}
+        self._pauses: dict[str, list[float]] = {}  # "job|inc|comm" -> benign pauses (restored state)
+        self._stats: dict[str, int] = {
+            "batches": 0, "records": 0, "duplicates": 0, "out_of_order": 0, "evaluations": 0,
+            "ops_completed": 0, "verdicts": 0, "jobs": 0, "communicators": 0,
+        }
+
+    # -- input ---------------------------------------------------------------------------------
+    def ingest(self, batch: KernelBatch, now: float) -> None:
+        """Queue one batch (any job, incarnation, communicator); duplicates are dropped."""
+        if batch.n == 0:
+            return
+        if batch.producer:
+            seen = self._batches.setdefault(batch.producer, OrderedDict())
+            if batch.batch_seq in seen:
+                self._stats["duplicates"] += 1
+                return
+            seen[batch.batch_seq] = None
+            if len(seen) > self.settings.batch_memory:
+                seen.popitem(last=False)
+        key = (batch.job, batch.incarnation)
+        ja = self.jobs.get(key)
+        if ja is None:
+            ja = JobAnalysis(batch.job, batch.incarnation, self.settings)
+            for k, v in self._pauses.items():
+                job, inc, comm = k.rsplit("|", 2)
+                if (job, int(inc)) == key:
+                    ja.restored_pauses[comm] = list(v)
+            self.jobs[key] = ja
+            self._stats["jobs"] += 1
+        ja.js.queue(batch, now)
+        self._stats["batches"] += 1
+        self._stats["records"] += batch.n
+
+    # -- decisions -----------------------------------------------------------------------------
+    def evaluate(self, now: float) -> list[Verdict]:
+        """Verdicts (OPEN, UPDATE, RESOLVED) that are new since the last call."""
+        self._stats["evaluations"] += 1
+        out: list[Verdict] = []
+        for ja in self.jobs.values():
+            out.extend(self._evaluate_job(ja, now))
+        self._stats["verdicts"] += len(out)
+        self._stats["communicators"] = sum(j.js.n_comms for j in self.jobs.values())
+        return out
+
+    def _evaluate_job(self, ja: JobAnalysis, now: float) -> list[Verdict]:
+        s = self.settings
+        js = ja.js
+        rows = js.take_rows()
+        if rows is not None and rows.n:
+            self._stats["out_of_order"] += js.apply_latest(rows)
+            ja.ops.add(js, rows)
+        completed = ja.ops.take_completed(js, now, s.finalize_timeout_s)
+        self._stats["ops_completed"] += completed.n
+        touched = ja.slow.update(js, completed)
+        verdicts: list[Verdict] = []
+        cands: list[Candidate] = []
+        # slowdowns
+        seen_roots: set[tuple[int, ...]] = set()
+        for bi in ja.slow.alarmed(touched).tolist():
+            f = ja.slow.finding(js, bi)
+            if f is None or ja.slow.is_victim(js, f):
+                continue
+            c = slow_candidate(ja, f)
+            if c.root_cause_ranks in seen_roots:
+                continue
+            seen_roots.add(c.root_cause_ranks)
+            cands.append(c)
+        # hangs
+        stalled = np.flatnonzero((js.c_inside > 0) & (now - js.c_progress_now >= s.wait_edge_min_s))
+        diags: dict[int, CommDiag] = {}
+        stall_s: dict[int, float] = {}
+        for cid in stalled.tolist():
+            mark = float(js.c_progress_now[cid])
+            cached = ja.diag_cache.get(cid)
+            if cached is None or cached[0] != mark:
+                d = diagnose(js, cid, ja.known_sigs(cid))
+                ja.diag_cache[cid] = (mark, d)
+            else:
+                d = cached[1]
+            if d is not None:
+                diags[cid] = d
+                stall_s[cid] = now - mark
+        ja.learn_pauses(diags, now)
+        if diags:
+            sig = tuple(sorted((cid, float(js.c_progress_now[cid])) for cid in diags))
+            if sig != ja.roots_sig:
+                ja.roots_sig = sig
+                ja.roots = resolve(diags, stall_s)
+            for root in ja.roots:
+                c2 = hang_candidate(ja, root, stall_s.get(root.cid, 0.0), now)
+                if c2 is not None:
+                    cands.append(c2)
+        else:
+            ja.roots_sig, ja.roots = (), []
+        for c in cands:
+            verdicts.extend(self.book.report(c, now))
+        verdicts.extend(self._resolutions(ja, now))
+        return verdicts
+
+    def _resolutions(self, ja: JobAnalysis, now: float) -> list[Verdict]:
+        out: list[Verdict] = []
+        for key, inc in list(self.book.open.items()):
+            c = inc.first
+            if (c.job, c.incarnation) != (ja.job, ja.incarnation):
+                continue
+            ev = ja.resolution(c)
+            if ev:
+                out.extend(self.book.resolve(key, now, ev))
+        return out
+
+    # -- persistence ---------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Compact JSON-serialisable state: emitted/open incidents, duplicate windows, pauses."""
+        pauses = dict(self._pauses)
+        for ja in self.jobs.values():
+            for comm, v in ja.pause_items():
+                pauses[f"{ja.job}|{ja.incarnation}|{comm}"] = v
+        return {
+            "version": STATE_VERSION,
+            "incidents": self.book.state_dict(),
+            "batches": {p: list(seen.keys())[-256:] for p, seen in self._batches.items()},
+            "pauses": pauses,
+            "stats": dict(self._stats),
+        }
+
+    @classmethod
+    def from_state_dict(cls, state: Mapping[str, Any], settings: AnalyzerSettings | None = None) -> Analyzer:
+        a = cls(settings)
+        try:
+            if int(state.get("version", 0)) != STATE_VERSION:
+                raise RecordError(f"analyzer state version {state.get('version')!r} is not {STATE_VERSION}")
+            a.book.load(state.get("incidents", {}))
+            for p, seqs in state.get("batches", {}).items():
+                a._batches[str(p)] = OrderedDict((int(x), None) for x in seqs)
+            a._pauses = {str(k): [float(x) for x in v] for k, v in state.get("pauses", {}).items()}
+            for k, v in state.get("stats", {}).items():
+                if k in a._stats:
+                    a._stats[k] = int(v)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise RecordError(f"bad analyzer state: {exc}") from exc
+        return a
+
+    @property
+    def stats(self) -> Mapping[str, int]:
+        return dict(self._stats)
+
+
+def analyze_batches(
+    batches: Iterable[tuple[float, KernelBatch]], settings: AnalyzerSettings | None = None, tick_s: float = 1.0
+) -> list[Verdict]:
+    """Feed ``(arrival time, batch)`` pairs (non-decreasing time) and evaluate every ``tick_s``."""
+    a = Analyzer(settings)
+    out: list[Verdict] = []
+    next_tick: float | None = None
+    now = 0.0
+    for t, b in batches:
+        if next_tick is None:
+            next_tick = t + tick_s
+        while t >= next_tick:
+            out.extend(a.evaluate(next_tick))
+            next_tick += tick_s
+        a.ingest(b, t)
+        now = t
+    if next_tick is not None:
+        out.extend(a.evaluate(max(now, next_tick)))
+    return out
+
+
+

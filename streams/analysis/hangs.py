@@ -1,0 +1,213 @@
+"""Hangs inside one communicator: who entered the op, who has not, signatures, counter chain.
+
+``diagnose`` looks at one stalled communicator (someone is inside an op and nothing moved for a
+while) and says what kind of stall it is: ranks missing (H1 candidates, or victims waiting
+elsewhere: the wait-for step decides), signatures that differ at one op sequence (H2), or
+everyone inside a consistent op with frozen counters (H3, with the link where the send/recv
+counter chain breaks). All comparisons across ranks use op sequences, signatures and counter
+values, never timestamps of different hosts. Cost is linear in the communicator size.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+from ccld.records import AnomalyKind, DType, OpType
+from ccld.streams.analysis.state import JobState, sig_code
+
+I64 = npt.NDArray[np.int64]
+
+RING_OPS = frozenset({int(OpType.ALL_REDUCE), int(OpType.ALL_GATHER), int(OpType.REDUCE_SCATTER)})
+SEND, RECV = int(OpType.SEND), int(OpType.RECV)
+
+
+@dataclass(frozen=True)
+class CommDiag:
+    """What one stalled communicator shows; ``kind`` is H1 when ranks are missing."""
+
+    cid: int
+    seq: int
+    op_type: int
+    kind: AnomalyKind
+    waiting: I64  # global ranks inside the op
+    missing: I64  # global ranks that have not entered it (-1: never seen)
+    culprits: I64 = field(default_factory=lambda: np.zeros(0, dtype=np.int64))  # H2 minority / H3 link ends
+    link: tuple[int, int] | None = None
+    channel: int | None = None
+    mismatch_field: str | None = None
+    wait_own_s: float = 0.0  # longest time a waiting rank has been inside, on its own clock
+    frozen_own_s: float = 0.0  # shortest time the inside ranks' counters have not moved (own clocks)
+    note: str = ""
+
+    @property
+    def op_name(self) -> str:
+        return _op_name(self.op_type)
+
+
+def _op_name(op: int) -> str:
+    try:
+        return OpType(op).name.lower()
+    except ValueError:
+        return f"op{op}"
+
+
+def _dtype_name(dt: int) -> str:
+    try:
+        return DType(dt).name.lower()
+    except ValueError:
+        return f"dtype{dt}"
+
+
+def diagnose(js: JobState, cid: int, known_sigs: frozenset[int]) -> CommDiag | None:
+    """Classify the stall of communicator ``cid``; None when nobody is inside an op."""
+    sl = js.members_of(cid)
+    seq = js.m_seq[sl]
+    done = js.m_done[sl]
+    inside = (seq >= 0) & ~done
+    if not inside.any():
+        return None
+    granks = js.m_grank[sl]
+    ops = js.m_op[sl]
+    t_in = np.where(inside, js.m_t_sample[sl] - js.m_t_enter[sl], 0)
+    frozen = np.where(inside, js.m_t_sample[sl] - js.m_t_change[sl], 0)
+    wait_own = float(t_in.max()) * 1e-9
+    frozen_own = float(frozen[inside].min()) * 1e-9
+    if int(ops[inside][0]) in (SEND, RECV):
+        return _diagnose_p2p(js, cid, sl, inside, wait_own, frozen_own)
+    k = int(seq[inside].max())
+    at_k = seq == k
+    waiting = granks[inside & at_k]
+    missing = granks[seq < k]
+    op_k = int(ops[at_k][0])
+    if missing.size:
+        return CommDiag(cid, k, op_k, AnomalyKind.H1, waiting, missing, wait_own_s=wait_own, frozen_own_s=frozen_own)
+    sigs = sig_code(ops, js.m_dtype[sl], js.m_count[sl], js.m_peer[sl])
+    u, inv, cnt = np.unique(sigs, return_inverse=True, return_counts=True)
+    if u.size > 1:
+        return _mismatch(js, cid, sl, k, u, inv, cnt, known_sigs, waiting, wait_own, frozen_own)
+    return _frozen_ring(js, cid, sl, k, op_k, waiting, wait_own, frozen_own)
+
+
+def _mismatch(
+    js: JobState, cid: int, sl: slice, k: int, u: I64, inv: I64, cnt: I64, known: frozenset[int],
+    waiting: I64, wait_own: float, frozen_own: float,
+) -> CommDiag:
+    """H2: the majority signature is the reference (ties: the one the comm used before)."""
+    score = cnt * 2 + np.asarray([c in known for c in u.tolist()], dtype=np.int64)
+    ref = int(np.argmax(score))
+    odd = inv != ref
+    granks = js.m_grank[sl]
+    culprits = granks[odd]
+    i_ref = int(np.flatnonzero(~odd)[0])
+    i_odd = int(np.flatnonzero(odd)[0])
+    fields = (
+        ("op_type", js.m_op[sl]),
+        ("dtype", js.m_dtype[sl]),
+        ("count", js.m_count[sl]),
+        ("peer", js.m_peer[sl]),
+    )
+    field_name = next((name for name, a in fields if a[i_odd] != a[i_ref]), "op_type")
+    if int(u[inv[i_odd]]) in known:
+        field_name = "order"  # a signature this communicator uses elsewhere in its step: wrong order
+    ops, dts, counts = js.m_op[sl], js.m_dtype[sl], js.m_count[sl]
+    note = (
+        f"rank {int(granks[i_odd])} entered {_op_name(int(ops[i_odd]))} #{k} "
+        f"({_dtype_name(int(dts[i_odd]))}, {int(counts[i_odd])} elements) while "
+        f"{int((~odd).sum())} ranks entered {_op_name(int(ops[i_ref]))} #{k} "
+        f"({_dtype_name(int(dts[i_ref]))}, {int(counts[i_ref])} elements)"
+    )
+    return CommDiag(
+        cid, k, int(ops[i_ref]), AnomalyKind.H2, waiting, np.zeros(0, dtype=np.int64), culprits,
+        mismatch_field=field_name, wait_own_s=wait_own, frozen_own_s=frozen_own, note=note,
+    )
+
+
+def _frozen_ring(
+    js: JobState, cid: int, sl: slice, k: int, op_k: int, waiting: I64, wait_own: float, frozen_own: float
+) -> CommDiag:
+    """H3: everyone is in one consistent op; find where the send/recv counter chain breaks.
+
+    Behind a dead link r -> r+1 the sender's RecvCount runs ahead of its SendCount (data came in
+    but cannot leave) and the receiver's RecvCount lags its SendCount, so the link maximising
+    backlog(r) - backlog(r+1) is the break; the channel is where that difference is largest.
+    """
+    granks = js.m_grank[sl]
+    size = granks.shape[0]
+    back = js.m_recv[sl] - js.m_send[sl]  # (size, channels)
+    if size < 2:
+        return CommDiag(cid, k, op_k, AnomalyKind.H3, waiting, np.zeros(0, dtype=np.int64), granks.copy(),
+                        wait_own_s=wait_own, frozen_own_s=frozen_own)
+    nxt = (np.arange(size) + 1) % size
+    diff = back - back[nxt]
+    score = diff.sum(axis=1)
+    if score.max() <= 0:
+        # no backlog pattern: the rank that received least is right after the break
+        tot = js.m_recv[sl].sum(axis=1)
+        dst = int(np.argmin(tot))
+        src = (dst - 1) % size
+    else:
+        src = int(np.argmax(score))
+        dst = int(nxt[src])
+    ch = int(np.argmax(diff[src])) if diff[src].max() > 0 else None
+    link = (int(granks[src]), int(granks[dst]))
+    note = (
+        f"all {size} ranks entered {_op_name(op_k)} #{k}; counters frozen for {frozen_own:.1f} s; "
+        f"rank {link[0]} RecvCount runs {int(back[src].sum())} slots ahead of its SendCount, rank {link[1]} "
+        f"RecvCount {int(-back[dst].sum())} behind"
+    )
+    return CommDiag(
+        cid, k, op_k, AnomalyKind.H3, waiting, np.zeros(0, dtype=np.int64), np.asarray(link, dtype=np.int64),
+        link=link, channel=ch, wait_own_s=wait_own, frozen_own_s=frozen_own, note=note,
+    )
+
+
+def _diagnose_p2p(
+    js: JobState, cid: int, sl: slice, inside: npt.NDArray[np.bool_], wait_own: float, frozen_own: float
+) -> CommDiag:
+    """Send/recv: each inside rank waits for its peer; pairs are matched by type, peer and size."""
+    granks = js.m_grank[sl]
+    ops, peer, dts, counts = js.m_op[sl], js.m_peer[sl], js.m_dtype[sl], js.m_count[sl]
+    size = granks.shape[0]
+    missing: list[int] = []
+    culprits: list[int] = []
+    kind = AnomalyKind.H3
+    field_name = None
+    link = None
+    note = ""
+    idx = np.flatnonzero(inside)
+    for i in idx.tolist():
+        p = int(peer[i])
+        if not 0 <= p < size:
+            continue
+        if not inside[p]:
+            missing.append(int(granks[p]))
+            continue
+        if int(peer[p]) != i:
+            continue  # the peer waits for someone else: it is waiting too
+        if int(ops[p]) == int(ops[i]):
+            kind, field_name = AnomalyKind.H2, "send_recv"
+            culprits.append(int(granks[i]))
+            note = f"ranks {int(granks[i])} and {int(granks[p])} both posted {_op_name(int(ops[i]))}: unmatched"
+        elif int(dts[p]) != int(dts[i]) or int(counts[p]) != int(counts[i]):
+            kind = AnomalyKind.H2
+            field_name = "dtype" if int(dts[p]) != int(dts[i]) else "count"
+            culprits.append(int(granks[i]))
+        elif int(ops[i]) == SEND and link is None:
+            link = (int(granks[i]), int(granks[p]))
+    seq = int(js.m_seq[sl][idx].max())
+    op = int(ops[idx[0]])
+    waiting = granks[inside]
+    if missing:
+        return CommDiag(cid, seq, op, AnomalyKind.H1, waiting, np.unique(np.asarray(missing, dtype=np.int64)),
+                        wait_own_s=wait_own, frozen_own_s=frozen_own)
+    if kind == AnomalyKind.H2:
+        return CommDiag(cid, seq, op, kind, waiting, np.zeros(0, dtype=np.int64),
+                        np.unique(np.asarray(culprits, dtype=np.int64)), mismatch_field=field_name,
+                        wait_own_s=wait_own, frozen_own_s=frozen_own, note=note)
+    c = np.asarray(link if link else [], dtype=np.int64)
+    return CommDiag(cid, seq, op, AnomalyKind.H3, waiting, np.zeros(0, dtype=np.int64), c, link=link,
+                    wait_own_s=wait_own, frozen_own_s=frozen_own,
+                    note=f"send/recv pair matched, counters frozen for {frozen_own:.1f} s")

@@ -1,0 +1,199 @@
+"""Incidents: one verdict per incident, stable ids, updates, resolution and dedupe.
+
+An incident is matched by (job, incarnation, family, root-cause ranks), family being "hang" or
+"slow", so the same root cause seen again in another communicator (or after a restart) stays one
+incident. Its id is a deterministic hash of job, incarnation, communicator, op sequence, family
+and root ranks at first detection: replaying the same input gives the same id, and ids already
+emitted (kept in ``state_dict``) are never emitted again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from ccld.records import AnomalyKind, Link, Verdict, VerdictState
+
+#: How specific a class is; an incident only ever moves to a more specific one.
+KIND_RANK = {
+    AnomalyKind.H1: 0, AnomalyKind.H3: 1, AnomalyKind.H2: 2,
+    AnomalyKind.S1: 0, AnomalyKind.S2: 1, AnomalyKind.S3: 1,
+}
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """Everything a verdict needs, as the detectors produce it."""
+
+    kind: AnomalyKind
+    job: str
+    incarnation: int
+    communicator: str  # 16 hex digits
+    op_seq: int
+    op_type: str
+    root_cause_ranks: tuple[int, ...]
+    affected_ranks: tuple[int, ...]
+    confidence: float
+    evidence: str
+    onset_time: float
+    root_cause_hosts: tuple[str, ...] = ()
+    link: tuple[int, int] | None = None
+    channel: int | None = None
+    p: float | None = None
+    mismatch_field: str | None = None
+    details: Mapping[str, str] = field(default_factory=dict)
+    resolve_key: tuple[str, int] = ("", 0)  # hang: ("hang", op_seq); slow: ("slow", signature code)
+
+    @property
+    def family(self) -> str:
+        return "hang" if self.kind.is_hang else "slow"
+
+    @property
+    def match_key(self) -> str:
+        return f"{self.job}|{self.incarnation}|{self.family}|{','.join(map(str, self.root_cause_ranks))}"
+
+    def incident_id(self) -> str:
+        raw = (
+            f"{self.job}|{self.incarnation}|{self.communicator}|{self.op_seq}|{self.family}|"
+            f"{','.join(map(str, self.root_cause_ranks))}"
+        )
+        return hashlib.sha1(raw.encode()).hexdigest()[:16]
+
+    def verdict(self, incident_id: str, state: VerdictState, now: float) -> Verdict:
+        return Verdict(
+            incident_id=incident_id,
+            state=state,
+            kind=self.kind,
+            job=self.job,
+            communicator=self.communicator,
+            op_seq=self.op_seq,
+            op_type=self.op_type,
+            root_cause_ranks=self.root_cause_ranks,
+            affected_ranks=self.affected_ranks,
+            confidence=round(self.confidence, 4),
+            evidence=self.evidence,
+            onset_time=self.onset_time,
+            detected_time=now,
+            root_cause_hosts=self.root_cause_hosts,
+            link=None if self.link is None else Link(*self.link),
+            channel=self.channel,
+            p=None if self.p is None else round(self.p, 4),
+            mismatch_field=self.mismatch_field,
+            details=dict(self.details),
+        )
+
+
+@dataclass
+class Incident:
+    """An open incident: its first candidate, the latest one, and when it was last reported."""
+
+    incident_id: str
+    first: Candidate
+    last: Candidate
+    last_report: float
+    affected_n: int = 0
+
+
+class IncidentBook:
+    """Open incidents and the ids already emitted (bounded)."""
+
+    def __init__(self, resolved_memory: int, update_min_interval_s: float) -> None:
+        self.open: dict[str, Incident] = {}
+        self.emitted: OrderedDict[str, str] = OrderedDict()  # id -> "open" | "resolved"
+        self.resolved_memory = resolved_memory
+        self.update_min_interval_s = update_min_interval_s
+
+    def report(self, c: Candidate, now: float) -> list[Verdict]:
+        """Feed one detection; returns the OPEN or UPDATE verdict it causes, if any."""
+        inc = self.open.get(c.match_key)
+        if inc is not None:
+            n = len(c.affected_ranks)
+            grew = n >= max(inc.affected_n * 1.25, inc.affected_n + 1)
+            # a more specific class (a link named, a mismatch seen) replaces a less specific one at once
+            better = KIND_RANK[c.kind] > KIND_RANK[inc.last.kind]
+            if better or (grew and KIND_RANK[c.kind] == KIND_RANK[inc.last.kind]
+                          and now - inc.last_report >= self.update_min_interval_s):
+                upd = replace(
+                    c, communicator=inc.first.communicator, op_seq=inc.first.op_seq, onset_time=inc.first.onset_time,
+                    resolve_key=inc.first.resolve_key,
+                )
+                inc.last = upd
+                inc.last_report = now
+                inc.affected_n = n
+                return [upd.verdict(inc.incident_id, VerdictState.UPDATE, now)]
+            return []
+        iid = c.incident_id()
+        seen = self.emitted.get(iid)
+        if seen == "resolved":
+            return []  # a replay of an incident already opened and closed
+        self.open[c.match_key] = Incident(iid, c, c, now, len(c.affected_ranks))
+        if seen == "open":
+            return []  # emitted before a restart: adopt it silently
+        self._remember(iid, "open")
+        return [c.verdict(iid, VerdictState.OPEN, now)]
+
+    def resolve(self, match_key: str, now: float, evidence: str) -> list[Verdict]:
+        inc = self.open.pop(match_key, None)
+        if inc is None:
+            return []
+        self._remember(inc.incident_id, "resolved")
+        c = replace(inc.last, evidence=evidence, confidence=1.0)
+        return [c.verdict(inc.incident_id, VerdictState.RESOLVED, now)]
+
+    def _remember(self, iid: str, state: str) -> None:
+        self.emitted[iid] = state
+        self.emitted.move_to_end(iid)
+        # forget the oldest resolved ids beyond the bound; open ones are always kept
+        excess = len(self.emitted) - self.resolved_memory - len(self.open)
+        if excess > 0:
+            for k in [k for k, v in self.emitted.items() if v == "resolved"][:excess]:
+                del self.emitted[k]
+
+    # -- persistence -----------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "emitted": [[k, v] for k, v in self.emitted.items()],
+            "open": [
+                {"id": inc.incident_id, "first": _cand_dict(inc.first), "last": _cand_dict(inc.last),
+                 "last_report": inc.last_report}
+                for inc in self.open.values()
+            ],
+        }
+
+    def load(self, d: Mapping[str, Any]) -> None:
+        self.emitted = OrderedDict((str(k), str(v)) for k, v in d.get("emitted", []))
+        for o in d.get("open", []):
+            first, last = _cand_from(o["first"]), _cand_from(o["last"])
+            n = int(o["last"].get("affected", 0))
+            self.open[first.match_key] = Incident(str(o["id"]), first, last, float(o["last_report"]), n)
+
+
+def _cand_dict(c: Candidate) -> dict[str, Any]:
+    return {
+        "kind": c.kind.value, "job": c.job, "incarnation": c.incarnation, "communicator": c.communicator,
+        "op_seq": c.op_seq, "op_type": c.op_type, "roots": list(c.root_cause_ranks),
+        "affected": len(c.affected_ranks), "confidence": c.confidence, "evidence": c.evidence,
+        "onset_time": c.onset_time, "hosts": list(c.root_cause_hosts),
+        "link": None if c.link is None else list(c.link), "channel": c.channel, "p": c.p,
+        "mismatch_field": c.mismatch_field, "resolve_key": list(c.resolve_key),
+    }
+
+
+def _cand_from(d: Mapping[str, Any]) -> Candidate:
+    link = d.get("link")
+    rk = d.get("resolve_key") or ["", 0]
+    return Candidate(
+        kind=AnomalyKind(d["kind"]), job=str(d["job"]), incarnation=int(d["incarnation"]),
+        communicator=str(d["communicator"]), op_seq=int(d["op_seq"]), op_type=str(d["op_type"]),
+        root_cause_ranks=tuple(int(x) for x in d["roots"]),
+        affected_ranks=(),  # only the count is kept (bounded state); updates re-learn the set
+        confidence=float(d["confidence"]), evidence=str(d["evidence"]), onset_time=float(d["onset_time"]),
+        root_cause_hosts=tuple(str(x) for x in d.get("hosts", [])),
+        link=None if link is None else (int(link[0]), int(link[1])),
+        channel=None if d.get("channel") is None else int(d["channel"]),
+        p=None if d.get("p") is None else float(d["p"]), mismatch_field=d.get("mismatch_field"),
+        resolve_key=(str(rk[0]), int(rk[1])),
+    )

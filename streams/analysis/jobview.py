@@ -1,0 +1,211 @@
+"""One job incarnation as the analyzer sees it, and root findings turned into verdict candidates.
+
+Holds the job's state (``JobState``), open ops, slow baselines, cached communicator diagnoses,
+learned benign pauses, and applies the hang thresholds: a configured minimum per class, raised
+by what the communicator has shown to be normal (its longest healthy op, and pauses of the
+same shape that ended by themselves before).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ccld.records import AnomalyKind, OpType
+from ccld.streams.analysis.hangs import CommDiag
+from ccld.streams.analysis.incidents import Candidate
+from ccld.streams.analysis.ops import OpTable
+from ccld.streams.analysis.settings import AnalyzerSettings
+from ccld.streams.analysis.slow import SlowDetector, SlowFinding
+from ccld.streams.analysis.state import JobState
+from ccld.streams.analysis.waitfor import HangRoot
+
+BARRIER = int(OpType.BARRIER)
+
+
+@dataclass
+class _Stall:
+    start: float
+    kind: AnomalyKind
+
+
+class JobAnalysis:
+    """Everything the analyzer keeps about one (job, incarnation)."""
+
+    def __init__(self, job: str, incarnation: int, settings: AnalyzerSettings) -> None:
+        self.job = job
+        self.incarnation = incarnation
+        self.s = settings
+        self.js = JobState(job, incarnation)
+        self.ops = OpTable()
+        self.slow = SlowDetector(settings)
+        self.diag_cache: dict[int, tuple[float, CommDiag | None]] = {}
+        self.roots_sig: tuple[tuple[int, float], ...] = ()
+        self.roots: list[HangRoot] = []
+        self.stalls: dict[int, _Stall] = {}
+        self.pauses: dict[int, list[float]] = {}
+        self.restored_pauses: dict[str, list[float]] = {}
+
+    # -- learned normal behaviour --------------------------------------------------------------
+    def known_sigs(self, cid: int) -> frozenset[int]:
+        sel = (self.slow.b_cid == cid) & (self.slow.b_n > 0)
+        return frozenset(self.slow.b_sig[sel].tolist())
+
+    def learn_pauses(self, diags: dict[int, CommDiag], now: float) -> None:
+        """A stall that ended by itself is a pause this communicator may show again."""
+        js = self.js
+        for cid, st in list(self.stalls.items()):
+            if cid in diags:
+                continue
+            del self.stalls[cid]
+            resumed = float(js.c_progress_now[cid])
+            if st.kind == AnomalyKind.H1 and resumed > st.start:
+                mem = self.pauses.setdefault(cid, [])
+                mem.append(resumed - st.start)
+                del mem[: -self.s.pause_memory]
+        for cid, d in diags.items():
+            mark = float(js.c_progress_now[cid])
+            cur = self.stalls.get(cid)
+            if cur is None or cur.start != mark:
+                self.stalls[cid] = _Stall(mark, d.kind)
+
+    def pause_items(self) -> list[tuple[str, list[float]]]:
+        return [(self.js.comm_hex(c), v) for c, v in self.pauses.items() if v]
+
+    def threshold(self, kind: AnomalyKind, cid: int, op_type: int) -> float:
+        s = self.s
+        if kind == AnomalyKind.H1:
+            base = s.barrier_hang_min_s if op_type == BARRIER else s.hang_min_s
+        elif kind == AnomalyKind.H2:
+            base = s.h2_min_s
+        else:
+            base = s.h3_min_s
+        thr = max(base, s.hang_op_factor * float(self.js.c_maxop_s[cid]))
+        if kind == AnomalyKind.H1:
+            mem = self.pauses.get(cid) or self.restored_pauses.get(self.js.comm_hex(cid))
+            if mem:
+                thr = max(thr, s.pause_tolerance * max(mem))
+        return min(thr, s.hang_max_s)
+
+    # -- candidates ----------------------------------------------------------------------------
+    def hosts_of(self, ranks: tuple[int, ...]) -> tuple[str, ...]:
+        js = self.js
+        out: list[str] = []
+        for r in ranks:
+            hit = np.flatnonzero((js.m_grank == r) & (js.m_host >= 0))
+            if hit.size:
+                h = js.host_names[int(js.m_host[hit[0]])]
+                if h not in out:
+                    out.append(h)
+        return tuple(out)
+
+    def resolution(self, c: Candidate) -> str:
+        """Evidence text when the incident of ``c`` is over, else ''."""
+        js = self.js
+        cid = js.comm_index.get(_signed(int(c.communicator, 16)))
+        if cid is None or cid >= js.c_size.shape[0]:
+            return ""
+        fam, val = c.resolve_key
+        if fam == "hang":
+            sl = js.members_of(cid)
+            if bool((js.m_last_done[sl] >= val).any()):
+                return f"progress resumed: {c.op_type} #{val} completed"
+            return ""
+        bi = self.slow.lookup(np.asarray([cid]), np.asarray([val], dtype=np.int64), create=False)[0]
+        if bi >= 0 and self.slow.resolved(int(bi)):
+            return f"the last {self.s.slow_resolve_ops} {c.op_type} ops ran at their baseline again"
+        return ""
+
+
+def _signed(v: int) -> int:
+    return v - (1 << 64) if v >= 1 << 63 else v
+
+
+def _ranks(rs: tuple[int, ...] | list[int], limit: int = 8) -> str:
+    rs = list(rs)
+    head = ",".join(map(str, rs[:limit]))
+    return head + (f" and {len(rs) - limit} more" if len(rs) > limit else "")
+
+
+def hang_candidate(ja: JobAnalysis, root: HangRoot, stall: float, now: float) -> Candidate | None:
+    """A verdict candidate for a hang root, or None while below its threshold."""
+    d = root.diag
+    thr = ja.threshold(root.kind, root.cid, d.op_type)
+    if stall < thr:
+        return None
+    js = ja.js
+    op = d.op_name
+    waiting = d.waiting.tolist()
+    if root.kind == AnomalyKind.H1:
+        ev = (
+            f"ranks {_ranks(waiting)} entered {op} #{d.seq} and waited {max(d.wait_own_s, stall):.1f} s; "
+            f"rank{'s' if len(root.roots) > 1 else ''} {_ranks(root.roots)} never entered and "
+            f"{'are' if len(root.roots) > 1 else 'is'} in no collective"
+        )
+        conf = 0.95 if len(root.via) > 0 else 0.9
+    elif root.kind == AnomalyKind.H2:
+        ev = f"{d.note}; no progress for {stall:.1f} s (differs in {d.mismatch_field})"
+        conf = 0.97
+    else:
+        ev = d.note or f"counters frozen for {stall:.1f} s"
+        conf = 0.9 if d.link is not None else 0.6
+    if len(root.via) > 1:
+        ev += f"; {len(root.affected)} ranks in {len(root.via)} communicators wait for it"
+    return Candidate(
+        kind=root.kind,
+        job=ja.job,
+        incarnation=ja.incarnation,
+        communicator=js.comm_hex(root.cid),
+        op_seq=d.seq,
+        op_type=op,
+        root_cause_ranks=root.roots,
+        affected_ranks=root.affected,
+        confidence=conf,
+        evidence=ev,
+        onset_time=float(js.c_progress_now[root.cid]),
+        root_cause_hosts=ja.hosts_of(root.roots),
+        link=d.link,
+        channel=d.channel,
+        mismatch_field=d.mismatch_field,
+        details={"stall_s": f"{stall:.1f}", "threshold_s": f"{thr:.1f}", "communicators": str(len(root.via))},
+        resolve_key=("hang", d.seq),
+    )
+
+
+def slow_candidate(ja: JobAnalysis, f: SlowFinding) -> Candidate:
+    js = ja.js
+    op = OpType(f.op_type).name.lower() if f.op_type in OpType._value2member_map_ else f"op{f.op_type}"
+    if f.kind == AnomalyKind.S1:
+        ev = (
+            f"rank {f.culprit} arrived last at {op} in {f.n_slow} of the last {ja.s.slow_window_ops} ops: "
+            f"its own kernel time {f.tmin_s:.3f} s while peers waited up to {f.tmax_s:.3f} s "
+            f"(baseline {f.base_s:.3f} s); P={f.p:.2f}"
+        )
+    else:
+        where = f"link {f.link[0]}->{f.link[1]}" if f.link else f"rank {f.culprit}"
+        ev = (
+            f"{op} took {f.tmin_s:.3f}-{f.tmax_s:.3f} s on every rank (baseline {f.base_s:.3f} s) in {f.n_slow} "
+            f"of the last {ja.s.slow_window_ops} ops; send backlog builds at {where}"
+            f"{'' if f.channel is None else f' channel {f.channel}'}; P={f.p:.2f}"
+        )
+    roots = (f.culprit,) if f.kind != AnomalyKind.S2 or f.link is None else (f.link[0], f.link[1])
+    return Candidate(
+        kind=f.kind,
+        job=ja.job,
+        incarnation=ja.incarnation,
+        communicator=js.comm_hex(f.cid),
+        op_seq=f.seq,
+        op_type=op,
+        root_cause_ranks=roots,
+        affected_ranks=tuple(r for r in f.affected if r not in roots),
+        confidence=round(min(1.0, f.share * f.n_slow / max(ja.s.slow_window_ops, 1)), 3),
+        evidence=ev,
+        onset_time=f.onset_now,
+        root_cause_hosts=ja.hosts_of(roots),
+        link=f.link,
+        channel=f.channel,
+        p=f.p,
+        details={"slow_ops": str(f.n_slow), "culprit_share": f"{f.share:.2f}"},
+        resolve_key=("slow", int(ja.slow.b_sig[f.bidx])),
+    )

@@ -1,0 +1,142 @@
+"""Per-operation aggregation: per-rank kernel times and backlog folded into one row per op.
+
+Rows of all communicators of a job are folded at once (sort + reduceat), and an op leaves the
+table when every member reported its DONE record (or after a timeout with most of them). The
+result is one vector per statistic over the completed ops, so the slow detector never loops
+over ranks in Python.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import numpy as np
+import numpy.typing as npt
+
+from ccld.streams.analysis.state import DONE, PROGRESS, JobState, Rows, sig_code
+
+I64 = npt.NDArray[np.int64]
+F64 = npt.NDArray[np.float64]
+
+_INF = np.inf
+
+
+@dataclass
+class OpRows:
+    """Per-op aggregates (one entry per op); used both for the open table and completed ops."""
+
+    key: I64  # cid << 32 | seq
+    cid: I64
+    seq: I64
+    sig: I64  # packed signature (send/recv folded)
+    op_type: I64
+    cnt: I64  # DONE records counted
+    tmin: F64  # shortest kernel time on a rank's own clock (s)
+    late: I64  # comm rank with the shortest kernel time: the last to arrive
+    tmax: F64
+    lag: F64  # largest RecvCount - SendCount seen in a PROGRESS sample (-inf: none)
+    lagr: I64  # comm rank where that backlog was seen
+    first_now: F64  # analyzer time the op was first seen
+    late_gap: F64  # the late arriver's time outside collectives before this op (own clock, s)
+    gap_sum: F64  # the same summed over all ranks that reported
+
+    @property
+    def n(self) -> int:
+        return int(self.key.shape[0])
+
+    def take(self, m: npt.NDArray[np.bool_] | I64) -> OpRows:
+        return OpRows(**{f.name: getattr(self, f.name)[m] for f in fields(self)})
+
+    @classmethod
+    def empty(cls) -> OpRows:
+        z = np.zeros(0, dtype=np.int64)
+        f = np.zeros(0)
+        return cls(z, z, z, z, z, z, f, z, f, f, z, f, f, f)
+
+    @classmethod
+    def concat(cls, parts: list[OpRows]) -> OpRows:
+        return cls(**{f.name: np.concatenate([getattr(p, f.name) for p in parts]) for f in fields(cls)})
+
+
+class OpTable:
+    """Ops still waiting for some DONE records."""
+
+    def __init__(self) -> None:
+        self.open = OpRows.empty()
+
+    def add(self, js: JobState, r: Rows) -> int:
+        """Fold one tick's rows into the open ops; returns the number of DONE records counted."""
+        d = (r.status == DONE) & (r.t_enter >= 0) & (r.t_exit >= r.t_enter) & (r.seq > js.m_last_done[r.gi])
+        di = np.flatnonzero(d)
+        if di.size > 1:  # one DONE per (member, op): a duplicate inside the tick counts once
+            k = r.gi[di] << 32 | (r.seq[di] & 0xFFFF_FFFF)
+            _, first = np.unique(k, return_index=True)
+            di = di[first]
+        if di.size:
+            np.maximum.at(js.m_last_done, r.gi[di], r.seq[di])
+        pi = np.flatnonzero(r.status == PROGRESS)
+        lagc = r.recv[pi] - r.send[pi]
+        if pi.size:
+            np.add.at(js.m_lagch, r.gi[pi], np.maximum(lagc, 0))
+        sig = sig_code(r.op_type, r.dtype, r.count, r.peer)
+        dur = (r.t_exit[di] - r.t_enter[di]) * 1e-9
+        gap = js.gaps(r.rank[di], r.t_enter[di], r.t_exit[di])
+        nd, npr = di.size, pi.size
+        if nd + npr == 0:
+            return 0
+        rows = np.concatenate([di, pi])
+        contrib = OpRows(
+            key=r.cid[rows] << 32 | (r.seq[rows] & 0xFFFF_FFFF),
+            cid=r.cid[rows],
+            seq=r.seq[rows],
+            sig=sig[rows],
+            op_type=r.op_type[rows],
+            cnt=np.concatenate([np.ones(nd, dtype=np.int64), np.zeros(npr, dtype=np.int64)]),
+            tmin=np.concatenate([dur, np.full(npr, _INF)]),
+            late=np.concatenate([r.crank[di], np.full(npr, -1, dtype=np.int64)]),
+            tmax=np.concatenate([dur, np.full(npr, -_INF)]),
+            lag=np.concatenate([np.full(nd, -_INF), lagc.sum(axis=1).astype(np.float64)]),
+            lagr=np.concatenate([np.full(nd, -1, dtype=np.int64), r.crank[pi]]),
+            first_now=r.now[rows],
+            late_gap=np.concatenate([gap, np.zeros(npr)]),
+            gap_sum=np.concatenate([gap, np.zeros(npr)]),
+        )
+        self.open = _fold(OpRows.concat([self.open, contrib]))
+        return nd
+
+    def take_completed(self, js: JobState, now: float, timeout_s: float) -> OpRows:
+        """Remove and return the ops that every member finished (or that timed out with most)."""
+        o = self.open
+        if o.n == 0:
+            return o
+        size = js.c_size[o.cid]
+        complete = o.cnt >= size
+        late = (now - o.first_now) >= timeout_s
+        leave = complete | late
+        if not leave.any():
+            return OpRows.empty()
+        keep_done = complete | (late & (o.cnt * 2 >= size) & (o.cnt >= 2))
+        out = o.take(leave & keep_done)
+        self.open = o.take(~leave)
+        return out
+
+
+def _fold(a: OpRows) -> OpRows:
+    """Merge rows with the same op key (min/max/argmin/argmax per op)."""
+    if a.n <= 1:
+        return a
+    order = np.lexsort((a.tmin, a.key))  # per op, the shortest kernel time first
+    s = a.take(order)
+    start = np.flatnonzero(np.concatenate([[True], s.key[1:] != s.key[:-1]]))
+    out = s.take(start)  # key, cid, seq, sig, op_type, tmin, late of the first row of each op
+    out.cnt = np.add.reduceat(s.cnt, start)
+    out.tmax = np.maximum.reduceat(s.tmax, start)
+    out.first_now = np.minimum.reduceat(s.first_now, start)
+    out.gap_sum = np.add.reduceat(s.gap_sum, start)
+    # the largest backlog and where it was seen
+    order2 = np.lexsort((-s.lag, s.key))
+    s2 = s.take(order2)
+    out.lag = s2.lag[start]
+    out.lagr = s2.lagr[start]
+    # the signature: prefer a DONE row's (the first row may be a PROGRESS row of the same op)
+    return out

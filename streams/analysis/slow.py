@@ -1,0 +1,292 @@
+"""Slowdowns: learned per-op baselines, repeated counting, the slow ratio P and the culprit.
+
+For every (communicator, op signature) the detector learns the healthy shortest kernel time
+``b_min`` (pure communication: the last arriver does not wait), longest ``b_max`` and the
+arrival spread ``b_spr``, all on each rank's own clock (durations only). A completed op is slow
+when its time exceeds ``slow_factor`` x the baseline by a statistically clear margin. A slow
+verdict needs ``slow_min_ops`` slow ops among the last ``slow_window_ops`` (repeated counting,
+so a blip never alerts) with the same culprit in most of them.
+
+P = (T_max - T_min - b_spr) / (T_max - b_max): the paper's (T_max - T_min)/(T_max - T_base)
+with the healthy arrival spread taken out of both, so normal jitter does not pull a comm-slow
+op towards P = 1. Late arriver (comp-slow): P ~ 1; everybody slow (comm-slow): P ~ 0.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, TypeVar, cast
+
+import numpy as np
+import numpy.typing as npt
+
+from ccld.records import AnomalyKind, OpType
+from ccld.streams.analysis.ops import OpRows
+from ccld.streams.analysis.settings import AnalyzerSettings
+from ccld.streams.analysis.state import JobState
+
+I64 = npt.NDArray[np.int64]
+F64 = npt.NDArray[np.float64]
+
+A = TypeVar("A", bound=npt.NDArray[Any])
+
+RING_OPS = frozenset({int(OpType.ALL_REDUCE), int(OpType.ALL_GATHER), int(OpType.REDUCE_SCATTER)})
+P2P_OPS = frozenset({int(OpType.SEND), int(OpType.RECV)})
+
+
+@dataclass(frozen=True)
+class SlowFinding:
+    """A communicator's op that is repeatedly slow, with its culprit (before victim filtering)."""
+
+    kind: AnomalyKind
+    cid: int
+    bidx: int
+    seq: int  # first slow op of the window
+    op_type: int
+    culprit: int  # global rank
+    culprit_crank: int
+    link: tuple[int, int] | None  # global ranks src -> dst
+    channel: int | None
+    p: float
+    share: float
+    n_slow: int
+    lateness_s: float  # median excess arrival spread of the slow ops
+    tmin_s: float
+    tmax_s: float
+    base_s: float
+    onset_now: float
+    affected: tuple[int, ...]
+
+
+class SlowDetector:
+    """Baselines and windows of every (communicator, signature) of one job."""
+
+    def __init__(self, settings: AnalyzerSettings) -> None:
+        self.s = settings
+        self.w = max(1, settings.slow_window_ops)
+        self.sig_ids: dict[int, int] = {}
+        self.sig_codes: list[int] = []
+        self.key_idx: dict[int, int] = {}
+        self._sorted_keys = np.zeros(0, dtype=np.int64)
+        self._sorted_idx = np.zeros(0, dtype=np.int64)
+        self.nb = 0
+        z = np.zeros(0)
+        zi = np.zeros(0, dtype=np.int64)
+        self.b_cid, self.b_sig, self.b_n, self.b_pos, self.b_okrun = zi, zi, zi, zi, zi
+        self.b_min, self.b_max, self.b_spr, self.b_dev, self.b_devmin = z, z, z, z, z
+        w = self.w
+        self.w_slow = np.zeros((0, w), dtype=bool)
+        self.w_late = np.zeros((0, w), dtype=np.int64)
+        self.w_lagr = np.zeros((0, w), dtype=np.int64)
+        self.w_p = np.zeros((0, w))
+        self.w_seq = np.zeros((0, w), dtype=np.int64)
+        self.w_now = np.zeros((0, w))
+        self.w_spr = np.zeros((0, w))
+        self.w_tmin = np.zeros((0, w))
+        self.w_tmax = np.zeros((0, w))
+        self.w_lgap = np.zeros((0, w))  # the late arriver's compute gap before the op
+        self.w_ogap = np.zeros((0, w))  # the other ranks' mean compute gap
+
+    # -- baseline index ------------------------------------------------------------------------
+    def _sig_ids(self, codes: I64) -> I64:
+        u, inv = np.unique(codes, return_inverse=True)
+        ids = []
+        for c in u.tolist():
+            i = self.sig_ids.get(c)
+            if i is None:
+                i = len(self.sig_codes)
+                self.sig_ids[c] = i
+                self.sig_codes.append(c)
+            ids.append(i)
+        return np.asarray(ids, dtype=np.int64)[inv]
+
+    def lookup(self, cid: I64, sig: I64, create: bool) -> I64:
+        """Baseline index of each (cid, sig); -1 where unknown and not created."""
+        keys = cid << 24 | self._sig_ids(sig)
+        out = self._find(keys)
+        if create and (out < 0).any():
+            self._add_many(np.unique(keys[out < 0]).tolist())
+            self._reindex()
+            out = self._find(keys)
+        return out
+
+    def _find(self, keys: I64) -> I64:
+        if self._sorted_keys.size == 0:
+            return np.full(keys.shape[0], -1, dtype=np.int64)
+        pos = np.searchsorted(self._sorted_keys, keys)
+        pos = np.minimum(pos, self._sorted_keys.size - 1)
+        hit = self._sorted_keys[pos] == keys
+        return np.where(hit, self._sorted_idx[pos], -1)
+
+    def _add_many(self, keys: list[int]) -> None:
+        """Append baselines for new keys (all arrays grow once per call)."""
+        k = len(keys)
+        for key in keys:
+            self.key_idx[key] = self.nb
+            self.nb += 1
+        cids = np.asarray([key >> 24 for key in keys], dtype=np.int64)
+        sigs = np.asarray([self.sig_codes[key & 0xFFFFFF] for key in keys], dtype=np.int64)
+
+        def g(a: A, fill: float | int | bool = 0) -> A:
+            return cast(A, np.concatenate([a, np.full((k, *a.shape[1:]), fill, dtype=a.dtype)]))
+
+        self.b_cid = np.concatenate([self.b_cid, cids])
+        self.b_sig = np.concatenate([self.b_sig, sigs])
+        self.b_n, self.b_pos, self.b_okrun = g(self.b_n), g(self.b_pos), g(self.b_okrun)
+        self.b_min, self.b_max, self.b_spr = g(self.b_min), g(self.b_max), g(self.b_spr)
+        self.b_dev, self.b_devmin = g(self.b_dev), g(self.b_devmin)
+        self.w_slow = g(self.w_slow, False)
+        self.w_late, self.w_lagr, self.w_seq = g(self.w_late, -1), g(self.w_lagr, -1), g(self.w_seq, -1)
+        self.w_p, self.w_now, self.w_spr = g(self.w_p), g(self.w_now), g(self.w_spr)
+        self.w_tmin, self.w_tmax = g(self.w_tmin), g(self.w_tmax)
+        self.w_lgap, self.w_ogap = g(self.w_lgap), g(self.w_ogap)
+
+    def _reindex(self) -> None:
+        keys = np.fromiter(self.key_idx.keys(), dtype=np.int64, count=len(self.key_idx))
+        idx = np.fromiter(self.key_idx.values(), dtype=np.int64, count=len(self.key_idx))
+        o = np.argsort(keys)
+        self._sorted_keys, self._sorted_idx = keys[o], idx[o]
+
+    # -- completed ops -------------------------------------------------------------------------
+    def update(self, js: JobState, ops: OpRows) -> I64:
+        """Judge each completed op against its baseline; returns baselines whose window changed."""
+        if ops.n == 0:
+            return np.zeros(0, dtype=np.int64)
+        s = self.s
+        b = self.lookup(ops.cid, ops.sig, create=True)
+        order = np.lexsort((ops.seq, b))
+        b = b[order]
+        ops = ops.take(order)
+        start = np.concatenate([[True], b[1:] != b[:-1]])
+        grp = np.cumsum(start) - 1
+        first = np.flatnonzero(start)
+        level = np.arange(b.size) - first[grp]
+        for lv in range(int(level.max()) + 1):
+            i = np.flatnonzero(level == lv)
+            bi = b[i]
+            tmin, tmax = ops.tmin[i], ops.tmax[i]
+            n = self.b_n[bi]
+            warm = n >= s.baseline_min_ops
+            bmin, bmax, bspr = self.b_min[bi], self.b_max[bi], self.b_spr[bi]
+            spread = tmax - tmin
+            thr_max = np.maximum.reduce(
+                [np.full(i.size, s.slow_min_excess_s), s.slow_mad_k * self.b_dev[bi], (s.slow_factor - 1) * bmax]
+            )
+            thr_min = np.maximum.reduce(
+                [np.full(i.size, s.slow_min_excess_s), s.slow_mad_k * self.b_devmin[bi], (s.slow_factor - 1) * bmin]
+            )
+            slow = warm & (((tmax - bmax) > thr_max) | ((tmin - bmin) > thr_min))
+            den = np.maximum(tmax - bmax, 1e-9)
+            p = np.clip((spread - bspr) / den, 0.0, 1.0)
+            pos = self.b_pos[bi]
+            self.w_slow[bi, pos] = slow
+            self.w_late[bi, pos] = ops.late[i]
+            self.w_lagr[bi, pos] = np.where(ops.lag[i] > 0, ops.lagr[i], -1)
+            self.w_p[bi, pos] = p
+            self.w_seq[bi, pos] = ops.seq[i]
+            self.w_now[bi, pos] = ops.first_now[i]
+            self.w_spr[bi, pos] = np.maximum(spread - bspr, 0.0)
+            self.w_tmin[bi, pos] = tmin
+            self.w_tmax[bi, pos] = tmax
+            lg = ops.late_gap[i]
+            self.w_lgap[bi, pos] = lg
+            self.w_ogap[bi, pos] = (ops.gap_sum[i] - lg) / np.maximum(ops.cnt[i] - 1, 1)
+            self.b_pos[bi] = (pos + 1) % self.w
+            self.b_okrun[bi] = np.where(slow, 0, self.b_okrun[bi] + 1)
+            # learn from healthy ops only, so a lasting slowdown never becomes the norm
+            learn = ~slow
+            li, lb = i[learn], bi[learn]
+            if lb.size:
+                nn = self.b_n[lb]
+                rate = 1.0 / np.minimum(nn + 1, s.baseline_ops)
+                t0, t1 = ops.tmin[li], ops.tmax[li]
+                self.b_dev[lb] += rate * (np.abs(t1 - self.b_max[lb]) * (nn > 0) - self.b_dev[lb])
+                self.b_devmin[lb] += rate * (np.abs(t0 - self.b_min[lb]) * (nn > 0) - self.b_devmin[lb])
+                self.b_min[lb] += rate * (t0 - self.b_min[lb])
+                self.b_max[lb] += rate * (t1 - self.b_max[lb])
+                self.b_spr[lb] += rate * ((t1 - t0) - self.b_spr[lb])
+                self.b_n[lb] = nn + 1
+                np.maximum.at(js.c_maxop_s, ops.cid[li], t1)
+        return np.unique(b)
+
+    def alarmed(self, touched: I64) -> I64:
+        """Baselines (of ``touched``) whose window holds enough slow ops."""
+        if touched.size == 0:
+            return touched
+        cnt = self.w_slow[touched].sum(axis=1)
+        return touched[cnt >= self.s.slow_min_ops]
+
+    def finding(self, js: JobState, bi: int) -> SlowFinding | None:
+        """The slow finding of one alarmed baseline, or None without a consistent culprit."""
+        s = self.s
+        m = self.w_slow[bi]
+        n_slow = int(m.sum())
+        p = float(np.median(self.w_p[bi, m]))
+        kind = AnomalyKind.S2 if p <= s.alpha else AnomalyKind.S1 if p >= s.beta else AnomalyKind.S3
+        late = self.w_late[bi, m]
+        lagr = self.w_lagr[bi, m]
+        lagr = lagr[lagr >= 0]
+        if kind == AnomalyKind.S2:
+            if not lagr.size:
+                return None  # no counter sample inside a slow op yet: the link is not observable
+            vals, cnts = np.unique(lagr, return_counts=True)
+            share = float(cnts.max()) / max(lagr.size, 1)
+        else:
+            vals, cnts = np.unique(late[late >= 0], return_counts=True)
+            share = float(cnts.max()) / n_slow if cnts.size else 0.0
+        if not cnts.size or share < s.culprit_share:
+            return None
+        crank = int(vals[np.argmax(cnts)])
+        cid = int(self.b_cid[bi])
+        sl = js.members_of(cid)
+        granks = js.m_grank[sl]
+        size = granks.shape[0]
+        culprit = int(granks[crank])
+        op_type = int(self.b_sig[bi] >> 60 & 0xF)
+        link = None
+        channel = None
+        if kind != AnomalyKind.S1 and size >= 2:
+            if op_type in RING_OPS:
+                link = (culprit, int(granks[(crank + 1) % size]))
+            elif op_type in P2P_OPS and size == 2:
+                link = (culprit, int(granks[1 - crank]))
+            lag = js.m_lagch[sl.start + crank]
+            if lag.max() > 0:
+                channel = int(np.argmax(lag))
+        seqs = self.w_seq[bi, m]
+        first = int(np.argmin(seqs))
+        return SlowFinding(
+            kind=kind,
+            cid=cid,
+            bidx=bi,
+            seq=int(seqs[first]),
+            op_type=op_type,
+            culprit=culprit,
+            culprit_crank=crank,
+            link=link,
+            channel=channel,
+            p=p,
+            share=share,
+            n_slow=n_slow,
+            lateness_s=float(np.median(self.w_spr[bi, m])),
+            tmin_s=float(np.median(self.w_tmin[bi, m])),
+            tmax_s=float(np.median(self.w_tmax[bi, m])),
+            base_s=float(self.b_max[bi]),
+            onset_now=float(self.w_now[bi, m][first]),
+            affected=tuple(int(x) for x in granks[granks >= 0].tolist() if x != culprit),
+        )
+
+    def is_victim(self, js: JobState, f: SlowFinding) -> bool:
+        """A late arriver that did not spend its lateness computing waited elsewhere: a victim.
+
+        Compares, on the late rank's own clock, the time between the end of its previous op (in
+        any communicator) and the start of this one with the same gap of its peers.
+        """
+        if f.kind == AnomalyKind.S2:
+            return False
+        m = self.w_slow[f.bidx]
+        extra = float(np.median(self.w_lgap[f.bidx, m] - self.w_ogap[f.bidx, m]))
+        return extra < max(self.s.culprit_gap_share * f.lateness_s, self.s.slow_min_excess_s)
+
+    def resolved(self, bi: int) -> bool:
+        return int(self.b_okrun[bi]) >= self.s.slow_resolve_ops

@@ -1,0 +1,390 @@
+"""Per-job operation tracking over all communicators at once: who is in which op, counters.
+
+One ``JobState`` holds every communicator of one job incarnation as a slice of flat "member"
+arrays (one entry per (communicator, comm rank)), so a whole tick of batches is applied with a
+few numpy passes whatever the number of communicators. Updates are idempotent: replaying the
+same records changes nothing. Times are of two kinds that are never mixed: ``*_ns`` on the
+reporting rank's own clock (only differences on one rank are used) and ``*_now`` on the
+analyzer's clock.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, TypeVar, cast
+
+import numpy as np
+import numpy.typing as npt
+
+from ccld.records import MAX_CHANNELS, KernelBatch, OpType, Status
+
+I64 = npt.NDArray[np.int64]
+F64 = npt.NDArray[np.float64]
+BOOL = npt.NDArray[np.bool_]
+
+DONE = int(Status.DONE)
+PROGRESS = int(Status.PROGRESS)
+P2P_OPS = (int(OpType.SEND), int(OpType.RECV))
+SIG_FIELDS = ("op_type", "dtype", "count", "peer")
+
+
+def sig_code(op_type: I64, dtype: I64, count: I64, peer: I64) -> I64:
+    """Pack an op signature into one int64 (send and recv share one code: a p2p transfer)."""
+    p2p = (op_type == P2P_OPS[0]) | (op_type == P2P_OPS[1])
+    op = np.where(p2p, P2P_OPS[0], op_type)
+    pe = np.where(p2p, 0, peer + 1) & 0xFFFF
+    return (op & 0xF) << 60 | (dtype & 0xF) << 56 | pe << 40 | (count & ((1 << 40) - 1))
+
+
+@dataclass
+class Rows:
+    """One tick's records of a job, concatenated column-wise, with member index and arrival time."""
+
+    gi: I64  # member index (communicator slice offset + comm rank)
+    cid: I64  # communicator id inside the job
+    now: F64  # analyzer time the row's batch arrived
+    seq: I64
+    status: I64
+    op_type: I64
+    dtype: I64
+    count: I64
+    peer: I64
+    rank: I64
+    crank: I64
+    host: I64  # job-level host id
+    t_enter: I64
+    t_exit: I64
+    t_sample: I64
+    send: I64  # (n, MAX_CHANNELS)
+    recv: I64
+
+    @property
+    def n(self) -> int:
+        return int(self.gi.shape[0])
+
+
+A = TypeVar("A", bound=npt.NDArray[Any])
+
+
+def _grow(a: A, extra: int, fill: float | int | bool) -> A:
+    """``a`` with ``extra`` more rows filled with ``fill``."""
+    pad = [(0, extra)] + [(0, 0)] * (a.ndim - 1)
+    return cast(A, np.pad(a, pad, constant_values=fill))
+
+
+class JobState:
+    """Every communicator of one (job, incarnation)."""
+
+    MEMBER_FIELDS: dict[str, tuple[type, float | int | bool]] = {
+        "m_cid": (np.int64, -1),
+        "m_crank": (np.int64, -1),
+        "m_grank": (np.int64, -1),
+        "m_host": (np.int64, -1),
+        "m_seq": (np.int64, -1),
+        "m_done": (np.bool_, False),
+        "m_op": (np.int64, 0),
+        "m_dtype": (np.int64, 0),
+        "m_count": (np.int64, 0),
+        "m_peer": (np.int64, -1),
+        "m_t_enter": (np.int64, -1),
+        "m_t_sample": (np.int64, -1),
+        "m_t_change": (np.int64, -1),
+        "m_seen_now": (np.float64, -1.0),
+        "m_last_done": (np.int64, -1),
+    }
+    COMM_FIELDS: dict[str, tuple[type, float | int | bool]] = {
+        "c_off": (np.int64, 0),
+        "c_size": (np.int64, 0),
+        "c_progress_now": (np.float64, -1.0),
+        "c_inside": (np.int64, 0),
+        "c_maxop_s": (np.float64, 0.0),
+    }
+
+    def __init__(self, job: str, incarnation: int) -> None:
+        self.job = job
+        self.incarnation = incarnation
+        self.comm_index: dict[int, int] = {}
+        self.comm_hashes: list[int] = []
+        self.host_names: list[str] = []
+        self.host_ids: dict[str, int] = {}
+        self._host_maps: dict[tuple[str, ...], I64] = {}
+        self._host_by_id: dict[int, tuple[tuple[str, ...], I64]] = {}
+        self.pending: list[tuple[float, int, KernelBatch]] = []
+        self._new_sizes: dict[int, int] = {}  # comm id -> size of a comm that needs (re)allocation
+        self.n_members = 0
+        for name, (dt, fill) in self.MEMBER_FIELDS.items():
+            setattr(self, name, np.full(0, fill, dtype=dt))
+        self.m_send = np.zeros((0, MAX_CHANNELS), dtype=np.int64)
+        self.m_recv = np.zeros((0, MAX_CHANNELS), dtype=np.int64)
+        self.m_lagch = np.zeros((0, MAX_CHANNELS))
+        for name, (dt, fill) in self.COMM_FIELDS.items():
+            setattr(self, name, np.full(0, fill, dtype=dt))
+        self.last_now = 0.0
+        self.g_last_exit = np.full(0, -1, dtype=np.int64)  # per global rank: end of its latest op (own clock)
+
+    # typed views of the dynamic arrays (mypy sees these names)
+    m_cid: I64
+    m_crank: I64
+    m_grank: I64
+    m_host: I64
+    m_seq: I64
+    m_done: BOOL
+    m_op: I64
+    m_dtype: I64
+    m_count: I64
+    m_peer: I64
+    m_t_enter: I64
+    m_t_sample: I64
+    m_t_change: I64
+    m_seen_now: F64
+    m_last_done: I64
+    c_off: I64
+    c_size: I64
+    c_progress_now: F64
+    c_inside: I64
+    c_maxop_s: F64
+
+    @property
+    def n_comms(self) -> int:
+        return len(self.comm_hashes)
+
+    # -- ingest: cheap, only queues the batch --------------------------------------------------
+    def queue(self, batch: KernelBatch, now: float) -> None:
+        cid = self.comm_index.get(batch.comm_hash)
+        if cid is None:
+            cid = len(self.comm_hashes)
+            self.comm_index[batch.comm_hash] = cid
+            self.comm_hashes.append(batch.comm_hash)
+            c = batch.columns
+            self._new_sizes[cid] = max(int(c["comm_size"].max()), int(c["comm_rank"].max()) + 1)
+        self.pending.append((now, cid, batch))
+        if now > self.last_now:
+            self.last_now = now
+
+    def _allocate(self) -> None:
+        """Give new (or grown) communicators their member slices, in one pass."""
+        if not self._new_sizes:
+            return
+        n_old = self.c_size.shape[0]
+        extra_c = self.n_comms - n_old
+        if extra_c > 0:
+            for name, (_dt, fill) in self.COMM_FIELDS.items():
+                setattr(self, name, _grow(getattr(self, name), extra_c, fill))
+        total = sum(self._new_sizes.values())
+        base = self.n_members
+        for name, (_dt, fill) in self.MEMBER_FIELDS.items():
+            setattr(self, name, _grow(getattr(self, name), total, fill))
+        self.m_send = _grow(self.m_send, total, 0)
+        self.m_recv = _grow(self.m_recv, total, 0)
+        self.m_lagch = _grow(self.m_lagch, total, 0.0)
+        off = base
+        for cid, size in sorted(self._new_sizes.items()):
+            if cid < n_old and self.c_size[cid] > 0:  # grown: copy the old slice, retire it
+                o, s = int(self.c_off[cid]), int(self.c_size[cid])
+                for name in self.MEMBER_FIELDS:
+                    arr = getattr(self, name)
+                    arr[off : off + s] = arr[o : o + s]
+                for arr2 in (self.m_send, self.m_recv, self.m_lagch):
+                    arr2[off : off + s] = arr2[o : o + s]
+                self.m_cid[o : o + s] = -1
+            self.c_off[cid] = off
+            self.c_size[cid] = size
+            self.m_cid[off : off + size] = cid
+            self.m_crank[off : off + size] = np.arange(size)
+            off += size
+        self.n_members = off
+        self._new_sizes.clear()
+
+    def _host_map(self, hosts: tuple[str, ...]) -> I64:
+        # producers reuse one hosts tuple per communicator: an identity hit avoids hashing it
+        hit = self._host_by_id.get(id(hosts))
+        if hit is not None and hit[0] is hosts:
+            return hit[1]
+        m = self._host_maps.get(hosts)
+        if m is None:
+            ids = []
+            for h in hosts:
+                i = self.host_ids.get(h)
+                if i is None:
+                    i = len(self.host_names)
+                    self.host_ids[h] = i
+                    self.host_names.append(h)
+                ids.append(i)
+            m = np.asarray(ids, dtype=np.int64)
+            self._host_maps[hosts] = m
+        if len(self._host_by_id) > 65536:
+            self._host_by_id.clear()
+        self._host_by_id[id(hosts)] = (hosts, m)
+        return m
+
+    def take_rows(self) -> Rows | None:
+        """Concatenate the queued batches into one ``Rows`` (allocating new communicators)."""
+        if not self.pending:
+            return None
+        self._allocate()
+        pend = self.pending
+        self.pending = []
+        cols: dict[str, list[I64]] = {k: [] for k in BATCH_COLUMNS_USED}
+        sends: list[I64] = []
+        recvs: list[I64] = []
+        hosts: list[I64] = []
+        nows: list[float] = []
+        cids: list[int] = []
+        ns: list[int] = []
+        for now, cid, b in pend:
+            c = b.columns
+            for k in BATCH_COLUMNS_USED:
+                cols[k].append(c[k])
+            hosts.append(self._host_map(b.hosts)[c["host_idx"]])
+            sends.append(b.send)
+            recvs.append(b.recv)
+            nows.append(now)
+            cids.append(cid)
+            ns.append(b.n)
+        cat = {k: np.concatenate(v) for k, v in cols.items()}
+        counts = np.asarray(ns, dtype=np.int64)
+        cid_col = np.repeat(np.asarray(cids, dtype=np.int64), counts)
+        crank = cat["comm_rank"]
+        ok = (crank >= 0) & (crank < self.c_size[cid_col])
+        rows = Rows(
+            gi=self.c_off[cid_col] + crank,
+            cid=cid_col,
+            now=np.repeat(np.asarray(nows), counts),
+            seq=cat["op_seq"],
+            status=cat["status"],
+            op_type=cat["op_type"],
+            dtype=cat["dtype"],
+            count=cat["count"],
+            peer=cat["peer"],
+            rank=cat["rank"],
+            crank=crank,
+            host=np.concatenate(hosts),
+            t_enter=cat["t_enter_ns"],
+            t_exit=cat["t_exit_ns"],
+            t_sample=cat["t_sample_ns"],
+            send=_stack_counters(sends),
+            recv=_stack_counters(recvs),
+        )
+        if not ok.all():
+            # a communicator grew (comm_size rose in its records): widen it for the next tick
+            for cid, cr in zip(cid_col[~ok].tolist(), crank[~ok].tolist(), strict=True):
+                if cr >= 0:
+                    self._new_sizes[cid] = max(self._new_sizes.get(cid, 0), cr + 1, int(self.c_size[cid]))
+            rows = Rows(**{f: getattr(rows, f)[ok] for f in Rows.__dataclass_fields__})
+        return rows
+
+    # -- the latest state of every member ------------------------------------------------------
+    def apply_latest(self, r: Rows) -> int:
+        """Update who is in which op; returns the number of out-of-order rows."""
+        self.m_grank[r.gi] = r.rank
+        self.m_host[r.gi] = r.host
+        if r.n == 1:
+            idx = np.zeros(1, dtype=np.int64)
+        else:
+            order = np.lexsort((r.t_sample, r.status, r.seq, r.gi))
+            g = r.gi[order]
+            last = np.empty(order.shape[0], dtype=bool)
+            last[-1] = True
+            np.not_equal(g[1:], g[:-1], out=last[:-1])
+            idx = order[last]
+        u = r.gi[idx]
+        s_new = r.seq[idx]
+        st_new = r.status[idx]
+        ts_new = r.t_sample[idx]
+        s_old = self.m_seq[u]
+        ooo = int(np.count_nonzero(s_new < s_old))
+        same = s_new == s_old
+        newer = (s_new > s_old) | (same & ~self.m_done[u] & ((st_new == DONE) | (ts_new > self.m_t_sample[u])))
+        self.m_seen_now[u] = r.now[idx]
+        if not newer.any():
+            return ooo
+        u2 = u[newer]
+        i2 = idx[newer]
+        snd = r.send[i2]
+        rcv = r.recv[i2]
+        seq_moved = s_new[newer] != s_old[newer]
+        cnt_moved = (snd != self.m_send[u2]).any(axis=1) | (rcv != self.m_recv[u2]).any(axis=1)
+        done_new = st_new[newer] == DONE
+        moved = seq_moved | cnt_moved | (done_new & ~self.m_done[u2])
+        if moved.any():
+            np.maximum.at(self.c_progress_now, r.cid[i2[moved]], r.now[i2[moved]])
+        ts2 = ts_new[newer]
+        self.m_t_change[u2] = np.where(moved, ts2, self.m_t_change[u2])
+        self.m_seq[u2] = s_new[newer]
+        self.m_done[u2] = done_new
+        self.m_op[u2] = r.op_type[i2]
+        self.m_dtype[u2] = r.dtype[i2]
+        self.m_count[u2] = r.count[i2]
+        self.m_peer[u2] = r.peer[i2]
+        self.m_t_enter[u2] = r.t_enter[i2]
+        self.m_t_sample[u2] = ts2
+        self.m_send[u2] = snd
+        self.m_recv[u2] = rcv
+        # first sighting of a communicator: its clock of progress starts now
+        fresh = self.c_progress_now[r.cid[i2]] < 0
+        if fresh.any():
+            self.c_progress_now[r.cid[i2[fresh]]] = r.now[i2[fresh]]
+        self._recount_inside(np.unique(r.cid[i2]))
+        return ooo
+
+    def _recount_inside(self, cids: I64) -> None:
+        off = self.c_off[cids]
+        size = self.c_size[cids]
+        inside = ((self.m_seq >= 0) & ~self.m_done).astype(np.int64)
+        cs = np.concatenate([[0], np.cumsum(inside)])
+        self.c_inside[cids] = cs[off + size] - cs[off]
+
+    def gaps(self, grank: I64, t_enter: I64, t_exit: I64) -> F64:
+        """Seconds each rank spent outside collectives before each op (its own clock).
+
+        The gap between the end of a rank's previous op (any communicator) and the start of this
+        one is its compute time: long for a late arriver that computes slowly, normal for a rank
+        that arrives late only because it waited inside another op (a victim).
+        """
+        if grank.size == 0:
+            return np.zeros(0)
+        hi = int(grank.max()) + 1
+        if hi > self.g_last_exit.shape[0]:
+            self.g_last_exit = _grow(self.g_last_exit, hi - self.g_last_exit.shape[0], -1)
+        order = np.lexsort((t_enter, grank))
+        g, te, tx = grank[order], t_enter[order], t_exit[order]
+        prev = np.empty_like(tx)
+        prev[0] = self.g_last_exit[g[0]]
+        prev[1:] = np.where(g[1:] == g[:-1], tx[:-1], self.g_last_exit[g[1:]])
+        gap = np.where(prev >= 0, np.maximum(te - prev, 0) * 1e-9, 0.0)
+        np.maximum.at(self.g_last_exit, g, tx)
+        out = np.empty_like(gap)
+        out[order] = gap
+        return out
+
+    def members_of(self, cid: int) -> slice:
+        o = int(self.c_off[cid])
+        return slice(o, o + int(self.c_size[cid]))
+
+    def comm_hex(self, cid: int) -> str:
+        return f"{self.comm_hashes[cid] & 0xFFFF_FFFF_FFFF_FFFF:016x}"
+
+
+def _stack_counters(parts: list[I64]) -> I64:
+    """Concatenate (n, channels) counter blocks into (N, MAX_CHANNELS), zero-filling narrower ones."""
+    widths = {p.shape[1] for p in parts}
+    if len(widths) == 1:
+        cat = np.concatenate(parts)
+        w = cat.shape[1]
+        if w == MAX_CHANNELS:
+            return cat
+        out = np.zeros((cat.shape[0], MAX_CHANNELS), dtype=np.int64)
+        out[:, :w] = cat
+        return out
+    out = np.zeros((sum(p.shape[0] for p in parts), MAX_CHANNELS), dtype=np.int64)
+    a = 0
+    for p in parts:
+        out[a : a + p.shape[0], : p.shape[1]] = p
+        a += p.shape[0]
+    return out
+
+
+BATCH_COLUMNS_USED = (
+    "op_seq", "op_type", "dtype", "count", "peer", "rank", "comm_rank", "comm_size", "status", "host_idx",
+    "t_enter_ns", "t_exit_ns", "t_sample_ns",
+)

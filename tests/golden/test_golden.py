@@ -1,0 +1,61 @@
+"""Golden end-to-end scenarios: simulator -> analyzer, one folder per scenario.
+
+Each ``tests/golden/<id>/`` holds ``scenario.json`` (the job and its injected faults) and
+``expected.json`` (the incidents the analyzer must raise: kind and root-cause rank, the
+largest acceptable time-to-verdict, and how many other incidents are tolerated). The analyzer
+only ever sees the simulated records, never the scenario's faults or expectations.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ccld.bench import incidents, onset_of
+from ccld.producers.simulator import Scenario, simulate
+from ccld.producers.simulator.scenario import Expectation
+
+HERE = Path(__file__).parent
+CASES = sorted(p.name for p in HERE.iterdir() if (p / "scenario.json").is_file())
+
+
+def _analyze_batches() -> Any:
+    try:
+        mod = importlib.import_module("ccld.streams.analysis")
+    except ImportError:
+        return None
+    return getattr(mod, "analyze_batches", None)
+
+
+analyze_batches = _analyze_batches()
+needs_analyzer = pytest.mark.skipif(
+    analyze_batches is None, reason="ccld.streams.analysis.analyze_batches does not exist yet (analyzer not merged)"
+)
+
+
+def test_there_are_golden_cases() -> None:
+    assert len(CASES) >= 6
+
+
+@needs_analyzer
+@pytest.mark.parametrize("case", CASES)
+def test_golden(case: str) -> None:
+    sc = Scenario.from_dict(json.loads((HERE / case / "scenario.json").read_text()))
+    want = json.loads((HERE / case / "expected.json").read_text())
+    verdicts = list(analyze_batches(simulate(sc), settings=None, tick_s=1.0))
+    incs = incidents(verdicts)
+    shown = "\n".join(v.describe() for v in verdicts)
+    matched: set[str] = set()
+    for exp in want["incidents"]:
+        e = Expectation(exp["kind"], exp["root_cause_rank"])
+        hits = [i for i in incs if i.matches(e)]
+        assert hits, f"{case}: no {e.kind} incident naming rank {e.rank}; verdicts:\n{shown}"
+        matched.update(i.incident_id for i in hits)
+        ttv = min(i.first_correct_time(e) for i in hits) - onset_of(sc, e)
+        assert 0 <= ttv <= want["max_ttv_s"], f"{case}: time to verdict {ttv:.1f} s"
+    others = [i for i in incs if i.incident_id not in matched]
+    assert len(others) <= want["other_incidents"], f"{case}: unexpected incidents:\n{shown}"

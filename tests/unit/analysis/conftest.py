@@ -1,0 +1,8 @@
+"""Makes the analyzer's record factories (analysis_factories.py) importable by these tests."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
