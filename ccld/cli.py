@@ -63,7 +63,9 @@ def _add_common(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Command]]:
-    parser = argparse.ArgumentParser(prog="ccld", description=__doc__.splitlines()[0] if __doc__ else None)
+    parser = argparse.ArgumentParser(
+        prog="ccld", description="CCL-D: detect and localize slow and hung collective communication in training."
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     loaded: dict[str, Command] = {}

@@ -8,6 +8,7 @@ keys are rejected with a clear message, so a typo never silently leaves a defaul
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import os
 import types
 import typing
@@ -109,8 +110,13 @@ def _build(base: Settings, changes: Mapping[str, Any], *, source: str) -> Settin
         elif key == "analyzer" and isinstance(value, AnalyzerSettings):
             top_changes["analyzer"] = value
         else:
-            shown = f"{ENV_PREFIX}{key.upper()}" if source.startswith("environment") else key
-            raise ConfigError(f"unknown {source} {shown!r}; known: {', '.join(sorted(known_env_vars()))}")
+            env = source.startswith("environment")
+            shown = f"{ENV_PREFIX}{key.upper()}" if env else key
+            names = sorted(known_env_vars()) if env else sorted([*top, *(f"analyzer_{n}" for n in ana)])
+            close = difflib.get_close_matches(shown, names, n=3)
+            hint = f" (did you mean {' or '.join(close)}?)" if close else ""
+            raise ConfigError(f"unknown {source} {shown!r}{hint}; every setting is listed in the README's "
+                              "Configuration table")
     analyzer = top_changes.pop("analyzer", base.analyzer)
     if ana_changes:
         analyzer = dataclasses.replace(analyzer, **ana_changes)
