@@ -77,30 +77,53 @@ def _as_u8(raw: bytes | bytearray | memoryview | U8) -> U8:
     return arr
 
 
+def _struct_of(fields: tuple[layout.Field, ...], size: int) -> struct.Struct:
+    """A little-endian ``struct`` equal to a gap-free field table of ``layout``."""
+    codes = {"u1": "B", "<u2": "H", "<u4": "I", "<u8": "Q"}
+    offset, fmt = 0, "<"
+    for f in sorted(fields, key=lambda f: f.offset):
+        if f.offset != offset:
+            raise FrameError(f"layout field {f.name} leaves a gap at {offset}")
+        fmt += codes[f.dtype]
+        offset += f.size
+    if offset != size:
+        raise FrameError(f"layout fields cover {offset} of {size} bytes")
+    return struct.Struct(fmt)
+
+
+_HEADER = _struct_of(layout.HEADER_FIELDS, layout.HEADER_SIZE)
+_HEADER_NAMES = tuple(f.name for f in sorted(layout.HEADER_FIELDS, key=lambda f: f.offset))
+_COUNTERS = struct.Struct(f"<{2 * layout.N_CHANNELS}Q")
+_SEND = next(f.offset for f in layout.COUNTER_FIELDS if f.name == "send") // 8
+_RECV = next(f.offset for f in layout.COUNTER_FIELDS if f.name == "recv") // 8
+
+
 def decode(raw: bytes | bytearray | memoryview | U8) -> FrameSnapshot:
-    """Decode one frame's bytes through the numpy structured dtype of ``layout``."""
-    f = _as_u8(raw).view(layout.FRAME_DTYPE)[0]
-    hdr = f["hdr"]
+    """Decode one frame's bytes (offsets from ``layout``; the twin's numpy view reads the same)."""
+    data = _as_u8(raw).tobytes() if isinstance(raw, np.ndarray) else bytes(raw)
+    if len(data) != layout.FRAME_SIZE:
+        raise FrameError(f"a frame is {layout.FRAME_SIZE} bytes, got {len(data)}")
+    hdr = dict(zip(_HEADER_NAMES, _HEADER.unpack_from(data, 0), strict=True))
     subs = []
     for s in range(layout.N_SUBBLOCKS):
-        sb = f["sub"][s]
-        counters = sb["counters"]
+        base = layout.HEADER_SIZE + s * layout.SUBBLOCK_SIZE
+        counters = _COUNTERS.unpack_from(data, base + layout.SUB_COUNTERS_OFFSET)
         subs.append(
             SubBlock(
-                trace_raw=sb["trace"].tobytes(),
-                send=tuple(int(x) for x in counters["send"]),
-                recv=tuple(int(x) for x in counters["recv"]),
+                trace_raw=data[base + layout.SUB_TRACE_OFFSET : base + layout.SUB_TRACE_OFFSET + layout.TRACE_SIZE],
+                send=counters[_SEND::2],
+                recv=counters[_RECV::2],
             )
         )
     return FrameSnapshot(
-        seq=int(hdr["seq"]),
-        version=int(hdr["version"]),
-        n_channels=int(hdr["n_channels"]),
+        seq=hdr["seq"],
+        version=hdr["version"],
+        n_channels=hdr["n_channels"],
         enabled=bool(hdr["enabled"]),
-        kernel_index=int(hdr["kernel_index"]),
-        kernels_done=int(hdr["kernels_done"]),
-        t_begin_ns=int(hdr["t_begin_ns"]),
-        t_end_ns=int(hdr["t_end_ns"]),
+        kernel_index=hdr["kernel_index"],
+        kernels_done=hdr["kernels_done"],
+        t_begin_ns=hdr["t_begin_ns"],
+        t_end_ns=hdr["t_end_ns"],
         subs=tuple(subs),
     )
 

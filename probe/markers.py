@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ccld.probe.errors import ProbeError
+from ccld.probe.frame import read_consistent
 from ccld.probe.poller import FrameSource, ProbePoller, Sink
 from ccld.probe.tracker import RankBinding
 from ccld.records import TraceId
@@ -34,6 +35,7 @@ class MarkerSession:
         self.markers = Markers(self.frames, module)
         self.clock_offset_ns = calibrate_clock(module)
         self._index: dict[int, int] = {}
+        self._entered: dict[int, int] = {}  # enter markers launched per frame (host side)
         self._lock = threading.Lock()
         self._poller: ProbePoller | None = None
         self._binding_for: Callable[[int], RankBinding] | None = None
@@ -62,10 +64,26 @@ class MarkerSession:
         i = self.frame_of(trace.comm_hash)
         if phase == ENTER:
             self.markers.enter(i, trace, stream=self._stream())
+            with self._lock:
+                self._entered[i] = self._entered.get(i, 0) + 1
         elif phase == EXIT:
             self.markers.exit(i, stream=self._stream())
         else:
             raise ProbeError(f"marker phase must be 0 (enter) or 1 (exit), got {phase}")
+
+    def gpu_state(self, comm_hash: int) -> str:
+        """Where the GPU stands on this communicator's collectives, from the host's side:
+        ``queued`` (an enter marker was launched but the GPU has not reached it: busy before the
+        collective), ``inside`` (begun, not ended), ``idle`` (every launched collective ended)."""
+        i = self.frame_of(comm_hash)
+        snap = read_consistent(self.frames.buffer(i))
+        with self._lock:
+            launched = self._entered.get(i, 0)
+        if snap is None:
+            return "unknown"
+        if (launched - snap.kernel_index) % (1 << 32) > 0:
+            return "queued"
+        return "inside" if snap.inside else "idle"
 
     def attach_poller(
         self, binding_for: Callable[[int], RankBinding], sink: Sink, interval_s: float = 0.1

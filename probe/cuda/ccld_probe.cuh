@@ -129,12 +129,15 @@ __device__ __forceinline__ ccld_u64 ccld_globaltimer() {
 }
 
 // Writes the GPU's %globaltimer into mapped host memory, so the host can map GPU time onto its
-// clock (ccld.probe.gpu.calibrate_clock). Every module that includes this header has it.
+// clock (ccld.probe.gpu.calibrate_clock). Every module that includes this header has it; define
+// CCLD_PROBE_NO_TIMER_KERNEL in all but one translation unit when linking several with -rdc.
+#ifndef CCLD_PROBE_NO_TIMER_KERNEL
 extern "C" __global__ void ccld_read_globaltimer(volatile ccld_u64* out) {
   if (threadIdx.x != 0 || blockIdx.x != 0) return;
   *out = ccld_globaltimer();
   __threadfence_system();
 }
+#endif
 
 // Per-block handle, kept in registers of the thread that calls the probe.
 struct ccld_probe_chan {
@@ -155,17 +158,36 @@ __device__ __forceinline__ ccld_u32 ccld_begun_word(ccld_u32 k, bool enabled) {
   return (((k + 1u) & 0x7fffffffu) << 1) | (enabled ? 1u : 0u);
 }
 
+// System-scope release ordering for the seqlock. fence.acq_rel / st.release (sm_70+) order the
+// stores the host must see in order without the full sequential-consistency fence that
+// __threadfence_system() (membar.sys) is.
+__device__ __forceinline__ void ccld_fence_release_sys() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
+  asm volatile("fence.acq_rel.sys;" ::: "memory");
+#else
+  __threadfence_system();
+#endif
+}
+
+__device__ __forceinline__ void ccld_store_release_sys(ccld_u32* p, ccld_u32 v) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
+  asm volatile("st.release.sys.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+#else
+  __threadfence_system();
+  *(volatile ccld_u32*)p = v;
+#endif
+}
+
 // Opens a seqlock write section on the frame (single writer: block 0 at begin, last block at end).
 __device__ __forceinline__ ccld_u32 ccld_seq_open(ccld_frame* f, ccld_probe_dev* d) {
   ccld_u32 s = *(volatile ccld_u32*)&d->seq;
   *(volatile ccld_u32*)&f->hdr.seq = s + 1u;  // odd: writing
-  __threadfence_system();
+  ccld_fence_release_sys();                   // ... before any store of the section
   return s + 2u;
 }
 
 __device__ __forceinline__ void ccld_seq_close(ccld_frame* f, ccld_probe_dev* d, ccld_u32 s) {
-  __threadfence_system();  // the section's stores reach the host before the even seq
-  *(volatile ccld_u32*)&f->hdr.seq = s;
+  ccld_store_release_sys(&f->hdr.seq, s);  // the section's stores before the even seq
   *(volatile ccld_u32*)&d->seq = s;
 }
 
@@ -269,7 +291,14 @@ __device__ inline void ccld_probe_end(ccld_probe_chan& c, ccld_u32 nblocks) {
     if (c.send) atomicAdd(&d->send[c.slot], c.send);
     if (c.recv) atomicAdd(&d->recv[c.slot], c.recv);
   }
-  __threadfence_system();  // this block's live stores and totals before its arrival
+  // This block's totals (and, when blocks share a slot, its live stores: a late smaller folded
+  // total must not land after the exact one) before its arrival. Without folding a slot has one
+  // writer whose last live store equals the exact total, so any order leaves the right value and a
+  // device-scope fence is enough.
+  if (c.fold)
+    __threadfence_system();
+  else
+    __threadfence();
   ccld_u32 arrived = atomicAdd(&d->blocks_done, 1u);
   if (arrived != nblocks - 1u) return;
   __threadfence();

@@ -117,3 +117,21 @@ def test_trace_words_round_trip() -> None:
 
 def test_layout_constants_used_by_golden_offsets() -> None:
     assert layout.HEADER_SIZE == len(GOLDEN_HEADER)
+
+
+def test_decoder_agrees_with_the_numpy_view_on_random_bytes() -> None:
+    import numpy as np
+
+    rng = np.random.default_rng(1)
+    frames = alloc_frames(1)
+    raw = frame_bytes(frames, 0)
+    raw[:] = rng.integers(0, 256, layout.FRAME_SIZE, dtype=np.uint8)
+    snap = frame.decode(raw)
+    view = frames[0]
+    for f in layout.HEADER_FIELDS:
+        want = int(view["hdr"][f.name])
+        assert getattr(snap, f.name) == (bool(want) if f.name == "enabled" else want), f.name
+    for s in range(layout.N_SUBBLOCKS):
+        assert snap.subs[s].trace_raw == view["sub"][s]["trace"].tobytes()
+        assert snap.subs[s].send == tuple(int(x) for x in view["sub"][s]["counters"]["send"])
+        assert snap.subs[s].recv == tuple(int(x) for x in view["sub"][s]["counters"]["recv"])

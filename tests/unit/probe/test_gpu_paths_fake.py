@@ -133,3 +133,20 @@ def test_benchmark_without_gpu_exits_2(monkeypatch: pytest.MonkeyPatch, capsys: 
     spec.loader.exec_module(bench)
     assert bench.main([]) == 2
     assert "no GPU, nothing measured" in capsys.readouterr().err
+
+
+def test_marker_session_tells_queued_inside_idle(fake_cupy: types.ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
+    from ccld.probe import markers
+
+    monkeypatch.setattr(markers, "_session", None)
+    s = markers.session()
+    t = gpu_scenarios.trace(0)
+    assert s.gpu_state(t.comm_hash) == "idle"
+    s.launch(t.pack(), markers.ENTER)
+    assert s.gpu_state(t.comm_hash) == "inside"
+    s.launch(t.pack(), markers.EXIT)
+    assert s.gpu_state(t.comm_hash) == "idle"
+    s._entered[s.frame_of(t.comm_hash)] += 1  # as if an enter marker waited behind busy work
+    assert s.gpu_state(t.comm_hash) == "queued"
+    with pytest.raises(markers.ProbeError):
+        s.launch(t.pack(), 5)
