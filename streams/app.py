@@ -126,7 +126,7 @@ def create_app(settings: Settings, *, app_id: str | None = None) -> faust.App:
             state.maybe_snapshot(msg.partition, force=bool(out.verdicts))
 
     @app.on_partitions_revoked.connect
-    async def on_revoked(sender: Any, *args: Any, signal: Any, **kwargs: Any) -> None:
+    async def on_revoked(sender: Any, /, *args: Any, signal: Any, **kwargs: Any) -> None:
         # Another worker owns these now: save what we know and stop ticking them (no double verdicts).
         revoked = args[0] if args else kwargs.get("revoked", ())
         for tp in revoked:
