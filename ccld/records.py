@@ -479,6 +479,11 @@ class Verdict:
         except (KeyError, TypeError, ValueError) as exc:
             raise RecordError(f"verdict lacks or mistypes a field: {exc}") from exc
 
+    @property
+    def dedupe_key(self) -> str:
+        """Identity for de-duplication: an incident may have several distinct updates, never two equal ones."""
+        return f"{self.incident_id}/{self.state.value}/{self.op_seq}/{','.join(map(str, self.root_cause_ranks))}"
+
     def describe(self) -> str:
         """One readable line, as `ccld verdicts` and `ccld demo` print it."""
         where = f"rank {','.join(map(str, self.root_cause_ranks)) or '?'}"

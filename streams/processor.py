@@ -84,7 +84,7 @@ class PartitionProcessor:
     def evaluate(self, now: float) -> list[tuple[Verdict, bytes]]:
         out = []
         for v in self.analyzer.evaluate(now):
-            key = f"{v.incident_id}/{v.state.value}/{v.op_seq}/{','.join(map(str, v.root_cause_ranks))}"
+            key = v.dedupe_key
             if key in self._sent:
                 self.counters["duplicate_verdicts"] += 1
                 continue

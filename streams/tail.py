@@ -21,11 +21,6 @@ from ccld.schemas import decode_verdict
 from ccld.settings import Settings
 
 
-def verdict_key(v: Verdict) -> str:
-    """Identity of a verdict for de-duplication (an incident may have several distinct updates)."""
-    return f"{v.incident_id}/{v.state.value}/{v.op_seq}/{','.join(map(str, v.root_cause_ranks))}"
-
-
 def iter_verdicts(
     settings: Settings,
     *,
@@ -69,7 +64,7 @@ def iter_verdicts(
                 print(f"ccld verdicts: skipping undecodable message at offset {msg.offset()}: {exc}",
                       file=sys.stderr)
                 continue
-            key = verdict_key(v)
+            key = v.dedupe_key
             if key in seen:
                 continue
             seen.add(key)

@@ -69,25 +69,29 @@ def collect_verdicts(
     return got
 
 
-def raw_batches(settings: Settings, idle_s: float = 3.0) -> list[KernelBatch]:
-    """Every metrics batch on ``settings.metrics_topic`` until nothing new arrives for ``idle_s``."""
+def raw_messages(settings: Settings, topic: str, idle_s: float = 3.0) -> list[bytes]:
+    """Every message of ``topic`` (all partitions) until nothing new arrives for ``idle_s``."""
     from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
-
-    from ccld.schemas import decode_metrics
 
     c = Consumer({"bootstrap.servers": settings.bootstrap, "group.id": f"raw-{time.time_ns()}",
                   "enable.auto.commit": False})
     try:
-        topic = settings.metrics_topic
         parts = c.list_topics(topic, timeout=10).topics[topic].partitions
         c.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in parts])
-        out: list[KernelBatch] = []
+        out: list[bytes] = []
         last = time.monotonic()
         while time.monotonic() - last < idle_s:
             msg = c.poll(0.2)
             if msg is not None and msg.error() is None:
-                out.append(decode_metrics(msg.value() or b""))
+                out.append(msg.value() or b"")
                 last = time.monotonic()
         return out
     finally:
         c.close()
+
+
+def raw_batches(settings: Settings, idle_s: float = 3.0) -> list[KernelBatch]:
+    """Every metrics batch on ``settings.metrics_topic``, decoded."""
+    from ccld.schemas import decode_metrics
+
+    return [decode_metrics(m) for m in raw_messages(settings, settings.metrics_topic, idle_s)]

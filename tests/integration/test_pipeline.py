@@ -11,7 +11,7 @@ from typing import Any
 
 import pandas as pd
 import pytest
-from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
+from confluent_kafka import Producer
 
 from ccld.producers.kafka import MetricsProducer
 from ccld.producers.simulator.scenario import Scenario
@@ -22,7 +22,7 @@ from ccld.settings import Settings
 from ccld.sinks.archiver import Archiver
 from ccld.sinks.parquet import scan
 from factories import make_kernel_record
-from harness import WorkerProcess, collect_verdicts
+from harness import WorkerProcess, collect_verdicts, raw_messages
 
 pytestmark = pytest.mark.integration
 
@@ -43,25 +43,6 @@ def publish(settings: Settings, batches: list[tuple[float, KernelBatch]]) -> int
         assert producer.flush(20) == 0
         assert producer.stats["delivery_failures"] == 0
     return sum(b.n for _, b in batches)
-
-
-def raw_messages(settings: Settings, topic: str, idle_s: float = 3.0) -> list[bytes]:
-    """Every message of ``topic`` (all partitions) until nothing new arrives for ``idle_s``."""
-    c = Consumer({"bootstrap.servers": settings.bootstrap, "group.id": f"raw-{time.time_ns()}",
-                  "enable.auto.commit": False})
-    try:
-        parts = c.list_topics(topic, timeout=10).topics[topic].partitions
-        c.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in parts])
-        out: list[bytes] = []
-        last = time.monotonic()
-        while time.monotonic() - last < idle_s:
-            msg = c.poll(0.2)
-            if msg is not None and msg.error() is None:
-                out.append(msg.value() or b"")
-                last = time.monotonic()
-        return out
-    finally:
-        c.close()
 
 
 @pytest.fixture
