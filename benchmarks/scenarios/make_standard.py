@@ -67,7 +67,7 @@ class Maker:
             "step_time_s": step if step is not None else (3.0 if big else r.choice([1.0, 1.5, 2.0, 2.0])),
             "duration_s": 0.0,  # set by the caller
             "clock_skew_s": round(r.uniform(0.2, 5.0), 2),
-            "jitter": round(r.uniform(0.005, 0.04), 3),
+            "jitter": round(r.uniform(0.005, 0.06), 3),
             "faults": [],
             "expect": [],
         }
@@ -203,6 +203,11 @@ def build(seed: int = 20260101, check: bool = True) -> list[dict[str, Any]]:
     m.healthy(1024)
     m.healthy(4096)
     m.checkpoint(1024, recurring=False)
+    # the example of issue 3, as written there but shorter (onset after 120 s of steady steps)
+    m.add({"id": "s2-1024-a", "seed": 7, "ranks": 1024, "gpus_per_node": 8, "layout": {"tp": 8, "pp": 4, "dp": 32},
+           "channels": 8, "step_time_s": 2.0, "duration_s": 200, "clock_skew_s": 3.0, "jitter": 0.05,
+           "faults": [{"kind": "S2", "rank": 517, "peer": 518, "onset_s": 120, "factor": 0.25}],
+           "expect": [{"kind": "S2", "rank": 517}]})
     return m.out
 
 

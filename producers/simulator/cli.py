@@ -8,6 +8,8 @@ import logging
 import time
 from collections import Counter
 
+import numpy as np
+
 from ccld.errors import CcldError, ScenarioError
 from ccld.producers.simulator.publish import publish
 from ccld.producers.simulator.scenario import Scenario, load_scenarios
@@ -61,8 +63,6 @@ def _summary(sc: Scenario) -> dict[str, object]:
 
 
 def _unique(col: object) -> tuple[list[int], list[int]]:
-    import numpy as np
-
     vals, counts = np.unique(np.asarray(col), return_counts=True)
     return vals.tolist(), counts.tolist()
 

@@ -71,8 +71,8 @@ class Emitter:
             ec, xc = e[cand], x[cand]
             fine = min(FINE_SAMPLE_S, dt)
             n_fine = int(round(FINE_WINDOW_S / fine))
-            for step, first, base, limit in ((fine, 1.0, ec, float(n_fine)), (dt, 1.0, ec + n_fine * fine, math.inf)):
-                kmin = np.maximum(first, np.ceil((w0 - base) / step))
+            for step, base, limit in ((fine, ec, float(n_fine)), (dt, ec + n_fine * fine, math.inf)):
+                kmin = np.maximum(1.0, np.ceil((w0 - base) / step))
                 for j in range(int(math.ceil((w1 - w0) / step)) + 1):
                     k = kmin + j
                     s = base + k * step

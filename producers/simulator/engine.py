@@ -139,7 +139,7 @@ class Engine:
         out = []
         for f in self.sc.faults:
             if f.kind == "H1":
-                out.append(f.rank in self.h1_fired)
+                out.append(f.rank in self.h1_fired and self._absence_seen(f.rank))
             elif f.kind == "H2":
                 out.append(f not in self.pending_h2)
             elif f.kind == "H3":
@@ -147,6 +147,18 @@ class Engine:
             else:
                 out.append(True)
         return out
+
+    def _absence_seen(self, rank: int) -> bool:
+        """Whether some peer entered an op that ``rank`` never entered (else its stop is invisible:
+        e.g. its only partner of that op is itself stuck behind another hang)."""
+        for ph in self.out:
+            at = np.flatnonzero(ph.ranks == rank)
+            if at.size == 0 or np.isfinite(ph.enter[at[0]]):
+                continue
+            mates = ph.comm == ph.comm[at[0]]
+            if bool(np.any(mates & (ph.enter <= self.sc.duration_s))):
+                return True
+        return False
 
     # -- helpers -----------------------------------------------------------------------------
     def _next_seq(self, key: str) -> int:

@@ -83,3 +83,26 @@ def test_confusion_png(tmp_path: Path) -> None:
     out = tmp_path / "c.png"
     plot_confusion(r["confusion"], out)
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bench_accuracy_cli_writes_report_and_png(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("ccld.streams.analysis.analyzer", reason="the analyzer is not merged yet")
+    import json
+
+    from ccld.cli import main
+
+    suite = tmp_path / "s.jsonl"
+    rows = [{"id": "h", "ranks": 8, "duration_s": 40, "step_time_s": 1.0},
+            {"id": "f", "ranks": 8, "duration_s": 70, "step_time_s": 1.0,
+             "faults": [{"kind": "H1", "rank": 5, "onset_s": 30}], "expect": [{"kind": "H1", "rank": 5}]}]
+    suite.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "r" / "report.json"
+    assert main(["bench", "accuracy", "--scenarios", str(suite), "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert set(report["overall"]) >= {"precision", "recall", "rank_accuracy", "class_accuracy", "false_alarms",
+                                      "ttv_p50_s", "ttv_p95_s", "hang_ttv_p95_s", "slow_ttv_p95_s"}
+    assert [s["id"] for s in report["scenarios"]] == ["h", "f"]
+    assert all({"id", "expected", "verdicts", "ok"} <= set(s) for s in report["scenarios"])
+    assert out.with_suffix(".png").is_file()
+    printed = capsys.readouterr().out
+    assert "[1/2]" in printed and "[2/2]" in printed and "precision" in printed
