@@ -18,6 +18,7 @@ Usage: ``python benchmarks/localize_scaling.py [--out FILE.json] [--repeat 7] [-
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import time
@@ -114,26 +115,31 @@ def _localize(ja: JobAnalysis) -> None:
 
 
 def _slow_cost(n: int, repeat: int) -> float:
-    """Fold and judge one op of N ranks against a warm baseline."""
+    """Fold and judge one op of N ranks (one late) against a warm baseline: ingest + evaluate."""
     a = Analyzer()
     rng = np.random.default_rng(0)
-    seq_no = [0]
 
-    def one_op(late: bool) -> None:
-        s = seq_no[0]
-        seq_no[0] += 1
+    def op_batch(s: int, late: bool) -> tuple[float, KernelBatch]:
         enter = 10.0 * s + 1.0 + rng.uniform(0, 0.01, n)
         if late:
             enter[n // 3] += 0.5
         exit_ = np.full(n, enter.max() + 0.1)
         b = _batch(n, np.full(n, s), np.full(n, int(Status.DONE)), t_enter=enter, t_exit=exit_,
                    t_sample=float(exit_[0]), batch_seq=s)
-        a.ingest(b, 10.0 * s + 2.0)
-        a.evaluate(10.0 * s + 2.0)
+        return 10.0 * s + 2.0, b
 
-    for _ in range(12):
-        one_op(False)
-    return _median_ms(lambda: one_op(True), repeat)
+    warm = 12
+    batches = [op_batch(s, s >= warm) for s in range(warm + repeat + 1)]
+    it = iter(batches)
+
+    def one_op() -> None:
+        now, b = next(it)
+        a.ingest(b, now)
+        a.evaluate(now)
+
+    for _ in range(warm):
+        one_op()
+    return _median_ms(one_op, repeat)
 
 
 def _evaluate_cost(n: int, repeat: int) -> float:
@@ -160,7 +166,7 @@ def run(sizes: Sequence[int] = SIZES, repeat: int = 7) -> list[dict[str, Any]]:
         row: dict[str, Any] = {"ranks": n}
         for kind in ("h1", "h2", "h3"):
             ja = _stalled_job(n, kind)
-            row[f"{kind}_ms"] = round(_median_ms(lambda ja=ja: _localize(ja), repeat), 4)
+            row[f"{kind}_ms"] = round(_median_ms(functools.partial(_localize, ja), repeat), 4)
         row["slow_ms"] = round(_slow_cost(n, repeat), 4)
         row["evaluate_ms"] = round(_evaluate_cost(n, repeat), 4)
         row["per_rank_us"] = round(1e3 * max(row["h1_ms"], row["h2_ms"], row["h3_ms"], row["slow_ms"]) / n, 4)

@@ -35,7 +35,7 @@ class Analyzer:
         self.settings = settings or AnalyzerSettings()
         self.jobs: dict[tuple[str, int], JobAnalysis] = {}
         self.book = IncidentBook(self.settings.resolved_memory, self.settings.update_min_interval_s)
-        self._batches: dict[str, OrderedDict[int, None]] = {}
+        self._batches: dict[str, OrderedDict[int, str]] = {}  # producer -> batch_seq -> content mark
         self._pauses: dict[str, list[float]] = {}  # "job|inc|comm" -> benign pauses (restored state)
         self._stats: dict[str, int] = {
             "batches": 0, "records": 0, "duplicates": 0, "out_of_order": 0, "evaluations": 0,
@@ -48,11 +48,18 @@ class Analyzer:
         if batch.n == 0:
             return
         if batch.producer:
-            seen = self._batches.setdefault(batch.producer, OrderedDict())
-            if batch.batch_seq in seen:
+            seen = self._batches.get(batch.producer)
+            if seen is None:
+                seen = self._batches[batch.producer] = OrderedDict()
+                if len(self._batches) > self.settings.producer_memory:
+                    del self._batches[next(iter(self._batches))]
+            # a restarted producer may reuse sequence numbers: only the same content is a duplicate
+            ts = batch.columns["t_sample_ns"]
+            mark = f"{batch.comm_hash}:{batch.n}:{int(ts[0])}:{int(ts[-1])}"
+            if seen.get(batch.batch_seq) == mark:
                 self._stats["duplicates"] += 1
                 return
-            seen[batch.batch_seq] = None
+            seen[batch.batch_seq] = mark
             if len(seen) > self.settings.batch_memory:
                 seen.popitem(last=False)
         key = (batch.job, batch.incarnation)
@@ -74,8 +81,19 @@ class Analyzer:
         """Verdicts (OPEN, UPDATE, RESOLVED) that are new since the last call."""
         self._stats["evaluations"] += 1
         out: list[Verdict] = []
-        for ja in self.jobs.values():
+        newest: dict[str, int] = {}
+        for job, inc in self.jobs:
+            newest[job] = max(inc, newest.get(job, inc))
+        for mk, incd in list(self.book.open.items()):
+            c = incd.first
+            if newest.get(c.job, c.incarnation) > c.incarnation:
+                out.extend(self.book.resolve(mk, now, f"job restarted as incarnation {newest[c.job]}"))
+        for key, ja in list(self.jobs.items()):
             out.extend(self._evaluate_job(ja, now))
+            if now - ja.js.last_now > self.settings.job_expiry_s and not any(
+                (c.first.job, c.first.incarnation) == key for c in self.book.open.values()
+            ):
+                del self.jobs[key]  # an incarnation that stopped reporting long ago: forget it
         self._stats["verdicts"] += len(out)
         self._stats["communicators"] = sum(j.js.n_comms for j in self.jobs.values())
         return out
@@ -96,7 +114,7 @@ class Analyzer:
         seen_roots: set[tuple[int, ...]] = set()
         for bi in ja.slow.alarmed(touched).tolist():
             f = ja.slow.finding(js, bi)
-            if f is None or ja.slow.is_victim(js, f):
+            if f is None:
                 continue
             c = slow_candidate(ja, f)
             if c.root_cause_ranks in seen_roots:
@@ -156,7 +174,10 @@ class Analyzer:
         return {
             "version": STATE_VERSION,
             "incidents": self.book.state_dict(),
-            "batches": {p: list(seen.keys())[-256:] for p, seen in self._batches.items()},
+            # the most recent producers and batches: what an at-least-once replay can resend
+            "batches": {
+                p: [[k, v] for k, v in list(seen.items())[-256:]] for p, seen in list(self._batches.items())[-64:]
+            },
             "pauses": pauses,
             "stats": dict(self._stats),
         }
@@ -169,7 +190,7 @@ class Analyzer:
                 raise RecordError(f"analyzer state version {state.get('version')!r} is not {STATE_VERSION}")
             a.book.load(state.get("incidents", {}))
             for p, seqs in state.get("batches", {}).items():
-                a._batches[str(p)] = OrderedDict((int(x), None) for x in seqs)
+                a._batches[str(p)] = OrderedDict((int(k), str(v)) for k, v in seqs)
             a._pauses = {str(k): [float(x) for x in v] for k, v in state.get("pauses", {}).items()}
             for k, v in state.get("stats", {}).items():
                 if k in a._stats:

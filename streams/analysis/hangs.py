@@ -81,6 +81,8 @@ def diagnose(js: JobState, cid: int, known_sigs: frozenset[int]) -> CommDiag | N
     at_k = seq == k
     waiting = granks[inside & at_k]
     missing = granks[seq < k]
+    if (missing < 0).any():
+        missing = _infer_ranks(granks)[seq < k]
     op_k = int(ops[at_k][0])
     if missing.size:
         return CommDiag(cid, k, op_k, AnomalyKind.H1, waiting, missing, wait_own_s=wait_own, frozen_own_s=frozen_own)
@@ -89,6 +91,24 @@ def diagnose(js: JobState, cid: int, known_sigs: frozenset[int]) -> CommDiag | N
     if u.size > 1:
         return _mismatch(js, cid, sl, k, u, inv, cnt, known_sigs, waiting, wait_own, frozen_own)
     return _frozen_ring(js, cid, sl, k, op_k, waiting, wait_own, frozen_own)
+
+
+def _infer_ranks(granks: I64) -> I64:
+    """Global ranks of members never seen, when the seen ones follow ``a + b * comm_rank``.
+
+    A rank that has never reported in a communicator (it hangs before its first op there) is
+    still named when the layout is regular (world, tensor and data-parallel groups are).
+    """
+    known = np.flatnonzero(granks >= 0)
+    if known.size < 2:
+        return granks
+    i0, i1 = int(known[0]), int(known[1])
+    b, rem = divmod(int(granks[i1] - granks[i0]), i1 - i0)
+    a = int(granks[i0]) - b * i0
+    idx = np.arange(granks.shape[0])
+    if rem or b <= 0 or not np.array_equal(granks[known], a + b * known):
+        return granks
+    return np.where(granks >= 0, granks, a + b * idx)
 
 
 def _mismatch(
@@ -154,7 +174,7 @@ def _frozen_ring(
     ch = int(np.argmax(diff[src])) if diff[src].max() > 0 else None
     link = (int(granks[src]), int(granks[dst]))
     note = (
-        f"all {size} ranks entered {_op_name(op_k)} #{k}; counters frozen for {frozen_own:.1f} s; "
+        f"all {size} ranks entered {_op_name(op_k)} #{k}; "
         f"rank {link[0]} RecvCount runs {int(back[src].sum())} slots ahead of its SendCount, rank {link[1]} "
         f"RecvCount {int(-back[dst].sum())} behind"
     )
@@ -210,4 +230,4 @@ def _diagnose_p2p(
     c = np.asarray(link if link else [], dtype=np.int64)
     return CommDiag(cid, seq, op, AnomalyKind.H3, waiting, np.zeros(0, dtype=np.int64), c, link=link,
                     wait_own_s=wait_own, frozen_own_s=frozen_own,
-                    note=f"send/recv pair matched, counters frozen for {frozen_own:.1f} s")
+                    note="send/recv pair matched")

@@ -148,7 +148,7 @@ def hang_candidate(ja: JobAnalysis, root: HangRoot, stall: float, now: float) ->
         ev = f"{d.note}; no progress for {stall:.1f} s (differs in {d.mismatch_field})"
         conf = 0.97
     else:
-        ev = d.note or f"counters frozen for {stall:.1f} s"
+        ev = f"{d.note}; counters frozen for {stall:.1f} s" if d.note else f"counters frozen for {stall:.1f} s"
         conf = 0.9 if d.link is not None else 0.6
     if len(root.via) > 1:
         ev += f"; {len(root.affected)} ranks in {len(root.via)} communicators wait for it"

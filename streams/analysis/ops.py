@@ -71,13 +71,19 @@ class OpTable:
         if di.size > 1:  # one DONE per (member, op): a duplicate inside the tick counts once
             k = r.gi[di] << 32 | (r.seq[di] & 0xFFFF_FFFF)
             _, first = np.unique(k, return_index=True)
-            di = di[first]
+            di = di[first]  # now sorted by (member, op sequence)
         if di.size:
-            np.maximum.at(js.m_last_done, r.gi[di], r.seq[di])
+            g = r.gi[di]
+            last = np.empty(g.shape[0], dtype=bool)
+            last[-1] = True
+            np.not_equal(g[1:], g[:-1], out=last[:-1])
+            js.m_last_done[g[last]] = np.maximum(js.m_last_done[g[last]], r.seq[di][last])
         pi = np.flatnonzero(r.status == PROGRESS)
         lagc = r.recv[pi] - r.send[pi]
-        if pi.size:
-            np.add.at(js.m_lagch, r.gi[pi], np.maximum(lagc, 0))
+        pos = lagc > 0
+        if pos.any():  # backlog is rare (a slow or dead link): accumulate only where there is some
+            rows_pos = pos.any(axis=1)
+            np.add.at(js.m_lagch, r.gi[pi][rows_pos], np.where(pos[rows_pos], lagc[rows_pos], 0))
         sig = sig_code(r.op_type, r.dtype, r.count, r.peer)
         dur = (r.t_exit[di] - r.t_enter[di]) * 1e-9
         gap = js.gaps(r.rank[di], r.t_enter[di], r.t_exit[di])
@@ -133,10 +139,12 @@ def _fold(a: OpRows) -> OpRows:
     out.tmax = np.maximum.reduceat(s.tmax, start)
     out.first_now = np.minimum.reduceat(s.first_now, start)
     out.gap_sum = np.add.reduceat(s.gap_sum, start)
-    # the largest backlog and where it was seen
-    order2 = np.lexsort((-s.lag, s.key))
-    s2 = s.take(order2)
-    out.lag = s2.lag[start]
-    out.lagr = s2.lagr[start]
-    # the signature: prefer a DONE row's (the first row may be a PROGRESS row of the same op)
+    # the largest backlog and where it was seen (only PROGRESS samples carry one)
+    out.lag = np.maximum.reduceat(s.lag, start)
+    has = np.isfinite(s.lag)
+    if has.any():
+        grp = np.repeat(np.arange(start.shape[0]), np.diff(np.append(start, s.n)))
+        hi = has & (s.lag == out.lag[grp])
+        out.lagr = np.full(out.n, -1, dtype=np.int64)
+        out.lagr[grp[hi][::-1]] = s.lagr[hi][::-1]  # the first such row of each op wins
     return out

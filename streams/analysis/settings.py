@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+
+from ccld.errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -31,19 +33,30 @@ class AnalyzerSettings:
     # --- slowness
     slow_factor: float = 3.0  # an op is slow when its time exceeds slow_factor x the learned baseline
     slow_min_excess_s: float = 0.02  # ... and exceeds the baseline by at least this much (seconds)
-    slow_mad_k: float = 6.0  # ... and by this many median absolute deviations of the baseline
+    slow_mad_k: float = 6.0  # ... and by this many mean absolute deviations of the baseline
     slow_min_ops: int = 3  # "repeated counting": slow ops (of the window) before a slow verdict
     slow_window_ops: int = 5  # window of recent ops per signature the repeated counting looks at
     slow_resolve_ops: int = 6  # consecutive normal ops that resolve a slow incident
     baseline_min_ops: int = 6  # healthy ops per signature learned before slowness is judged
-    baseline_ops: int = 32  # healthy ops per signature kept for the baseline (a moving window)
+    baseline_ops: int = 32  # horizon (ops) of the moving baseline per signature (it follows the training phase)
     culprit_share: float = 0.6  # the late arriver / backlog rank must be the same in this share of slow ops
-    culprit_gap_share: float = 0.5  # a late arriver must have computed (been outside collectives) this share
-    # of its lateness longer than its peers, on its own clock; otherwise it waited elsewhere: a victim
+    culprit_gap_share: float = 0.5  # late arriver computed >= this share of its lateness longer than peers, else victim
 
     # --- bookkeeping
-    op_window: int = 16  # ops per communicator whose per-rank times are kept until complete
     finalize_timeout_s: float = 10.0  # an op missing some DONE records is closed after this long
     resolved_memory: int = 2048  # resolved incidents remembered for dedupe (state_dict stays bounded)
     batch_memory: int = 4096  # (producer, batch_seq) pairs remembered per producer for duplicate batches
-    update_min_interval_s: float = 10.0  # at most one UPDATE per incident in this interval
+    producer_memory: int = 256  # producers whose batch sequence numbers are remembered
+    job_expiry_s: float = 3600.0  # a job incarnation silent this long (and without open incidents) is dropped
+    update_min_interval_s: float = 10.0  # at most one UPDATE per incident in this interval (class changes: at once)
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            if getattr(self, f.name) < 0:
+                raise ConfigError(f"analyzer setting {f.name} must not be negative, got {getattr(self, f.name)}")
+        if not 0.0 <= self.alpha <= self.beta <= 1.0:
+            raise ConfigError(f"analyzer thresholds need 0 <= alpha <= beta <= 1, got {self.alpha}, {self.beta}")
+        if not 1 <= self.slow_min_ops <= self.slow_window_ops:
+            raise ConfigError(
+                f"analyzer needs 1 <= slow_min_ops <= slow_window_ops, got {self.slow_min_ops}, {self.slow_window_ops}"
+            )

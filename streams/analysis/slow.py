@@ -192,7 +192,9 @@ class SlowDetector:
             self.w_lgap[bi, pos] = lg
             self.w_ogap[bi, pos] = (ops.gap_sum[i] - lg) / np.maximum(ops.cnt[i] - 1, 1)
             self.b_pos[bi] = (pos + 1) % self.w
-            self.b_okrun[bi] = np.where(slow, 0, self.b_okrun[bi] + 1)
+            # only judged (warm) ops count towards resolution: a restarted analyzer re-learning its
+            # baselines must not resolve an incident that is still going on
+            self.b_okrun[bi] = np.where(slow, 0, self.b_okrun[bi] + warm)
             # learn from healthy ops only, so a lasting slowdown never becomes the norm
             learn = ~slow
             li, lb = i[learn], bi[learn]
@@ -217,49 +219,56 @@ class SlowDetector:
         return touched[cnt >= self.s.slow_min_ops]
 
     def finding(self, js: JobState, bi: int) -> SlowFinding | None:
-        """The slow finding of one alarmed baseline, or None without a consistent culprit."""
+        """The slow finding of one alarmed baseline, or None without a consistent culprit.
+
+        The window is a handful of ops, so plain Python on lists is cheaper than numpy here.
+        """
         s = self.s
-        m = self.w_slow[bi]
-        n_slow = int(m.sum())
-        p = float(np.median(self.w_p[bi, m]))
+        m = self.w_slow[bi].tolist()
+        idx = [j for j, x in enumerate(m) if x]
+        n_slow = len(idx)
+        p = _median([float(self.w_p[bi, j]) for j in idx])
         kind = AnomalyKind.S2 if p <= s.alpha else AnomalyKind.S1 if p >= s.beta else AnomalyKind.S3
-        late = self.w_late[bi, m]
-        lagr = self.w_lagr[bi, m]
-        lagr = lagr[lagr >= 0]
         if kind == AnomalyKind.S2:
-            if not lagr.size:
+            votes = [int(self.w_lagr[bi, j]) for j in idx if self.w_lagr[bi, j] >= 0]
+            if not votes:
                 return None  # no counter sample inside a slow op yet: the link is not observable
-            vals, cnts = np.unique(lagr, return_counts=True)
-            share = float(cnts.max()) / max(lagr.size, 1)
         else:
-            vals, cnts = np.unique(late[late >= 0], return_counts=True)
-            share = float(cnts.max()) / n_slow if cnts.size else 0.0
-        if not cnts.size or share < s.culprit_share:
+            votes = [int(self.w_late[bi, j]) for j in idx if self.w_late[bi, j] >= 0]
+        if not votes:
             return None
-        crank = int(vals[np.argmax(cnts)])
+        crank = max(set(votes), key=lambda v: (votes.count(v), -v))
+        share = votes.count(crank) / (len(votes) if kind == AnomalyKind.S2 else n_slow)
+        if share < s.culprit_share:
+            return None
         cid = int(self.b_cid[bi])
         sl = js.members_of(cid)
-        granks = js.m_grank[sl]
-        size = granks.shape[0]
-        culprit = int(granks[crank])
+        size = sl.stop - sl.start
+        culprit = int(js.m_grank[sl.start + crank])
         op_type = int(self.b_sig[bi] >> 60 & 0xF)
+        lateness = _median([float(self.w_spr[bi, j]) for j in idx])
         link = None
         channel = None
+        if kind != AnomalyKind.S2:
+            # victims are not culprits: the late rank must have computed longer than its peers
+            extra = _median([float(self.w_lgap[bi, j] - self.w_ogap[bi, j]) for j in idx])
+            if extra < max(s.culprit_gap_share * lateness, s.slow_min_excess_s):
+                return None
         if kind != AnomalyKind.S1 and size >= 2:
             if op_type in RING_OPS:
-                link = (culprit, int(granks[(crank + 1) % size]))
+                link = (culprit, int(js.m_grank[sl.start + (crank + 1) % size]))
             elif op_type in P2P_OPS and size == 2:
-                link = (culprit, int(granks[1 - crank]))
+                link = (culprit, int(js.m_grank[sl.start + 1 - crank]))
             lag = js.m_lagch[sl.start + crank]
             if lag.max() > 0:
                 channel = int(np.argmax(lag))
-        seqs = self.w_seq[bi, m]
-        first = int(np.argmin(seqs))
+        first = min(idx, key=lambda j: int(self.w_seq[bi, j]))
+        granks = js.m_grank[sl]
         return SlowFinding(
             kind=kind,
             cid=cid,
             bidx=bi,
-            seq=int(seqs[first]),
+            seq=int(self.w_seq[bi, first]),
             op_type=op_type,
             culprit=culprit,
             culprit_crank=crank,
@@ -268,25 +277,21 @@ class SlowDetector:
             p=p,
             share=share,
             n_slow=n_slow,
-            lateness_s=float(np.median(self.w_spr[bi, m])),
-            tmin_s=float(np.median(self.w_tmin[bi, m])),
-            tmax_s=float(np.median(self.w_tmax[bi, m])),
+            lateness_s=lateness,
+            tmin_s=_median([float(self.w_tmin[bi, j]) for j in idx]),
+            tmax_s=_median([float(self.w_tmax[bi, j]) for j in idx]),
             base_s=float(self.b_max[bi]),
-            onset_now=float(self.w_now[bi, m][first]),
-            affected=tuple(int(x) for x in granks[granks >= 0].tolist() if x != culprit),
+            onset_now=float(self.w_now[bi, first]),
+            affected=tuple(granks[(granks >= 0) & (granks != culprit)].tolist()),
         )
-
-    def is_victim(self, js: JobState, f: SlowFinding) -> bool:
-        """A late arriver that did not spend its lateness computing waited elsewhere: a victim.
-
-        Compares, on the late rank's own clock, the time between the end of its previous op (in
-        any communicator) and the start of this one with the same gap of its peers.
-        """
-        if f.kind == AnomalyKind.S2:
-            return False
-        m = self.w_slow[f.bidx]
-        extra = float(np.median(self.w_lgap[f.bidx, m] - self.w_ogap[f.bidx, m]))
-        return extra < max(self.s.culprit_gap_share * f.lateness_s, self.s.slow_min_excess_s)
 
     def resolved(self, bi: int) -> bool:
         return int(self.b_okrun[bi]) >= self.s.slow_resolve_ops
+
+
+def _median(v: list[float]) -> float:
+    v = sorted(v)
+    n = len(v)
+    if n == 0:
+        return 0.0
+    return v[n // 2] if n % 2 else 0.5 * (v[n // 2 - 1] + v[n // 2])

@@ -224,26 +224,18 @@ class JobState:
         self._allocate()
         pend = self.pending
         self.pending = []
-        cols: dict[str, list[I64]] = {k: [] for k in BATCH_COLUMNS_USED}
-        sends: list[I64] = []
-        recvs: list[I64] = []
-        hosts: list[I64] = []
-        nows: list[float] = []
-        cids: list[int] = []
-        ns: list[int] = []
-        for now, cid, b in pend:
-            c = b.columns
-            for k in BATCH_COLUMNS_USED:
-                cols[k].append(c[k])
-            hosts.append(self._host_map(b.hosts)[c["host_idx"]])
-            sends.append(b.send)
-            recvs.append(b.recv)
-            nows.append(now)
-            cids.append(cid)
-            ns.append(b.n)
-        cat = {k: np.concatenate(v) for k, v in cols.items()}
-        counts = np.asarray(ns, dtype=np.int64)
-        cid_col = np.repeat(np.asarray(cids, dtype=np.int64), counts)
+        bs = [b for _, _, b in pend]
+        cols = [b.columns for b in bs]
+        cat = {k: np.concatenate([c[k] for c in cols]) for k in BATCH_COLUMNS_USED}
+        counts = np.fromiter((c["op_seq"].shape[0] for c in cols), dtype=np.int64, count=len(cols))
+        cid_col = np.repeat(np.fromiter((p[1] for p in pend), dtype=np.int64, count=len(pend)), counts)
+        # host names: one table per batch, concatenated, indexed once for all rows
+        maps = [self._host_map(b.hosts) for b in bs]
+        moff = np.cumsum([0] + [m.shape[0] for m in maps[:-1]])
+        host = np.concatenate(maps)[np.repeat(moff, counts) + cat["host_idx"]]
+        sends = [b.send for b in bs]
+        recvs = [b.recv for b in bs]
+        nows = [p[0] for p in pend]
         crank = cat["comm_rank"]
         ok = (crank >= 0) & (crank < self.c_size[cid_col])
         rows = Rows(
@@ -258,7 +250,7 @@ class JobState:
             peer=cat["peer"],
             rank=cat["rank"],
             crank=crank,
-            host=np.concatenate(hosts),
+            host=host,
             t_enter=cat["t_enter_ns"],
             t_exit=cat["t_exit_ns"],
             t_sample=cat["t_sample_ns"],
@@ -281,7 +273,7 @@ class JobState:
         if r.n == 1:
             idx = np.zeros(1, dtype=np.int64)
         else:
-            order = np.lexsort((r.t_sample, r.status, r.seq, r.gi))
+            order = np.lexsort((r.t_sample, r.seq * 4 + r.status, r.gi))
             g = r.gi[order]
             last = np.empty(order.shape[0], dtype=bool)
             last[-1] = True
@@ -307,7 +299,11 @@ class JobState:
         done_new = st_new[newer] == DONE
         moved = seq_moved | cnt_moved | (done_new & ~self.m_done[u2])
         if moved.any():
-            np.maximum.at(self.c_progress_now, r.cid[i2[moved]], r.now[i2[moved]])
+            mc, mn = r.cid[i2[moved]], r.now[i2[moved]]
+            o = np.argsort(mn, kind="stable")  # the latest arrival of each communicator is written last
+            latest = np.full(self.c_progress_now.shape[0], -np.inf)
+            latest[mc[o]] = mn[o]
+            np.maximum(self.c_progress_now, latest, out=self.c_progress_now)
         ts2 = ts_new[newer]
         self.m_t_change[u2] = np.where(moved, ts2, self.m_t_change[u2])
         self.m_seq[u2] = s_new[newer]
@@ -352,7 +348,10 @@ class JobState:
         prev[0] = self.g_last_exit[g[0]]
         prev[1:] = np.where(g[1:] == g[:-1], tx[:-1], self.g_last_exit[g[1:]])
         gap = np.where(prev >= 0, np.maximum(te - prev, 0) * 1e-9, 0.0)
-        np.maximum.at(self.g_last_exit, g, tx)
+        last = np.empty(g.shape[0], dtype=bool)
+        last[-1] = True
+        np.not_equal(g[1:], g[:-1], out=last[:-1])
+        self.g_last_exit[g[last]] = np.maximum(self.g_last_exit[g[last]], tx[last])
         out = np.empty_like(gap)
         out[order] = gap
         return out

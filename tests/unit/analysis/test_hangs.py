@@ -144,3 +144,27 @@ def test_stats_count_batches_and_records() -> None:
     assert a.stats["batches"] == len(batches)
     assert a.stats["records"] == sum(b.n for _, b in batches)
     assert a.stats["ops_completed"] == 5
+
+
+def test_h1_names_a_rank_never_seen_in_the_communicator() -> None:
+    """A rank dies before its first barrier: it never reported there, yet it is named."""
+    probe = Probe()
+    tp = Comm(0xE3, tuple(range(8)))
+    world = Comm(0xE4, tuple(range(8)))
+    recs = healthy_steps(probe, tp, 20)
+    for i in range(8):
+        if i != 6:
+            recs += stuck(probe, world, i, 0, 41.0, 120.0, op_type=OpType.BARRIER)
+    opens = [v for v in analyze_batches(batches_by_tick(recs)) if v.state == VerdictState.OPEN]
+    assert [(v.kind, v.root_cause_ranks, v.op_type) for v in opens] == [(AnomalyKind.H1, (6,), "barrier")]
+    # checkpoints wait at barriers: the barrier minimum applies, not the plain one
+    assert opens[0].detected_time - 41.0 >= AnalyzerSettings().barrier_hang_min_s
+
+
+def test_bad_settings_are_rejected() -> None:
+    from ccld.errors import ConfigError
+
+    with pytest.raises(ConfigError):
+        AnalyzerSettings(slow_min_ops=6, slow_window_ops=5)
+    with pytest.raises(ConfigError):
+        AnalyzerSettings(hang_min_s=-1.0)

@@ -164,3 +164,33 @@ def test_healthy_run_never_alerts() -> None:
     dp = Comm(0x75, (0, 4))
     recs = healthy_steps(probe, tp, 80) + healthy_steps(probe, dp, 80, t0=0.6)
     assert analyze_batches(batches_by_tick(recs)) == []
+
+
+def test_a_restarted_producer_reusing_sequence_numbers_is_not_dropped() -> None:
+    probe = Probe()
+    tp = Comm(0x76, tuple(range(4)))
+    first = batches_by_tick(healthy_steps(probe, tp, 3), producer="p")
+    second = batches_by_tick(healthy_steps(probe, tp, 3, t0=10.0), producer="p")  # seqs restart at 0
+    a = Analyzer()
+    for t, b in first + second:
+        a.ingest(b, t)
+    a.evaluate(30.0)
+    assert a.stats["duplicates"] == 0
+    assert a.stats["ops_completed"] == 6
+
+
+def test_a_new_incarnation_resolves_the_old_ones_incidents() -> None:
+    batches = batches_by_tick(h1_records(Probe()))
+    a = Analyzer()
+    out = []
+    for t, b in batches:
+        a.ingest(b, t)
+        out += a.evaluate(t)
+    assert [v.state for v in out] == [VerdictState.OPEN]
+    b0 = batches[0][1]
+    restarted = KernelBatch(b0.job, b0.incarnation + 1, b0.comm_hash, b0.world_size, b0.hosts, b0.columns,
+                            b0.send, b0.recv)
+    a.ingest(restarted, 200.0)
+    out = a.evaluate(200.0)
+    assert [v.state for v in out] == [VerdictState.RESOLVED]
+    assert "incarnation 1" in out[0].evidence
