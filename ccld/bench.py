@@ -293,7 +293,8 @@ class KafkaSuiteRunner:
 
     def __init__(self, settings: Settings, *, settle_s: float = 4.0, timeout_s: float = 300.0) -> None:
         tag = f"{int(time.time())}-{os.getpid()}"
-        self.settings = settings.replace(worker_app_id=f"ccld-bench-{tag}", topic_prefix=f"ccld-bench-{tag}.")
+        self.settings = settings.replace(worker_app_id=f"ccld-bench-{tag}", topic_prefix=f"ccld-bench-{tag}.",
+                                         worker_commit_interval_s=0.5)
         self.settle_s = settle_s
         self.timeout_s = timeout_s
         self.offset_s = 0.0

@@ -47,19 +47,32 @@ COMMANDS: dict[str, tuple[str, str]] = {
 COMMON_FLAGS = ("bootstrap", "topic_prefix", "job", "log_level")
 
 
-def _add_common(p: argparse.ArgumentParser) -> None:
+def _add_common(p: argparse.ArgumentParser, *, nested: bool = False) -> None:
+    # A nested parser (``bench accuracy``) takes the flags too; its defaults are suppressed so
+    # that it never overwrites a value given before the sub-subcommand.
+    none: object = argparse.SUPPRESS if nested else None
     g = p.add_argument_group("common")
-    g.add_argument("--bootstrap", help="Kafka bootstrap servers (default: CCLD_BOOTSTRAP or the embedded broker)")
-    g.add_argument("--topic-prefix", dest="topic_prefix", help="topic name prefix (default ccl-d.)")
-    g.add_argument("--job", help="job id")
-    g.add_argument("--log-level", dest="log_level", help="DEBUG, INFO, WARNING, ...")
+    g.add_argument("--bootstrap", default=none,
+                   help="Kafka bootstrap servers (default: CCLD_BOOTSTRAP or the embedded broker)")
+    g.add_argument("--topic-prefix", dest="topic_prefix", default=none, help="topic name prefix (default ccl-d.)")
+    g.add_argument("--job", default=none, help="job id")
+    g.add_argument("--log-level", dest="log_level", default=none, help="DEBUG, INFO, WARNING, ...")
     g.add_argument(
         "--set",
         action="append",
-        default=[],
+        default=argparse.SUPPRESS if nested else [],
         metavar="KEY=VALUE",
         help="any setting by name, e.g. --set metrics_partitions=8 --set analyzer_hang_min_s=30",
     )
+
+
+def _nested_parsers(p: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+    out: list[argparse.ArgumentParser] = []
+    for action in p._actions:  # argparse keeps subparsers only here
+        if isinstance(action, argparse._SubParsersAction):
+            for child in action.choices.values():
+                out += [child, *_nested_parsers(child)]
+    return out
 
 
 def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Command]]:
@@ -76,6 +89,8 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Command]]:
         if name == wanted:
             mod: Any = importlib.import_module(module)
             mod.configure(p)
+            for child in _nested_parsers(p):
+                _add_common(child, nested=True)
             loaded[name] = mod
     return parser, loaded
 
