@@ -8,7 +8,8 @@ COPY probe probe
 COPY producers producers
 COPY streams streams
 COPY sinks sinks
-RUN pip install --no-cache-dir . && rm -rf /src && useradd --create-home ccld
+RUN pip install --no-cache-dir . && rm -rf /src && useradd --create-home ccld \
+    && mkdir /archive && chown ccld /archive  # the sink's volume mounts here and must be writable
 USER ccld
 WORKDIR /home/ccld
 ENTRYPOINT []

@@ -144,7 +144,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace, settings: Settings) -> int:
     from ccld.topics import ensure_topics
+    from ccld.up import stop_on_sigterm
 
+    stop_on_sigterm()
     with EmbeddedBroker(args.port) as broker:
         if not args.no_topics:
             ensure_topics(settings.replace(bootstrap=broker.bootstrap))

@@ -60,8 +60,9 @@ def main(args: argparse.Namespace, settings: Settings) -> int:
     from ccld.producers.kafka import MetricsProducer
     from ccld.producers.simulator.scenario import Scenario
     from ccld.streams.tail import iter_verdicts
-    from ccld.up import Pipeline
+    from ccld.up import Pipeline, stop_on_sigterm
 
+    stop_on_sigterm()
     if settings.log_level.upper() == "INFO":  # the demo's own lines tell the story; keep library chatter out
         logging.getLogger("ccld").setLevel(logging.WARNING)
     scenarios = [Scenario.from_dict(d) for d in DEMO_SCENARIOS]

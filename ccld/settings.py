@@ -72,6 +72,18 @@ class Settings:
         """A copy with some fields changed (``analyzer_<name>`` keys change analyzer fields)."""
         return _build(self, changes, source="argument")
 
+    def to_env(self) -> dict[str, str]:
+        """``CCLD_*`` variables that rebuild these settings in a child process (non-default fields)."""
+        out: dict[str, str] = {}
+        default = Settings()
+        for f in dataclasses.fields(Settings):
+            if f.name != "analyzer" and getattr(self, f.name) != getattr(default, f.name):
+                out[f"{ENV_PREFIX}{f.name.upper()}"] = str(getattr(self, f.name))
+        for f in dataclasses.fields(AnalyzerSettings):
+            if getattr(self.analyzer, f.name) != getattr(default.analyzer, f.name):
+                out[f"{ENV_PREFIX}{ANALYZER_PREFIX}{f.name.upper()}"] = str(getattr(self.analyzer, f.name))
+        return out
+
     @classmethod
     def load(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
         """Defaults, then ``CCLD_*`` variables of ``env`` (default: the process environment), then overrides.

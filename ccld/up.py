@@ -24,24 +24,9 @@ log = logging.getLogger(__name__)
 
 
 def child_env(settings: Settings) -> dict[str, str]:
-    """The environment that hands our settings to a child process (it reads CCLD_* like we do)."""
+    """The environment that hands every one of our settings to a child (it reads CCLD_* like we do)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("CCLD_") or k == "CCLD_TEST_BOOTSTRAP"}
-    env.update({
-        "CCLD_BOOTSTRAP": settings.bootstrap,
-        "CCLD_TOPIC_PREFIX": settings.topic_prefix,
-        "CCLD_METRICS_PARTITIONS": str(settings.metrics_partitions),
-        "CCLD_VERDICTS_PARTITIONS": str(settings.verdicts_partitions),
-        "CCLD_DEADLETTER_PARTITIONS": str(settings.deadletter_partitions),
-        "CCLD_ARCHIVE_DIR": settings.archive_dir,
-        "CCLD_WORKER_APP_ID": settings.worker_app_id,
-        "CCLD_SINK_GROUP": settings.sink_group,
-        "CCLD_SINK_MAX_AGE_S": str(settings.sink_max_age_s),
-        "CCLD_WORKER_TICK_S": str(settings.worker_tick_s),
-        "CCLD_WORKER_COMMIT_INTERVAL_S": str(settings.worker_commit_interval_s),
-        "CCLD_LOG_LEVEL": settings.log_level,
-    })
-    for f in settings.analyzer.__dataclass_fields__:
-        env[f"CCLD_ANALYZER_{f.upper()}"] = str(getattr(settings.analyzer, f))
+    env.update(settings.to_env())
     return env
 
 
@@ -56,16 +41,20 @@ class Pipeline:
         self.children: dict[str, subprocess.Popen[bytes]] = {}
 
     def start(self, *, worker: bool = True, sink: bool = True) -> Pipeline:
-        if not self.settings.bootstrap:
-            self.broker = EmbeddedBroker(self.port).start()
-            self.settings = self.settings.replace(bootstrap=self.broker.bootstrap)
-        else:
-            wait_until_answers(self.settings.bootstrap)
-        ensure_topics(self.settings)
-        if worker:
-            self._spawn("worker")
-        if sink:
-            self._spawn("sink")
+        try:
+            if not self.settings.bootstrap:
+                self.broker = EmbeddedBroker(self.port).start()
+                self.settings = self.settings.replace(bootstrap=self.broker.bootstrap)
+            else:
+                wait_until_answers(self.settings.bootstrap)
+            ensure_topics(self.settings)
+            if worker:
+                self._spawn("worker")
+            if sink:
+                self._spawn("sink")
+        except BaseException:
+            self.stop()  # never leave a broker or a child behind a failed start
+            raise
         return self
 
     def _spawn(self, command: str) -> None:
@@ -110,13 +99,18 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--logs", type=Path, default=Path("ccld-logs"), help="where worker.log and sink.log go")
 
 
-def main(args: argparse.Namespace, settings: Settings) -> int:
-    pipeline = Pipeline(settings, port=args.port, log_dir=args.logs)
+def stop_on_sigterm() -> None:
+    """Make SIGTERM unwind like Ctrl-C, so ``with``/``finally`` blocks stop brokers and children."""
 
     def on_term(signum: int, frame: object) -> None:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, on_term)
+
+
+def main(args: argparse.Namespace, settings: Settings) -> int:
+    pipeline = Pipeline(settings, port=args.port, log_dir=args.logs)
+    stop_on_sigterm()
     try:
         pipeline.start()
         print(f"bootstrap: {pipeline.settings.bootstrap}", flush=True)

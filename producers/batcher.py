@@ -102,8 +102,10 @@ class RecordBatcher:
                 pending.first_arrival_s = now_s
             if not pending.records:
                 del self._pending[key]
-        if not self._pending:
-            self._progress.clear()
+        if len(self._progress) > 2 * len(self._live_progress) + 1024:
+            # Samples already sent stay in the eviction order until skipped; compact it so a job
+            # that always has something queued does not grow this deque forever.
+            self._progress = deque(x for x in self._progress if x[0] in self._live_progress)
         return out
 
     def _cut(self, pending: _Pending) -> list[KernelBatch]:

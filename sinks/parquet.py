@@ -60,7 +60,7 @@ def metrics_table(batches: Sequence[tuple[int, int, KernelBatch]]) -> pa.Table:
                 cols[name] = _names(b.columns[name], Status)
             else:
                 cols[name] = pa.array(b.columns[name])
-        offsets = pa.array(np.arange(0, n * c + 1, c, dtype=np.int32))
+        offsets = pa.array(np.arange(n + 1, dtype=np.int32) * c)  # c may be 0 (sources without counters)
         cols["send_counts"] = pa.ListArray.from_arrays(offsets, pa.array(b.send.reshape(-1)))
         cols["recv_counts"] = pa.ListArray.from_arrays(offsets, pa.array(b.recv.reshape(-1)))
         parts.append(pa.table(cols))
@@ -98,7 +98,16 @@ def write_atomic(table: pa.Table, path: Path, end_offset: int) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     pq.write_table(table, tmp, row_group_size=ROW_GROUP_ROWS, compression="zstd")
+    # Durable before the rename and before the caller commits offsets: a power loss must not
+    # leave an empty file whose messages Kafka already counts as archived.
+    with open(tmp, "rb") as f:
+        os.fsync(f.fileno())
     os.replace(tmp, path)
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
     start = int(path.stem)
     for other in path.parent.glob("*.parquet"):
         try:

@@ -54,3 +54,13 @@ def test_samples_already_sent_are_never_evicted_again() -> None:
     assert len(b) == 3 and b.stats.dropped_progress == 3
     out = [r.op_seq for x in b.ready(0.0, force=True) for r in x.records()]
     assert out == [5, 6, 7] and len(b) == 0
+
+
+def test_eviction_order_does_not_grow_while_traffic_never_pauses() -> None:
+    b = batcher(queue_max=10_000, batch_max=10)
+    for i in range(20_000):
+        b.add(make_kernel_record(status=Status.PROGRESS, op_seq=i, comm_hash=i % 3), 0.0)
+        b.add(make_kernel_record(status=Status.ENTERED, op_seq=i, comm_hash=99), 0.0)  # one never drains
+        if i % 5 == 0:
+            b.ready(0.0)
+    assert len(b._progress) <= 2 * len(b._live_progress) + 1024

@@ -51,3 +51,12 @@ def test_verdict_rows_and_summary(tmp_path: Path) -> None:
     assert list(df["state"]) == ["open", "resolved"] and df["link_src"].iloc[0] == 5
     text = summarize(tmp_path, "ccl-d.verdicts")
     assert "2 files, 9 rows" in text and "2 records, 1 incidents (H3: 1)" in text
+
+
+def test_batches_without_counters_archive_fine(tmp_path: Path) -> None:
+    """Sources without per-channel counters (the PyTorch attachment, Flight Recorder) send 0 channels."""
+    b = KernelBatch.from_records([make_kernel_record(send_counts=(), recv_counts=(), op_seq=i) for i in range(3)])
+    assert b.channels == 0
+    path = write_atomic(metrics_table([(0, 0, b)]), file_path(tmp_path, "m", 0, 0), 0)
+    df = pd.read_parquet(path)
+    assert len(df) == 3 and all(len(x) == 0 for x in df["send_counts"])
