@@ -44,6 +44,7 @@ class Archiver:
         self.counters = {"messages": 0, "rows": 0, "files": 0, "undecodable": 0, "commit_errors": 0}
         self._buffers: dict[tuple[str, int], _Buffer] = {}
         self.on_file: Callable[[Path, int], None] | None = None
+        self.assigned = threading.Event()  # set once the group gave us partitions
 
     def _consumer(self) -> Consumer:
         return Consumer({
@@ -63,7 +64,8 @@ class Archiver:
 
     def run(self, stop: threading.Event) -> None:
         consumer = self._consumer()
-        consumer.subscribe(self.topics, on_revoke=lambda c, parts: self._flush_all(c, force=True))
+        consumer.subscribe(self.topics, on_assign=lambda c, parts: self.assigned.set(),
+                           on_revoke=lambda c, parts: self._flush_all(c, force=True))
         heartbeat = self.root / ".sink-heartbeat"
         self.root.mkdir(parents=True, exist_ok=True)
         beat = 0.0

@@ -20,8 +20,9 @@ from ccld.streams.processor import Output, PartitionProcessor
 
 log = logging.getLogger(__name__)
 
-#: Write a partition's snapshot at most this often (seconds of wall time), and after every verdict.
-SNAPSHOT_EVERY_S = 5.0
+#: Write a partition's snapshot at most this often (seconds of wall time; more often than offsets are
+#: committed), after every verdict, and at shutdown.
+SNAPSHOT_EVERY_S = 1.0
 
 
 class WorkerState:
@@ -87,17 +88,18 @@ def create_app(settings: Settings, *, app_id: str | None = None) -> faust.App:
     state = WorkerState(settings, table)
     app.ccld_state = state  # type: ignore[attr-defined]
 
-    async def send(out: Output) -> None:
+    async def send(proc: PartitionProcessor, out: Output) -> None:
         for dl, raw in out.dead_letters:
             log.warning("dead letter from %s[%d]@%d: %s: %s", dl.source_topic, dl.source_partition,
                         dl.source_offset, dl.reason, dl.detail[:200])
             await deadletter.send(key=dl.reason.encode(), value=raw)
-        await send_verdicts(out.verdicts)
+        await send_verdicts(proc, out.verdicts)
 
-    async def send_verdicts(items: list[tuple[Verdict, bytes]]) -> None:
+    async def send_verdicts(proc: PartitionProcessor, items: list[tuple[Verdict, bytes]]) -> None:
         for v, raw in items:
-            log.info("verdict %s", v.describe())
             await verdicts.send(key=v.incident_id.encode(), value=raw)
+            proc.mark_sent(v)  # only now: a failed send is handed out again on the next evaluation
+            log.info("verdict %s", v.describe())
 
     @app.agent(metrics, name="ccld-analyze")
     async def analyze(stream: Any) -> None:
@@ -122,7 +124,7 @@ def create_app(settings: Settings, *, app_id: str | None = None) -> faust.App:
                 proc.counters["dead_letters"] += 1
             if due and ts is not None:
                 last_eval[msg.partition] = ts
-            await send(out)
+            await send(proc, out)
             state.maybe_snapshot(msg.partition, force=bool(out.verdicts))
 
     @app.on_partitions_revoked.connect
@@ -138,7 +140,13 @@ def create_app(settings: Settings, *, app_id: str | None = None) -> faust.App:
     async def tick() -> None:
         for partition, proc in list(state.processors.items()):
             items = proc.tick()
-            await send_verdicts(items)
+            await send_verdicts(proc, items)
             state.maybe_snapshot(partition, force=bool(items))
+
+    @app.on_before_shutdown.connect
+    async def on_shutdown(sender: Any, /, *args: Any, signal: Any, **kwargs: Any) -> None:
+        # The consumer has committed its last offsets; the producer flushes after this signal.
+        for partition in list(state.processors):
+            state.maybe_snapshot(partition, force=True)
 
     return app

@@ -125,7 +125,12 @@ def test_worker_restart_neither_loses_nor_duplicates_verdicts(
     assert worker.stop() == 0
 
     worker.start()  # same app id: resumes the committed offsets and the snapshot
-    publish(ccld_settings, [x for x in a if x[0] >= cut] + b)
+    # A stop right after new records: offsets committed at shutdown must not run ahead of the state.
+    publish(ccld_settings, [x for x in a if cut <= x[0] < cut + 10])
+    time.sleep(1.5)
+    assert worker.stop() == 0
+    worker.start()
+    publish(ccld_settings, [x for x in a if x[0] >= cut + 10] + b)
     collect_verdicts(ccld_settings, 60, until=lambda vs: any(12 in v.root_cause_ranks for v in vs))
     time.sleep(3)  # anything a duplicate would need to show up
     raw = [decode_verdict(m) for m in raw_messages(ccld_settings, ccld_settings.verdicts_topic)]
@@ -134,6 +139,7 @@ def test_worker_restart_neither_loses_nor_duplicates_verdicts(
     assert opened[("it-restart-a", next(v.incident_id for v in first if 3 in v.root_cause_ranks))] == 1
     assert all(n == 1 for n in opened.values()), f"duplicated verdicts after restart: {opened}"
     assert "resumed from a" in worker.log(), "the restarted worker did not restore its snapshot"
+    assert "were not analyzed" not in worker.log(), "offsets were committed ahead of the saved state"
 
 
 def test_archiver_commits_after_write_and_a_restart_rewrites_nothing(ccld_settings: Settings) -> None:
@@ -159,7 +165,8 @@ def test_archiver_commits_after_write_and_a_restart_rewrites_nothing(ccld_settin
     stop = threading.Event()
     t = threading.Thread(target=second.run, args=(stop,), daemon=True)
     t.start()
-    time.sleep(8)
+    assert second.assigned.wait(30), "the second archiver never joined its group"
+    time.sleep(3)  # time to fetch anything that was not committed
     stop.set()
     t.join(30)
     assert second.counters["messages"] == 0

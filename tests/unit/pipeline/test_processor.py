@@ -20,7 +20,9 @@ def feed(proc: PartitionProcessor, messages: list[tuple[float, bytes]], first_of
     out = []
     for i, (t, raw) in enumerate(messages):
         res = proc.handle(raw, topic="m", offset=first_offset + i, timestamp_s=t, evaluate=True)
-        out += [f"{v.incident_id}/{v.state.value}/{v.kind.value}/{v.root_cause_ranks}" for v, _ in res.verdicts]
+        for v, _ in res.verdicts:
+            proc.mark_sent(v)
+            out.append(f"{v.incident_id}/{v.state.value}/{v.kind.value}/{v.root_cause_ranks}")
     return out
 
 
@@ -55,3 +57,30 @@ def test_undecodable_message_is_a_dead_letter_with_its_origin() -> None:
 def test_unreadable_snapshot_starts_empty_instead_of_crashing() -> None:
     proc = PartitionProcessor.restore(1, AnalyzerSettings(), b"{not json")
     assert proc.counters["messages"] == 0 and proc.clock_s == 0.0
+
+
+def test_a_verdict_whose_send_failed_is_handed_out_again() -> None:
+    proc = PartitionProcessor(0, AnalyzerSettings())
+    first = None
+    for i, (t, raw) in enumerate(MESSAGES):
+        res = proc.handle(raw, topic="m", offset=i, timestamp_s=t, evaluate=True)
+        if res.verdicts and first is None:
+            first = res.verdicts[0][0]  # the send "fails": not marked
+            continue
+        if first is not None:
+            assert first in [v for v, _ in res.verdicts], "an unsent verdict was forgotten"
+            proc.mark_sent(first)
+            break
+    assert first is not None
+    assert all(v != first for v, _ in proc.evaluate(MESSAGES[-1][0])), "a sent verdict came back"
+
+
+def test_restored_processor_reports_offsets_it_never_analyzed() -> None:
+    proc = PartitionProcessor(0, AnalyzerSettings())
+    feed(proc, MESSAGES[:10])
+    restored = PartitionProcessor.restore(0, AnalyzerSettings(), proc.snapshot())
+    feed(restored, MESSAGES[25:26], first_offset=25)  # committed offsets ran 15 messages ahead
+    assert restored.counters.get("skipped_by_restart") == 15
+    again = PartitionProcessor.restore(0, AnalyzerSettings(), proc.snapshot())
+    feed(again, MESSAGES[8:12], first_offset=8)  # a replay from before the snapshot is fine
+    assert "skipped_by_restart" not in again.counters
