@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any, Protocol
@@ -137,6 +138,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"ccld {args.command}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `ccld ... | head`: the reader left; not an error of ours
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - keeps the interpreter's final flush quiet
+        return 0
 
 
 if __name__ == "__main__":  # pragma: no cover
