@@ -26,6 +26,7 @@ from ccld.streams.analysis.waitfor import resolve
 log = logging.getLogger(__name__)
 
 STATE_VERSION = 1
+CADENCE_STATE_MAX = 4096  # communicator cadences kept in state_dict (each a few signatures)
 
 
 class Analyzer:
@@ -37,6 +38,7 @@ class Analyzer:
         self.book = IncidentBook(self.settings.resolved_memory, self.settings.update_min_interval_s)
         self._batches: dict[str, OrderedDict[int, str]] = {}  # producer -> batch_seq -> content mark
         self._pauses: dict[str, list[float]] = {}  # "job|inc|comm" -> benign pauses (restored state)
+        self._cadence: dict[str, list[int]] = {}  # "job|inc|comm" -> signature pattern (restored state)
         self._stats: dict[str, int] = {
             "batches": 0, "records": 0, "duplicates": 0, "out_of_order": 0, "evaluations": 0,
             "ops_completed": 0, "verdicts": 0, "jobs": 0, "communicators": 0,
@@ -70,6 +72,8 @@ class Analyzer:
                 job, inc, comm = k.rsplit("|", 2)
                 if (job, int(inc)) == key:
                     ja.restored_pauses[comm] = list(v)
+            prefix = f"{batch.job}|{batch.incarnation}|"
+            ja.cadence.restore({k[len(prefix) :]: v for k, v in self._cadence.items() if k.startswith(prefix)})
             self.jobs[key] = ja
             self._stats["jobs"] += 1
         ja.js.queue(batch, now)
@@ -107,6 +111,7 @@ class Analyzer:
             ja.ops.add(js, rows)
         completed = ja.ops.take_completed(js, now, s.finalize_timeout_s)
         self._stats["ops_completed"] += completed.n
+        ja.cadence.update(completed.cid, completed.seq, completed.sig, js.n_comms)
         touched = ja.slow.update(js, completed)
         verdicts: list[Verdict] = []
         cands: list[Candidate] = []
@@ -129,7 +134,7 @@ class Analyzer:
             mark = float(js.c_progress_now[cid])
             cached = ja.diag_cache.get(cid)
             if cached is None or cached[0] != mark:
-                d = diagnose(js, cid, ja.known_sigs(cid))
+                d = diagnose(js, cid, ja.known_sigs(cid), ja.expected_sig(cid))
                 ja.diag_cache[cid] = (mark, d)
             else:
                 d = cached[1]
@@ -171,6 +176,10 @@ class Analyzer:
         for ja in self.jobs.values():
             for comm, v in ja.pause_items():
                 pauses[f"{ja.job}|{ja.incarnation}|{comm}"] = v
+        cadence = dict(self._cadence)
+        for ja in self.jobs.values():
+            for comm, pat in ja.cadence_items():
+                cadence[f"{ja.job}|{ja.incarnation}|{comm}"] = pat
         return {
             "version": STATE_VERSION,
             "incidents": self.book.state_dict(),
@@ -179,6 +188,8 @@ class Analyzer:
                 p: [[k, v] for k, v in list(seen.items())[-256:]] for p, seen in list(self._batches.items())[-64:]
             },
             "pauses": pauses,
+            # learned multi-signature cadences (a few ints each), newest jobs last, bounded
+            "cadence": dict(list(cadence.items())[-CADENCE_STATE_MAX:]),
             "stats": dict(self._stats),
         }
 
@@ -192,6 +203,7 @@ class Analyzer:
             for p, seqs in state.get("batches", {}).items():
                 a._batches[str(p)] = OrderedDict((int(k), str(v)) for k, v in seqs)
             a._pauses = {str(k): [float(x) for x in v] for k, v in state.get("pauses", {}).items()}
+            a._cadence = {str(k): [int(x) for x in v] for k, v in state.get("cadence", {}).items()}
             for k, v in state.get("stats", {}).items():
                 if k in a._stats:
                     a._stats[k] = int(v)

@@ -10,6 +10,7 @@ values, never timestamps of different hosts. Cost is linear in the communicator 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -61,8 +62,14 @@ def _dtype_name(dt: int) -> str:
         return f"dtype{dt}"
 
 
-def diagnose(js: JobState, cid: int, known_sigs: frozenset[int]) -> CommDiag | None:
-    """Classify the stall of communicator ``cid``; None when nobody is inside an op."""
+def diagnose(
+    js: JobState, cid: int, known_sigs: frozenset[int], expected: Callable[[int], int | None] | None = None
+) -> CommDiag | None:
+    """Classify the stall of communicator ``cid``; None when nobody is inside an op.
+
+    ``expected(seq)`` is the signature the communicator's learned cadence predicts at ``seq``
+    (None: no cadence); it names the culprit of a mismatch that has no majority.
+    """
     sl = js.members_of(cid)
     seq = js.m_seq[sl]
     done = js.m_done[sl]
@@ -89,7 +96,8 @@ def diagnose(js: JobState, cid: int, known_sigs: frozenset[int]) -> CommDiag | N
     sigs = sig_code(ops, js.m_dtype[sl], js.m_count[sl], js.m_peer[sl])
     u, inv, cnt = np.unique(sigs, return_inverse=True, return_counts=True)
     if u.size > 1:
-        return _mismatch(js, cid, sl, k, u, inv, cnt, known_sigs, waiting, wait_own, frozen_own)
+        exp = expected(k) if expected is not None else None
+        return _mismatch(js, cid, sl, k, u, inv, cnt, known_sigs, exp, waiting, wait_own, frozen_own)
     return _frozen_ring(js, cid, sl, k, op_k, waiting, wait_own, frozen_own)
 
 
@@ -113,10 +121,20 @@ def _infer_ranks(granks: I64) -> I64:
 
 def _mismatch(
     js: JobState, cid: int, sl: slice, k: int, u: I64, inv: I64, cnt: I64, known: frozenset[int],
-    waiting: I64, wait_own: float, frozen_own: float,
+    expected: int | None, waiting: I64, wait_own: float, frozen_own: float,
 ) -> CommDiag:
-    """H2: the majority signature is the reference (ties: the one the comm used before)."""
-    score = cnt * 2 + np.asarray([c in known for c in u.tolist()], dtype=np.int64)
+    """H2: the majority signature is the reference; ties go to the signature the communicator's
+    cadence expects at this op sequence, then to one it used before.
+
+    Without a majority (a 2-rank group where one rank called the step's ops in the wrong order,
+    both signatures are normal for the communicator) only the cadence tells which rank deviates.
+    """
+    codes = u.tolist()
+    score = (
+        cnt * 4
+        + 2 * np.asarray([c == expected for c in codes], dtype=np.int64)
+        + np.asarray([c in known for c in codes], dtype=np.int64)
+    )
     ref = int(np.argmax(score))
     odd = inv != ref
     granks = js.m_grank[sl]
@@ -139,6 +157,8 @@ def _mismatch(
         f"{int((~odd).sum())} ranks entered {_op_name(int(ops[i_ref]))} #{k} "
         f"({_dtype_name(int(dts[i_ref]))}, {int(counts[i_ref])} elements)"
     )
+    if int(u[ref]) == expected and int((cnt == cnt[ref]).sum()) > 1:
+        note += f" (no majority: the communicator's learned cadence expects {_op_name(int(ops[i_ref]))} at #{k})"
     return CommDiag(
         cid, k, int(ops[i_ref]), AnomalyKind.H2, waiting, np.zeros(0, dtype=np.int64), culprits,
         mismatch_field=field_name, wait_own_s=wait_own, frozen_own_s=frozen_own, note=note,

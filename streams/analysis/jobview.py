@@ -8,11 +8,13 @@ same shape that ended by themselves before).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
 from ccld.records import AnomalyKind, OpType
+from ccld.streams.analysis.cadence import Cadence
 from ccld.streams.analysis.hangs import CommDiag
 from ccld.streams.analysis.incidents import Candidate
 from ccld.streams.analysis.ops import OpTable
@@ -46,11 +48,21 @@ class JobAnalysis:
         self.stalls: dict[int, _Stall] = {}
         self.pauses: dict[int, list[float]] = {}
         self.restored_pauses: dict[str, list[float]] = {}
+        self.cadence = Cadence(settings.cadence_ops)
 
     # -- learned normal behaviour --------------------------------------------------------------
     def known_sigs(self, cid: int) -> frozenset[int]:
         sel = (self.slow.b_cid == cid) & (self.slow.b_n > 0)
-        return frozenset(self.slow.b_sig[sel].tolist())
+        # after a restart the baselines are empty but a restored cadence still lists the step's ops
+        restored = self.cadence.restored.get(self.js.comm_hex(cid), ()) if self.cadence.restored else ()
+        return frozenset(self.slow.b_sig[sel].tolist()).union(restored)
+
+    def expected_sig(self, cid: int) -> Callable[[int], int | None]:
+        """The signature the communicator's cadence predicts at a given op sequence (None: unknown)."""
+        return lambda seq: self.cadence.expected(cid, seq, self.js.comm_hex(cid))
+
+    def cadence_items(self) -> list[tuple[str, list[int]]]:
+        return self.cadence.items(self.js.n_comms, [self.js.comm_hex(c) for c in range(self.js.n_comms)])
 
     def learn_pauses(self, diags: dict[int, CommDiag], now: float) -> None:
         """A stall that ended by itself is a pause this communicator may show again."""
