@@ -70,7 +70,8 @@ def publish(settings: Settings, batches: list[tuple[float, KernelBatch]]) -> dic
 
 def raw_rate(settings: Settings, per_part: dict[int, int]) -> tuple[float, int]:
     c = Consumer({"bootstrap.servers": settings.bootstrap, "group.id": f"raw-{uuid.uuid4().hex[:6]}",
-                  "enable.auto.commit": False, "fetch.max.bytes": 64 << 20})
+                  "enable.auto.commit": False, "fetch.max.bytes": 64 << 20,
+                  "max.partition.fetch.bytes": 16 << 20})  # the same per-partition fetch size as the worker
     c.assign([TopicPartition(settings.metrics_topic, p, OFFSET_BEGINNING) for p in per_part])
     want, got, records = sum(per_part.values()), 0, 0
     t0 = None

@@ -75,6 +75,8 @@ def create_app(settings: Settings, *, app_id: str | None = None) -> faust.App:
         web_bind="127.0.0.1",
         consumer_auto_offset_reset="earliest",
         broker_commit_interval=settings.worker_commit_interval_s,
+        # Metrics messages are columnar batches of tens of KB: fetch many per round trip.
+        consumer_max_fetch_size=16 * 1024 * 1024,
     )
     metrics = app.topic(settings.metrics_topic, value_type=bytes, key_type=bytes,
                         value_serializer="raw", key_serializer="raw", internal=False)
