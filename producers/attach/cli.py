@@ -48,6 +48,18 @@ def settings_env(settings: Settings) -> dict[str, str]:
     return out
 
 
+def prepare_env(
+    settings: Settings, site_dir: str, *, sink: str = "kafka", heartbeat_ms: int | None = None,
+    base: dict[str, str] | None = None,
+) -> dict[str, str]:  # fmt: skip
+    """Write the sitecustomize into ``site_dir`` and return the environment that activates it."""
+    write_site_dir(site_dir)
+    return child_env(
+        dict(os.environ) if base is None else base, settings_env(settings), site_dir=site_dir, sink=sink,
+        heartbeat_ms=heartbeat_ms,
+    )  # fmt: skip
+
+
 def main(args: argparse.Namespace, settings: Settings) -> int:
     cmd = list(args.cmd)
     if cmd and cmd[0] == "--":
@@ -60,10 +72,7 @@ def main(args: argparse.Namespace, settings: Settings) -> int:
         print("ccld run: the kafka sink needs --bootstrap (or CCLD_BOOTSTRAP)", file=sys.stderr)
         return 2
     with tempfile.TemporaryDirectory(prefix="ccld-run-") as site_dir:
-        write_site_dir(site_dir)
-        env = child_env(
-            dict(os.environ), settings_env(settings), site_dir=site_dir, sink=sink, heartbeat_ms=args.heartbeat_ms
-        )
+        env = prepare_env(settings, site_dir, sink=sink, heartbeat_ms=args.heartbeat_ms)
         try:
             proc = subprocess.Popen(cmd, env=env)
         except OSError as exc:

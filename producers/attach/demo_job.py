@@ -7,6 +7,8 @@ Run it under ``ccld run -- torchrun --standalone --nproc-per-node 4 -m ccld.prod
 
 - ``sleep``: the culprit sleeps forever before the collective (H1)
 - ``stop``: the culprit sends itself SIGSTOP before the collective (H1)
+- ``pause``: at ``--at-step`` only, the culprit prints "pauses" and sleeps ``--pause-s`` before
+  the collective: a window in which a test stops it from outside (SIGSTOP)
 - ``dtype`` / ``count`` / ``op``: the culprit calls all_reduce on int32 instead of float32 (same
   bytes: gloo does not notice and sums garbage), with half the elements (gloo aborts the
   processes within milliseconds), or calls all_gather instead (everyone hangs) (H2)
@@ -28,7 +30,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-FAULTS = ("none", "sleep", "stop", "dtype", "count", "op", "slow")
+FAULTS = ("none", "sleep", "stop", "pause", "dtype", "count", "op", "slow")
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
@@ -41,7 +43,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--culprit", type=int, default=1)
     p.add_argument("--at-step", type=int, default=10)
     p.add_argument("--slow-factor", type=float, default=5.0)
+    p.add_argument("--pause-s", type=float, default=3.0)
     p.add_argument("--timeout-s", type=float, default=120.0, help="gloo collective timeout")
+    p.add_argument("--mix", action="store_true", help="each step also runs other collectives and ring p2p")
     p.add_argument("--fr-dir", default=None)
     p.add_argument("--fr-json", action="store_true")
     p.add_argument("--fr-after-s", type=float, default=3.0)
@@ -60,6 +64,27 @@ def dump_flight_recorder(directory: str, rank: int, as_json: bool) -> Path:
     return path
 
 
+def mixed_step(dist: Any, torch: Any, rank: int, world: int, groups: list[Any]) -> None:
+    """Async all_gather, broadcast, reduce_scatter, a subgroup all_reduce and a p2p ring."""
+    small = torch.full((16,), float(rank))
+    work = dist.all_gather_into_tensor(torch.empty(16 * world), small, async_op=True)
+    dist.broadcast(small, src=0)
+    dist.reduce_scatter_tensor(torch.empty(16), torch.ones(16 * world))
+    work.wait()
+    dist.all_reduce(torch.ones(8, dtype=torch.float64), group=groups[rank % 2])
+    ops = [
+        dist.P2POp(dist.isend, torch.ones(32), (rank + 1) % world),
+        dist.P2POp(dist.irecv, torch.empty(32), (rank - 1) % world),
+    ]
+    for w in dist.batch_isend_irecv(ops):
+        w.wait()
+    if rank % 2 == 0:
+        dist.send(torch.ones(4, dtype=torch.int64), rank + 1)
+    else:
+        dist.recv(torch.empty(4, dtype=torch.int64), rank - 1)
+    dist.barrier()
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     os.environ.setdefault("TORCH_FR_BUFFER_SIZE", "2000")  # Flight Recorder on (gloo records too)
@@ -71,14 +96,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.fr_dir:
         Path(args.fr_dir).mkdir(parents=True, exist_ok=True)
     tensor = torch.ones(args.elements)
+    # every rank creates every group, in the same order (torch requires it)
+    pairs = [dist.new_group([r for r in range(world) if r % 2 == parity]) for parity in (0, 1)] if args.mix else []
     culprit = rank == args.culprit and args.fault != "none"
     started = time.monotonic()
+    timer: threading.Timer | None = None
     print(f"rank {rank}/{world} pid {os.getpid()} ready", flush=True)
     for step in range(args.steps):
         if args.duration_s and time.monotonic() - started > args.duration_s:
             break
         faulty = culprit and step >= args.at_step
-        if step == args.at_step and args.fr_dir:
+        if step == args.at_step and args.fr_dir and args.fault != "none":
             timer = threading.Timer(args.fr_after_s, dump_flight_recorder, (args.fr_dir, rank, args.fr_json))
             timer.daemon = True
             timer.start()
@@ -88,6 +116,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"rank {rank} sleeps forever before step {step}", flush=True)
             while True:
                 time.sleep(3600)
+        if faulty and args.fault == "pause" and step == args.at_step:
+            print(f"rank {rank} pauses before step {step}", flush=True)
+            time.sleep(args.pause_s)
         if faulty and args.fault == "stop":
             print(f"rank {rank} stops itself before step {step}", flush=True)
             time.sleep(0.5)  # let the attachment ship what it has
@@ -100,8 +131,13 @@ def main(argv: list[str] | None = None) -> int:
             dist.all_gather([torch.empty_like(tensor) for _ in range(world)], tensor)
         else:
             dist.all_reduce(tensor)
+        if args.mix:
+            mixed_step(dist, torch, rank, world, pairs)
         tensor.fill_(1.0)
+    if timer is not None:
+        timer.cancel()
     if args.fr_dir:
+        time.sleep(0.3)  # gloo retires Flight Recorder entries lazily, after the op returned
         dump_flight_recorder(args.fr_dir, rank, args.fr_json)
     dist.destroy_process_group()
     print(f"rank {rank} done", flush=True)

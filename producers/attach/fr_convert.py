@@ -7,9 +7,12 @@ to the directional channel communicator of the pair, numbered in ``p2p_seq_id`` 
 
 Completion: an entry is done when its state is "completed", a completion time was
 discovered, it is retired, or ``pg_status`` says its group completed that sequence number.
-Gloo never fills the state (always "scheduled") and records no completion time, so a done
-gloo entry's exit time is bounded by the rank's next entry (or equals its entry time when
-it is the last). An entry not done at dump time becomes an ENTERED record: the rank was
+Gloo never fills the state (always "scheduled"), records no completion time and retires
+entries lazily (a dump taken right after an op returned can still show it in flight), so a
+gloo collective that any member of its group completed counts as completed by every member
+that entered it (it cannot complete anywhere unless everyone contributed); a done gloo
+entry's exit time is bounded by the rank's next entry (or equals its entry time when it is
+the last). An entry not done at dump time becomes an ENTERED record: the rank was
 inside that operation when the dump was taken. A rank without a dump sends nothing, exactly
 like a rank that never entered: the analyzer treats its silence as evidence.
 """
@@ -48,7 +51,15 @@ class Conversion:
     ranks_missing: tuple[int, ...]
     groups: dict[str, tuple[int, ...]]
     inflight: dict[int, list[str]] = field(default_factory=dict)  # rank -> ops in flight at dump time
+    channels: dict[int, tuple[str, int, int]] = field(default_factory=dict)  # p2p comm -> (group, src, dst)
     notes: list[str] = field(default_factory=list)
+
+    def communicators(self) -> dict[int, tuple[str, tuple[int, ...]]]:
+        """Every communicator of the dump set: hash -> (description, global ranks in comm order)."""
+        out = {comm_hash(ranks, name): (f"group {name}", ranks) for name, ranks in self.groups.items()}
+        for chash, (name, src, dst) in self.channels.items():
+            out[chash] = (f"p2p {src}->{dst} of group {name}", (src, dst))
+        return out
 
 
 def parse_ranks(value: Any) -> tuple[int, ...]:
@@ -84,7 +95,10 @@ def _pg(entry: dict[str, Any]) -> tuple[str, str]:
     return str(pg), ""
 
 
-def group_members(dumps: Sequence[RankDump], world_size: int | None) -> tuple[dict[str, tuple[int, ...]], int, list[str]]:
+Groups = dict[str, tuple[int, ...]]
+
+
+def group_members(dumps: Sequence[RankDump], world_size: int | None) -> tuple[Groups, int, list[str]]:
     """Ranks of every process group (from pg_config, else inferred) and the world size."""
     notes: list[str] = []
     configured: dict[str, tuple[int, ...]] = {}
@@ -123,7 +137,14 @@ def group_members(dumps: Sequence[RankDump], world_size: int | None) -> tuple[di
     return groups, world, notes
 
 
-def _done(entry: dict[str, Any], status: dict[str, Any]) -> bool:
+def _gloo(entry: dict[str, Any]) -> bool:
+    return str(entry.get("profiling_name", "")).startswith("gloo:")
+
+
+def _done(entry: dict[str, Any], status: dict[str, Any], completed_anywhere: dict[str, int]) -> bool:
+    if _gloo(entry) and not entry.get("is_p2p"):
+        if int(entry.get("collective_seq_id") or 0) <= completed_anywhere.get(_pg(entry)[0], 0):
+            return True
     if entry.get("state") == "completed" or entry.get("time_discovered_completed_ns") or entry.get("retired"):
         return True
     if entry.get("is_p2p"):
@@ -153,6 +174,13 @@ def convert(dumps: Sequence[RankDump], *, job: str = "fr-import", world_size: in
     groups, world, notes = group_members(dumps, world_size)
     records: list[KernelRecord] = []
     inflight: dict[int, list[str]] = {}
+    channels: dict[int, tuple[str, int, int]] = {}
+    completed_anywhere: dict[str, int] = defaultdict(int)  # gloo: group -> highest seq any member completed
+    for d in dumps:
+        for e in d.entries:
+            if _gloo(e) and not e.get("is_p2p") and _done(e, dict(d.pg_status), {}):
+                name = _pg(e)[0]
+                completed_anywhere[name] = max(completed_anywhere[name], int(e.get("collective_seq_id") or 0))
     for d in dumps:
         entries = sorted(d.entries, key=lambda e: int(e.get("time_created_ns") or 0))
         status = dict(d.pg_status)
@@ -170,15 +198,21 @@ def convert(dumps: Sequence[RankDump], *, job: str = "fr-import", world_size: in
             key = (_pg(e)[0], src, dst)
             p2p_seq[id(e)] = chan_seq[key]
             chan_seq[key] += 1
+            ranks = groups.get(key[0], ())
+            if max(src, dst) < len(ranks):
+                channels[p2p_hash(comm_hash(ranks, key[0]), ranks[src], ranks[dst])] = (key[0], ranks[src], ranks[dst])
         for i, e in enumerate(entries):
-            rec = _entry_records(d, e, groups, status, p2p_seq, entries[i + 1] if i + 1 < len(entries) else None,
-                                 job, world, notes)  # fmt: skip
+            nxt = entries[i + 1] if i + 1 < len(entries) else None
+            done = _done(e, status, completed_anywhere)
+            rec = _entry_records(d, e, groups, done, p2p_seq, nxt, job, world, notes)
             records.extend(rec)
             if rec and rec[-1].status is not Status.DONE:
-                inflight.setdefault(d.rank, []).append(f"{e['profiling_name']} #{e.get('collective_seq_id')}")
+                inflight.setdefault(d.rank, []).append(
+                    f"{e['profiling_name']} (collective_seq_id {e.get('collective_seq_id')})"
+                )
     present = tuple(d.rank for d in dumps)
     missing = tuple(r for r in range(world) if r not in present)
-    return Conversion(records, world, present, missing, groups, inflight, notes)
+    return Conversion(records, world, present, missing, groups, inflight, channels, notes)
 
 
 def _endpoints(m: re.Match[str]) -> tuple[int, int]:
@@ -187,7 +221,7 @@ def _endpoints(m: re.Match[str]) -> tuple[int, int]:
 
 
 def _entry_records(
-    d: RankDump, e: dict[str, Any], groups: dict[str, tuple[int, ...]], status: dict[str, Any],
+    d: RankDump, e: dict[str, Any], groups: dict[str, tuple[int, ...]], done: bool,
     p2p_seq: dict[int, int], nxt: dict[str, Any] | None, job: str, world: int, notes: list[str],
 ) -> list[KernelRecord]:  # fmt: skip
     name, _desc = _pg(e)
@@ -229,9 +263,9 @@ def _entry_records(
     t_enter = int(e["time_created_ns"])
     base = dict(
         job=job, incarnation=0, comm_hash=chash, op_seq=seq, op_type=op_type, dtype=dtype, count=count, peer=peer,
-        rank=d.rank, comm_rank=comm_rank, comm_size=size, world_size=world, host=d.host or f"rank{d.rank}",
+        rank=d.rank, comm_rank=comm_rank, comm_size=size, world_size=world, host=d.host,
     )  # fmt: skip
-    if _done(e, status):
+    if done:
         nxt_t = int(nxt["time_created_ns"]) if nxt is not None else None
         t_exit = _exit_ns(e, t_enter, nxt_t)
         return [KernelRecord(**base, status=Status.DONE, t_enter_ns=t_enter, t_exit_ns=t_exit, t_sample_ns=t_exit)]

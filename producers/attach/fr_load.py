@@ -93,7 +93,11 @@ def decode(path: Path, data: bytes) -> dict[str, Any]:
     return obj
 
 
-def validate(path: Path, obj: Mapping[str, Any]) -> tuple[str, list[dict[str, Any]], Mapping[str, Any], Mapping[str, Any]]:
+_Parts = tuple[str, list[dict[str, Any]], Mapping[str, Any], Mapping[str, Any]]
+
+
+def validate(path: Path, obj: Mapping[str, Any]) -> _Parts:
+    """(version, entries, pg_config, pg_status) of a decoded dump, or DumpError naming the file."""
     version = str(obj.get("version", ""))
     if not version.startswith("2."):
         raise DumpError(f"{path}: unsupported Flight Recorder format version {version or '(none)'!r}; need 2.x")

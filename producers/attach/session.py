@@ -5,6 +5,7 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import sys
 import threading
 from dataclasses import asdict
 from typing import Any
@@ -109,7 +110,7 @@ def detach(timeout_s: float = 2.0) -> dict[str, Any]:
     att.tracker.stop(timeout_s)
     stats = att.stats()
     try:
-        att.sink.close()
+        _close(att.sink, timeout_s)
     except Exception:  # noqa: BLE001
         log.debug("closing the attach sink failed", exc_info=True)
     return stats
@@ -122,24 +123,47 @@ def _env_int(name: str, default: int) -> int:
         return default
 
 
+def _close(sink: RecordSink, timeout_s: float) -> None:
+    sink.close(timeout_s)
+
+
+#: seconds the interpreter's exit may wait for the last records (a dead broker costs this, once)
+EXIT_FLUSH_S = 0.5
+
+
 def _at_exit() -> None:
     att = _current
     if att is not None:
         try:
-            att.tracker.stop(1.0)
-            att.sink.close()
+            att.tracker.stop(EXIT_FLUSH_S)
+            _close(att.sink, EXIT_FLUSH_S)
+            stats = att.stats()
+            lost = {k: v for k, v in stats.items() if k in LOSS_COUNTERS and v}
+            if lost:  # one line, only when something was lost: the job's log is not ours
+                sys.stderr.write(f"ccld attach (pid {os.getpid()}): {stats.get('records', 0)} records, lost: {lost}\n")
         except Exception:  # noqa: BLE001 - never disturb interpreter shutdown
             pass
+
+
+#: counters that mean records did not reach the sink (reported once at exit when non-zero)
+LOSS_COUNTERS = frozenset(
+    {
+        "dropped", "sink_errors", "internal_errors", "sink_dropped", "sink_undelivered", "sink_flush_timeouts",
+        "producer_dropped_progress", "producer_dropped_critical", "producer_delivery_failures",
+        "producer_produce_errors", "producer_queued",
+    }
+)  # fmt: skip
 
 
 def _after_fork_in_child() -> None:
     # A forked child (a DataLoader worker) has no emitter thread and runs no collectives of the
     # parent's groups: it must stay silent, not report as the parent's rank.
-    att = _current
+    global _current, _lock
+    _lock = threading.Lock()  # another thread may have held it at fork time
+    att, _current = _current, None  # nothing to flush at the child's exit
     if att is not None:
-        att.hooks.enabled = False
+        att.hooks.enabled = False  # the wrappers stay in place, as plain pass-throughs
         att.tracker.detach_after_fork()
-        att.sink = att.tracker.sink
 
 
 atexit.register(_at_exit)

@@ -12,6 +12,7 @@ import logging
 import os
 import socket
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +36,7 @@ class ListSink:
     def flush(self, timeout_s: float = 0.0) -> int:
         return 0
 
-    def close(self) -> None:
+    def close(self, timeout_s: float = 0.0) -> None:
         pass
 
 
@@ -58,7 +59,8 @@ class JsonlSink:
     def submit(self, record: KernelRecord) -> None:
         with self._lock:
             if self._fh is None:
-                self._fh = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - kept open
+                # line-buffered: every record reaches the file even if the rank is killed or hangs
+                self._fh = open(self.path, "a", encoding="utf-8", buffering=1)  # noqa: SIM115 - kept open
             self._fh.write(json.dumps(record.to_dict(), separators=(",", ":")) + "\n")
 
     def flush(self, timeout_s: float = 0.0) -> int:
@@ -67,7 +69,7 @@ class JsonlSink:
                 self._fh.flush()
         return 0
 
-    def close(self) -> None:
+    def close(self, timeout_s: float = 0.0) -> None:
         with self._lock:
             if self._fh is not None:
                 self._fh.close()
@@ -94,7 +96,10 @@ class KafkaSink:
         self.producer_id = producer_id
         self._producer: Any = None
         self._failed = False
+        self._last_stats: dict[str, Any] = {}
         self.dropped = 0
+        self.undelivered = 0  # messages a flush could not deliver (the last flush's count)
+        self.flush_timeouts = 0
 
     def _get(self) -> Any:
         if self._producer is None and not self._failed:
@@ -115,21 +120,42 @@ class KafkaSink:
         producer.submit(record)
 
     def flush(self, timeout_s: float = 2.0) -> Any:
-        if self._producer is not None:
-            return self._producer.flush(timeout_s)
-        return 0
+        producer = self._producer
+        if producer is None:
+            return 0
+        left = _bounded(lambda: producer.flush(timeout_s), timeout_s)
+        if left is None:  # the client did not even answer in time (a dead broker's metadata lookup)
+            self.flush_timeouts += 1
+        elif left:
+            self.undelivered = int(left)
+        return left
 
-    def close(self) -> None:
-        if self._producer is not None:
-            self._producer.close()
-            self._producer = None
+    def close(self, timeout_s: float = 2.0) -> None:
+        producer, self._producer = self._producer, None
+        if producer is not None:
+            _bounded(lambda: producer.close(timeout_s), timeout_s)
+            self._last_stats = dict(producer.stats)
 
     @property
     def stats(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"sink_dropped": self.dropped}
-        if self._producer is not None:
-            out.update({f"producer_{k}": v for k, v in dict(self._producer.stats).items()})
+        out: dict[str, Any] = {
+            "sink_dropped": self.dropped,
+            "sink_undelivered": self.undelivered,
+            "sink_flush_timeouts": self.flush_timeouts,
+        }
+        live = dict(self._producer.stats) if self._producer is not None else self._last_stats
+        out.update({f"producer_{k}": v for k, v in live.items()})
         return out
+
+
+def _bounded(fn: Callable[[], Any], timeout_s: float) -> Any:
+    """Run ``fn`` in a daemon thread for at most ``timeout_s`` (+0.2 s): a dead broker can make a
+    client's metadata lookup outlast any flush timeout, and the job's exit must not wait for it."""
+    box: list[Any] = []
+    t = threading.Thread(target=lambda: box.append(fn()), name="ccld-attach-flush", daemon=True)
+    t.start()
+    t.join(timeout_s + 0.2)
+    return box[0] if box else None
 
 
 def sink_from_spec(spec: str, settings: Settings, producer_id: str | None = None) -> Any:

@@ -27,7 +27,7 @@ from ccld.producers.attach.identity import (
     dtype_code,
     p2p_hash,
 )
-from ccld.producers.attach.tracker import Identity, OpCall, Tracker, set_completion_probe
+from ccld.producers.attach.tracker import Identity, OpCall, Tracker
 from ccld.records import DType, OpType
 
 log = logging.getLogger(__name__)
@@ -64,8 +64,12 @@ _Ext = tuple[Any, Any, Any, Any, bool]
 
 def _x_first(group_i: int, async_i: int) -> Callable[[tuple[Any, ...], dict[str, Any]], _Ext]:
     def ext(args: tuple[Any, ...], kw: dict[str, Any]) -> _Ext:
-        return _a(args, kw, group_i, "group"), _a(args, kw, 0, "tensor"), None, None, bool(
-            _a(args, kw, async_i, "async_op", False)
+        return (
+            _a(args, kw, group_i, "group"),
+            _a(args, kw, 0, "tensor"),
+            None,
+            None,
+            bool(_a(args, kw, async_i, "async_op", False)),
         )
 
     return ext
@@ -73,8 +77,12 @@ def _x_first(group_i: int, async_i: int) -> Callable[[tuple[Any, ...], dict[str,
 
 def _x_second(group_i: int, async_i: int, name: str) -> Callable[[tuple[Any, ...], dict[str, Any]], _Ext]:
     def ext(args: tuple[Any, ...], kw: dict[str, Any]) -> _Ext:
-        return _a(args, kw, group_i, "group"), _a(args, kw, 1, name), None, None, bool(
-            _a(args, kw, async_i, "async_op", False)
+        return (
+            _a(args, kw, group_i, "group"),
+            _a(args, kw, 1, name),
+            None,
+            None,
+            bool(_a(args, kw, async_i, "async_op", False)),
         )
 
     return ext
@@ -82,8 +90,12 @@ def _x_second(group_i: int, async_i: int, name: str) -> Callable[[tuple[Any, ...
 
 def _x_output(group_i: int, async_i: int) -> Callable[[tuple[Any, ...], dict[str, Any]], _Ext]:
     def ext(args: tuple[Any, ...], kw: dict[str, Any]) -> _Ext:
-        return _a(args, kw, group_i, "group"), _a(args, kw, 0, "output"), None, None, bool(
-            _a(args, kw, async_i, "async_op", False)
+        return (
+            _a(args, kw, group_i, "group"),
+            _a(args, kw, 0, "output"),
+            None,
+            None,
+            bool(_a(args, kw, async_i, "async_op", False)),
         )
 
     return ext
@@ -137,6 +149,16 @@ P2P: dict[str, tuple[OpType, str, str, bool]] = {  # name -> (op, peer kw, group
 }
 
 
+_DTYPE_CACHE: dict[Any, DType] = {}
+
+
+def _dtype(torch_dtype: Any) -> DType:
+    code = _DTYPE_CACHE.get(torch_dtype)
+    if code is None:
+        code = _DTYPE_CACHE[torch_dtype] = dtype_code(str(torch_dtype))
+    return code
+
+
 def _size_dtype(obj: Any) -> tuple[DType, int]:
     """dtype code and element count of a tensor or a list of tensors (lists: summed)."""
     if obj is _BARRIER:
@@ -144,8 +166,8 @@ def _size_dtype(obj: Any) -> tuple[DType, int]:
     if isinstance(obj, (list, tuple)):
         if not obj:
             return DType.OTHER, 0
-        return dtype_code(str(obj[0].dtype)), sum(int(t.numel()) for t in obj)
-    return dtype_code(str(obj.dtype)), int(obj.numel())
+        return _dtype(obj[0].dtype), sum(int(t.numel()) for t in obj)
+    return _dtype(obj.dtype), obj.numel()
 
 
 class TorchHooks:
@@ -186,21 +208,28 @@ class TorchHooks:
         self._originals[(work_cls, "is_completed")] = orig_done
         tracker = self.tracker
 
-        def wait(work: Any, *args: Any, **kwargs: Any) -> Any:
-            result = orig_wait(work, *args, **kwargs)
-            if tracker._works:
+        def seen_complete(work: Any) -> None:
+            try:
                 tracker.complete_work(work)
-            return result
+            except Exception:  # noqa: BLE001 - never our exception in the training code
+                tracker.stats.internal_errors += 1
+
+        def wait(work: Any, *args: Any, **kwargs: Any) -> Any:
+            try:
+                return orig_wait(work, *args, **kwargs)
+            finally:  # returned or raised (timeout, aborted peer): either way the op is over here
+                if tracker._works:
+                    seen_complete(work)
 
         def is_completed(work: Any) -> Any:
             result = orig_done(work)
             if result and tracker._works:
-                tracker.complete_work(work)
+                seen_complete(work)
             return result
 
         work_cls.wait = wait
         work_cls.is_completed = is_completed
-        set_completion_probe(lambda w: bool(orig_done(w)))
+        tracker.is_completed = lambda w: bool(orig_done(w))
 
     def uninstall(self) -> None:
         self.enabled = False
@@ -273,8 +302,10 @@ class TorchHooks:
     # ---- identification ----
     def group_state(self, group: Any) -> GroupState | None:
         c10d = self.c10d
-        if group is None or group is c10d.GroupMember.WORLD:
-            group = c10d._get_default_group()
+        if group is None:
+            group = c10d.GroupMember.WORLD  # the default group (None before init: torch will raise)
+            if group is None:
+                return None
         st = self._groups.get(id(group))
         if st is not None and st.pg is group:
             return st
@@ -303,7 +334,10 @@ class TorchHooks:
         return st
 
     def _begin_coll(
-        self, op_type: OpType, ext: Callable[[tuple[Any, ...], dict[str, Any]], _Ext], args: tuple[Any, ...],
+        self,
+        op_type: OpType,
+        ext: Callable[[tuple[Any, ...], dict[str, Any]], _Ext],
+        args: tuple[Any, ...],
         kwargs: dict[str, Any],
     ) -> tuple[list[OpCall], bool] | None:
         group, tensors, root_global, root_group, is_async = ext(args, kwargs)

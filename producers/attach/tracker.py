@@ -32,7 +32,7 @@ class RecordSink(Protocol):
 
     def flush(self, timeout_s: float = ...) -> Any: ...
 
-    def close(self) -> None: ...
+    def close(self, timeout_s: float = ...) -> None: ...
 
 
 class NullSink:
@@ -44,7 +44,7 @@ class NullSink:
     def flush(self, timeout_s: float = 0.0) -> int:
         return 0
 
-    def close(self) -> None:
+    def close(self, timeout_s: float = 0.0) -> None:
         pass
 
 
@@ -65,6 +65,7 @@ class OpCall:
     entered_sent: bool = False
     done_queued: bool = False
     done_sent: bool = False
+    last_sample_ns: int = -1  # time of the last record sent for this call (heartbeat spacing)
 
 
 @dataclass
@@ -105,6 +106,8 @@ class Tracker:
     clock: _Clock = time.monotonic_ns
     stats: TrackerStats = field(default_factory=TrackerStats)
     identity: Identity | None = None
+    #: how the emitter asks a Work whether it finished (the attachment passes the unpatched method)
+    is_completed: Callable[[Any], bool] = field(default=lambda work: bool(work.is_completed()))
 
     def __post_init__(self) -> None:
         self._events: deque[OpCall] = deque()
@@ -113,7 +116,6 @@ class Tracker:
         self._ids = itertools.count()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._last_heartbeat_ns = 0
         self._emit_lock = threading.Lock()
 
     # ---- training-thread side (cheap, never raises) ----
@@ -190,9 +192,7 @@ class Tracker:
                 now = self.clock() if now_ns is None else now_ns
                 self._poll_works(now)
                 self._drain()
-                if now - self._last_heartbeat_ns >= self.heartbeat_s * 1e9:
-                    self._last_heartbeat_ns = now
-                    self._heartbeat(now)
+                self._heartbeat(now)
             except Exception:  # noqa: BLE001 - the emitter must survive anything
                 self.stats.internal_errors += 1
                 log.debug("ccld attach emitter step failed", exc_info=True)
@@ -200,7 +200,7 @@ class Tracker:
     def _poll_works(self, now: int) -> None:
         for work, _calls in list(self._works.values()):
             try:
-                done = bool(_IS_COMPLETED(work))
+                done = bool(self.is_completed(work))
             except Exception:  # noqa: BLE001 - a failed work counts as finished
                 done = True
             if done:
@@ -221,12 +221,14 @@ class Tracker:
                 self._emit(call, Status.ENTERED, call.t_enter_ns)
 
     def _heartbeat(self, now: int) -> None:
+        gap = int(self.heartbeat_s * 1e9)
         for call in list(self._inflight.values()):
-            if call.entered_sent and not call.done_queued:
+            if call.entered_sent and not call.done_queued and now - call.last_sample_ns >= gap:
                 self._emit(call, Status.PROGRESS, now)
                 self.stats.progress += 1
 
     def _emit(self, call: OpCall, status: Status, t_sample_ns: int) -> None:
+        call.last_sample_ns = t_sample_ns
         ident = self.identity
         if ident is None:
             self.stats.unobserved += 1
@@ -266,20 +268,8 @@ class Tracker:
         self._inflight.clear()
         self._works.clear()
         self._thread = None
+        self._emit_lock = threading.Lock()  # the parent's emitter may have held it at fork time
         self.sink = NullSink()
 
     def inflight(self) -> list[OpCall]:
         return list(self._inflight.values())
-
-
-def _default_is_completed(work: Any) -> bool:
-    return bool(work.is_completed())
-
-
-#: How the emitter asks a Work whether it finished (the attachment swaps in the unpatched method).
-_IS_COMPLETED: Callable[[Any], bool] = _default_is_completed
-
-
-def set_completion_probe(probe: Callable[[Any], bool]) -> None:
-    global _IS_COMPLETED
-    _IS_COMPLETED = probe

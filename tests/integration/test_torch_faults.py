@@ -1,0 +1,341 @@
+"""Real gloo ranks with the attachment, real injected faults, verdicts from the real worker.
+
+Each test starts 4 ranks of ``ccld.producers.attach.demo_job`` on loopback (each in its own
+session, always SIGKILLed in the end) with the environment ``ccld run`` gives them, and a
+real ``ccld worker`` on the bundled broker; it asserts the kind and root-cause rank of the
+verdict arriving on the verdicts topic. The first tests need no broker: the ranks write
+their records to JSON-lines files and the records themselves are checked.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch", reason="torch is not installed (pip install 'ccl-d[torch]')")
+
+from ccld.producers.attach.cli import prepare_env  # noqa: E402
+from ccld.producers.attach.localrun import LocalJob, launch  # noqa: E402
+from ccld.producers.attach.netns import NetnsJob, netns_refusal  # noqa: E402
+from ccld.producers.attach.sinks import read_jsonl  # noqa: E402
+from ccld.records import AnomalyKind, DType, KernelRecord, OpType, Status, Verdict  # noqa: E402
+from ccld.settings import Settings  # noqa: E402
+from harness import WorkerProcess, collect_verdicts  # noqa: E402
+
+pytestmark = [pytest.mark.integration, pytest.mark.torch]
+
+WORLD = 4
+CULPRIT = 2
+DEMO = "ccld.producers.attach.demo_job"
+
+
+def start(
+    tmp_path: Path, settings: Settings, args: list[str], *, sink: str = "kafka", heartbeat_ms: int = 100
+) -> LocalJob:
+    site = tmp_path / "site"
+    site.mkdir(exist_ok=True)
+    env = prepare_env(settings, str(site), sink=sink, heartbeat_ms=heartbeat_ms)
+    return launch(WORLD, [DEMO, *args], tmp_path / "ranks", env=env)
+
+
+def logs(job: LocalJob) -> str:
+    return "\n".join(f"--- rank {r}:\n{job.log(r)[-1500:]}" for r in range(WORLD))
+
+
+# ---------------------------------------------------------------- records only (no broker)
+Runner = Callable[[list[str], float], tuple[list[KernelRecord], LocalJob]]
+
+
+@pytest.fixture
+def jsonl_run(tmp_path: Path) -> Iterator[Runner]:
+    jobs: list[LocalJob] = []
+
+    def run(args: list[str], wait_s: float) -> tuple[list[KernelRecord], LocalJob]:
+        out = tmp_path / "records"
+        job = start(tmp_path, Settings.load({}, job="records"), args, sink=f"jsonl:{out}")
+        jobs.append(job)
+        job.wait(wait_s)
+        return read_jsonl(sorted(out.glob("*.jsonl"))), job
+
+    yield run
+    for j in jobs:
+        j.kill()
+
+
+def test_trace_ids_agree_across_ranks_for_every_kind_of_call(
+    jsonl_run: Runner,
+) -> None:
+    steps = 6
+    recs, job = jsonl_run(["--mix", "--steps", str(steps), "--compute-ms", "5"], 60)
+    assert [p.returncode for p in job.procs] == [0] * WORLD, logs(job)
+    done = [r for r in recs if r.status is Status.DONE]
+    assert {r.rank for r in done} == set(range(WORLD))
+    by_round: dict[tuple[int, int], list[KernelRecord]] = defaultdict(list)
+    for r in done:
+        by_round[(r.comm_hash, r.op_seq)].append(r)
+    sizes = defaultdict(set)
+    for (_comm, _seq), rows in by_round.items():
+        size = rows[0].comm_size
+        sizes[size].add(_comm)
+        assert len(rows) == size, rows  # every member reported the round exactly once
+        assert sorted(r.comm_rank for r in rows) == list(range(size))
+        assert len({(r.dtype, r.count) for r in rows}) == 1, rows
+        if size == 2 and {r.op_type for r in rows} <= {OpType.SEND, OpType.RECV}:
+            send = next(r for r in rows if r.comm_rank == 0)
+            recv = next(r for r in rows if r.comm_rank == 1)
+            assert (send.op_type, send.peer, recv.op_type, recv.peer) == (OpType.SEND, 1, OpType.RECV, 0)
+        else:
+            assert len({(r.op_type, r.peer) for r in rows}) == 1, rows
+        assert all(r.t_exit_ns >= r.t_enter_ns > 0 for r in rows)
+    # world: all_reduce, all_gather, broadcast, reduce_scatter, barrier per step; even/odd groups: one each
+    world = [c for c in sizes[WORLD]]
+    assert len(world) == 1
+    world_ops = sorted((s, by_round[(world[0], s)][0].op_type) for (c, s) in by_round if c == world[0])
+    assert len(world_ops) == 5 * steps
+    assert world_ops[:5] == [
+        (0, OpType.ALL_REDUCE), (1, OpType.ALL_GATHER), (2, OpType.BROADCAST), (3, OpType.REDUCE_SCATTER),
+        (4, OpType.BARRIER),
+    ]  # fmt: skip
+    # 2-rank comms: the even and odd subgroups plus the 4 ring channels (the blocking send/recv of
+    # 0->1 and 2->3 continue the sequence of the ring's channels in the same direction)
+    assert len(sizes[2]) == 2 + WORLD
+    for rank in range(WORLD):
+        mine = [x for x in done if x.rank == rank]
+        assert len(mine) == steps * (5 + 1 + 2 + 1)
+
+
+def test_a_rank_that_never_enters_leaves_its_peers_heartbeating(
+    jsonl_run: Runner,
+) -> None:
+    recs, job = jsonl_run(["--fault", "sleep", "--culprit", str(CULPRIT), "--at-step", "8", "--compute-ms", "10"], 8)
+    assert all(p.poll() is None for p in job.procs), logs(job)  # everyone is hung, nobody crashed
+    last: dict[int, KernelRecord] = {}
+    progress: dict[int, list[int]] = defaultdict(list)
+    for r in recs:
+        last[r.rank] = r
+        if r.status is Status.PROGRESS:
+            progress[r.rank].append(r.t_sample_ns)
+    assert last[CULPRIT].status is Status.DONE and last[CULPRIT].op_seq == 7
+    for rank in set(range(WORLD)) - {CULPRIT}:
+        assert last[rank].op_seq == 8 and last[rank].status is Status.PROGRESS
+        beats = progress[rank]
+        assert len(beats) >= 20  # 100 ms heartbeats for several seconds
+        assert all(b > a for a, b in zip(beats, beats[1:], strict=False))
+
+
+def test_a_silent_dtype_mismatch_is_visible_in_the_records(jsonl_run: Runner) -> None:
+    # int32 and float32 have the same size, so gloo sums garbage without noticing (no hang, no
+    # error); the Trace IDs still show the culprit's different dtype at every step from the fault on
+    recs, job = jsonl_run(["--fault", "dtype", "--culprit", str(CULPRIT), "--at-step", "3", "--steps", "8"], 40)
+    assert [p.returncode for p in job.procs] == [0] * WORLD, logs(job)
+    dtypes: dict[int, set[tuple[int, DType]]] = defaultdict(set)
+    for r in recs:
+        if r.status is Status.DONE:
+            dtypes[r.op_seq].add((r.rank, r.dtype))
+    for seq in range(8):
+        odd = {rank for rank, dt in dtypes[seq] if dt is not DType.FLOAT32}
+        assert odd == ({CULPRIT} if seq >= 3 else set()), (seq, dtypes[seq])
+
+
+def _descendants(pid: int) -> list[int]:
+    kids: dict[int, list[int]] = defaultdict(list)
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        kids[int(fields[1])].append(int(stat.parent.name))
+    out, todo = [], [pid]
+    while todo:
+        for k in kids.get(todo.pop(), []):
+            out.append(k)
+            todo.append(k)
+    return out
+
+
+def test_ccld_run_attaches_every_rank_torchrun_starts(tmp_path: Path) -> None:
+    import sys
+
+    out = tmp_path / "records"
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(WORLD)]
+    cmd = [sys.executable, "-m", "ccld.cli", "run", "--job", "via-torchrun", "--sink", f"jsonl:{out}", "--",
+           *torchrun, "-m", DEMO, "--steps", "12", "--compute-ms", "5"]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        text, _ = proc.communicate(timeout=90)
+    finally:
+        for pid in [*_descendants(proc.pid), proc.pid]:  # torchrun puts each worker in its own session
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        proc.wait()
+    assert proc.returncode == 0, text.decode(errors="replace")[-3000:]
+    recs = read_jsonl(sorted(out.glob("*.jsonl")))
+    assert {r.rank for r in recs} == set(range(WORLD)) and {r.job for r in recs} == {"via-torchrun"}
+    assert {r.op_seq for r in recs if r.status is Status.DONE} == set(range(12))
+    assert len(list(out.glob("*.jsonl"))) == WORLD  # the torchrun agent itself ran no collective
+
+
+def test_a_dead_broker_costs_the_job_nothing(tmp_path: Path) -> None:
+    from ccld.producers.attach.localrun import free_port
+
+    dead = Settings.load({}, bootstrap=f"127.0.0.1:{free_port()}", job="dead-broker")  # nobody listens
+    job = start(tmp_path, dead, ["--steps", "100", "--compute-ms", "5"])
+    try:
+        t0 = time.monotonic()
+        codes = job.wait(60)
+        took = time.monotonic() - t0
+    finally:
+        job.kill()
+    assert codes == [0] * WORLD, logs(job)
+    assert took < 20, took  # 100 steps of 5 ms plus start-up; the exit flush waits 0.5 s at most
+    assert "Traceback" not in logs(job) and "attachment not active" not in logs(job)
+    for rank in range(WORLD):  # each rank says, once, at exit, that its records were lost
+        assert job.log(rank).count("lost:") == 1, job.log(rank)
+
+
+# ---------------------------------------------------------------- real broker + worker
+@pytest.fixture
+def fast(ccld_settings: Settings, request: pytest.FixtureRequest) -> Settings:
+    """Test settings: a unique job, hang thresholds short enough for a test."""
+    return ccld_settings.replace(
+        job=f"torch-{request.node.name[:40]}",
+        analyzer_hang_min_s=5.0,
+        analyzer_h2_min_s=4.0,
+        analyzer_h3_min_s=5.0,
+        producer_linger_ms=50,
+    )
+
+
+@pytest.fixture
+def faulty_job(
+    tmp_path: Path, fast: Settings, worker_factory: Callable[[Settings], WorkerProcess]
+) -> Iterator[Callable[[list[str]], LocalJob]]:
+    jobs: list[LocalJob] = []
+
+    def run(args: list[str]) -> LocalJob:
+        job = start(tmp_path, fast, args)  # ranks first: torch imports while the worker starts
+        jobs.append(job)
+        worker_factory(fast).start()
+        return job
+
+    yield run
+    for j in jobs:
+        j.kill()
+
+
+def first(settings: Settings, kind: AnomalyKind, timeout_s: float, job: LocalJob) -> Verdict:
+    got = collect_verdicts(settings, timeout_s, until=lambda vs: any(v.kind is kind for v in vs))
+    hits = [v for v in got if v.kind is kind]
+    assert hits, f"no {kind} verdict; got {[v.describe() for v in got]}\n{logs(job)}"
+    return hits[0]
+
+
+@pytest.mark.parametrize("fault", ["sleep", "stop", "sigstop-from-outside"])
+def test_h1_rank_never_enters(fault: str, fast: Settings, faulty_job: Callable[[list[str]], LocalJob]) -> None:
+    t0 = time.monotonic()
+    outside = fault == "sigstop-from-outside"
+    args = [
+        "--fault",
+        "pause" if outside else fault,
+        "--culprit",
+        str(CULPRIT),
+        "--at-step",
+        "20",
+        "--compute-ms",
+        "20",
+    ]
+    job = faulty_job(args)
+    if outside:  # the culprit pauses 3 s before step 20: stop it there, from the test process
+        assert job.wait_for_line(CULPRIT, "pauses before step 20", 40), logs(job)
+        os.kill(job.pid(CULPRIT), signal.SIGSTOP)
+    v = first(fast, AnomalyKind.H1, 50, job)
+    assert v.root_cause_ranks == (CULPRIT,), v.describe()
+    assert set(v.affected_ranks) == set(range(WORLD)) - {CULPRIT}
+    assert v.op_seq == 20 and v.op_type == "all_reduce"
+    assert time.monotonic() - t0 < 55
+
+
+def test_h2_rank_calls_a_different_collective(fast: Settings, faulty_job: Callable[[list[str]], LocalJob]) -> None:
+    job = faulty_job(["--fault", "op", "--culprit", str(CULPRIT), "--at-step", "20", "--compute-ms", "20"])
+    v = first(fast, AnomalyKind.H2, 50, job)
+    assert v.root_cause_ranks == (CULPRIT,) and v.mismatch_field == "op_type", v.describe()
+
+
+def test_h2_through_ccld_run_and_torchrun(
+    tmp_path: Path, fast: Settings, worker_factory: Callable[[Settings], WorkerProcess]
+) -> None:
+    """The whole chain a user runs: `ccld run ... -- torchrun ...`, the broker, the worker."""
+    import sys
+
+    cmd = [
+        sys.executable, "-m", "ccld.cli", "run", "--bootstrap", fast.bootstrap, "--topic-prefix", fast.topic_prefix,
+        "--job", "via-ccld-run", "--heartbeat-ms", "100", "--",
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(WORLD),
+        "-m", DEMO, "--fault", "op", "--culprit", "1", "--at-step", "15", "--compute-ms", "20",
+    ]  # fmt: skip
+    log = open(tmp_path / "run.log", "wb")  # noqa: SIM115 - closed below
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        worker_factory(fast).start()
+        got = collect_verdicts(fast, 50, until=lambda vs: any(v.kind is AnomalyKind.H2 for v in vs))
+        hits = [v for v in got if v.kind is AnomalyKind.H2 and v.job == "via-ccld-run"]
+        assert hits, f"{[v.describe() for v in got]}\n{(tmp_path / 'run.log').read_text(errors='replace')[-3000:]}"
+        assert hits[0].root_cause_ranks == (1,), hits[0].describe()
+    finally:
+        for pid in [*_descendants(proc.pid), proc.pid]:  # torchrun puts each worker in its own session
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        proc.wait()
+        log.close()
+
+
+def test_s1_rank_computes_slower(fast: Settings, faulty_job: Callable[[list[str]], LocalJob]) -> None:
+    job = faulty_job([
+        "--fault", "slow", "--slow-factor", "6", "--culprit", str(CULPRIT), "--at-step", "40",
+        "--compute-ms", "30", "--duration-s", "40",
+    ])  # fmt: skip
+    v = first(fast, AnomalyKind.S1, 50, job)
+    assert v.root_cause_ranks == (CULPRIT,), v.describe()
+    assert v.p is not None and v.p >= fast.analyzer.beta
+
+
+# ---------------------------------------------------------------- S2: namespaces + tc
+@pytest.mark.xfail(
+    strict=True,
+    raises=AssertionError,
+    reason="the analyzer emits S2 only with a counter sample inside the slow op (slow.py finding(): 'the link "
+    "is not observable'); torch/gloo exposes no send/recv counters, so the attachment sends none",
+)
+def test_s2_one_ranks_link_is_throttled(
+    tmp_path: Path, fast: Settings, worker_factory: Callable[[Settings], WorkerProcess]
+) -> None:
+    reason = netns_refusal()
+    if reason:
+        print(f"S2 test skipped: {reason}")
+        pytest.skip(reason)
+    with NetnsJob(WORLD, fast.bootstrap) as net:
+        site = tmp_path / "site"
+        site.mkdir()
+        env = prepare_env(fast, str(site), sink="kafka", heartbeat_ms=100)
+        job = launch(
+            WORLD, [DEMO, "--compute-ms", "20", "--duration-s", "50", "--elements", "262144"], tmp_path / "ranks",
+            env=env, prefix=net.prefixes(), rank_env=net.rank_env(), master_addr=net.addr(0),
+        )  # fmt: skip
+        try:
+            worker_factory(fast).start()
+            assert job.wait_for_line(0, "ready", 30), logs(job)
+            time.sleep(5)  # a healthy baseline first
+            shaping = net.throttle(CULPRIT)
+            v = first(fast, AnomalyKind.S2, 25, job)
+            print(f"S2 with {shaping}: {v.describe()}")
+            assert v.p is not None and v.p <= fast.analyzer.alpha, v.describe()
+        finally:
+            job.kill()

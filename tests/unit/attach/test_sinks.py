@@ -1,0 +1,55 @@
+"""Sinks: JSON lines round trip, a Kafka sink that cannot build its producer drops and counts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ccld.errors import ConfigError
+from ccld.producers.attach.sinks import JsonlSink, KafkaSink, read_jsonl, sink_from_spec
+from ccld.records import DType, KernelRecord, OpType, Status
+from ccld.settings import Settings
+
+
+def rec(seq: int) -> KernelRecord:
+    return KernelRecord(
+        job="j", incarnation=0, comm_hash=-5, op_seq=seq, op_type=OpType.BROADCAST, dtype=DType.BFLOAT16,
+        count=7, peer=1, rank=2, comm_rank=2, comm_size=4, world_size=4, host="h", status=Status.DONE,
+        t_enter_ns=1, t_exit_ns=3, t_sample_ns=3,
+    )  # fmt: skip
+
+
+def test_jsonl_round_trip_and_torn_last_line(tmp_path: Path) -> None:
+    sink = JsonlSink(tmp_path / "out")
+    sink.submit(rec(0))
+    sink.submit(rec(1))
+    sink.flush()
+    sink.close()
+    [path] = list((tmp_path / "out").glob("records-*.jsonl"))
+    with path.open("a") as fh:
+        fh.write('{"job": "j", "incar')  # a process killed mid-write
+    assert read_jsonl([path]) == [rec(0), rec(1)]
+
+
+def test_kafka_sink_without_a_producer_counts_drops(monkeypatch: pytest.MonkeyPatch) -> None:
+    import ccld.producers.kafka as kafka
+
+    def boom(*a: object, **k: object) -> None:
+        raise RuntimeError("no client")
+
+    monkeypatch.setattr(kafka, "MetricsProducer", boom)
+    sink = KafkaSink(Settings.load({}, bootstrap="127.0.0.1:1"))
+    sink.submit(rec(0))
+    sink.submit(rec(1))
+    assert sink.stats == {"sink_dropped": 2, "sink_undelivered": 0, "sink_flush_timeouts": 0}
+    sink.flush(0.1)
+    sink.close()
+
+
+def test_sink_specs() -> None:
+    s = Settings.load({}, bootstrap="x:1")
+    assert isinstance(sink_from_spec("kafka", s), KafkaSink)
+    assert isinstance(sink_from_spec("jsonl:/tmp/ccld-test-sink.jsonl", s), JsonlSink)
+    with pytest.raises(ConfigError):
+        sink_from_spec("carrier-pigeon", s)

@@ -1,0 +1,174 @@
+"""The torch.distributed wrappers on a real one-rank gloo group (in process, no subprocess)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="torch is not installed (pip install 'ccl-d[torch]')")
+dist = pytest.importorskip("torch.distributed")
+
+from ccld.producers.attach import attach, current, detach  # noqa: E402
+from ccld.producers.attach.identity import comm_hash, p2p_hash  # noqa: E402
+from ccld.producers.attach.sinks import ListSink  # noqa: E402
+from ccld.records import DType, KernelRecord, OpType, Status  # noqa: E402
+from ccld.settings import Settings  # noqa: E402
+
+pytestmark = pytest.mark.torch
+c10d = dist.distributed_c10d
+
+
+@pytest.fixture(scope="module")
+def world() -> Iterator[None]:
+    if not dist.is_available():
+        pytest.skip("torch.distributed is not available")
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+@pytest.fixture
+def sink(world: None) -> Iterator[ListSink]:
+    sink = ListSink()
+    att = attach(Settings.load({}, job="unit"), sink=sink, heartbeat_s=0.05, markers=False)
+    att.tracker.tick_s = 0.01
+    yield sink
+    detach()
+
+
+def done(sink: ListSink) -> list[KernelRecord]:
+    att = current()
+    assert att is not None
+    att.flush()
+    return [r for r in sink.records if r.status is Status.DONE]
+
+
+@pytest.mark.filterwarnings("ignore:`torch.distributed.*` is deprecated:FutureWarning")
+def test_collectives_become_records_with_trace_ids(sink: ListSink) -> None:
+    t = torch.ones(8)
+    dist.all_reduce(t)
+    dist.broadcast(t, src=0)
+    dist.reduce(t, dst=0)
+    dist.all_gather([torch.zeros(8)], t)
+    dist.all_gather_into_tensor(torch.zeros(8), t)
+    dist.reduce_scatter_tensor(torch.zeros(8), torch.ones(8))
+    dist.all_to_all_single(torch.zeros(8), t)
+    dist.barrier()
+    dist.all_reduce(torch.ones(3, dtype=torch.bfloat16))
+    recs = done(sink)
+    ops = [r.op_type for r in recs]
+    assert ops == [
+        OpType.ALL_REDUCE, OpType.BROADCAST, OpType.REDUCE, OpType.ALL_GATHER, OpType.ALL_GATHER,
+        OpType.REDUCE_SCATTER, OpType.ALL_TO_ALL, OpType.BARRIER, OpType.ALL_REDUCE,
+    ]  # fmt: skip
+    # one record per user call (all_gather_into_tensor calls all_gather_single inside)
+    assert [r.op_seq for r in recs] == list(range(9))
+    world_hash = comm_hash([0], dist.group.WORLD.group_name)
+    assert {r.comm_hash for r in recs} == {world_hash}
+    assert recs[1].peer == 0 and recs[2].peer == 0 and recs[0].peer == -1
+    assert recs[-1].dtype is DType.BFLOAT16 and recs[-1].count == 3
+    assert all(r.t_exit_ns >= r.t_enter_ns >= 0 and r.rank == 0 and r.comm_size == 1 for r in recs)
+
+
+def test_async_ops_complete_on_wait_and_on_is_completed(sink: ListSink) -> None:
+    t = torch.ones(4)
+    w1 = dist.all_reduce(t, async_op=True)
+    w1.wait()
+    w2 = dist.broadcast(t, src=0, async_op=True)
+    while not w2.is_completed():
+        pass
+    recs = done(sink)
+    assert [r.op_type for r in recs] == [OpType.ALL_REDUCE, OpType.BROADCAST]
+
+
+def test_p2p_goes_to_a_directional_channel_and_batches_count_each_op(sink: ListSink) -> None:
+    # gloo cannot send to itself, so the identification runs on a fake two-rank group
+    from types import SimpleNamespace
+
+    from ccld.producers.attach.torch_hooks import P2P, GroupState
+
+    att = current()
+    assert att is not None
+    dist.barrier()  # a real call first: it tells the attachment who this process is
+    hooks = att.hooks
+    pg = object()
+    ghash = comm_hash([3, 5], "7")
+    hooks._groups[id(pg)] = GroupState(pg, ghash, (3, 5), 0, 2, {3: 0, 5: 1})
+    a = torch.ones(5)
+    started = [
+        hooks._begin_p2p(P2P["isend"], (a, 5, pg), {}),
+        hooks._begin_p2p(P2P["send"], (a,), {"group": pg, "group_dst": 1}),
+        hooks._begin_p2p(P2P["irecv"], (a, 5, pg), {}),
+        hooks._begin_p2p(P2P["recv"], (a, None, pg), {}),  # any source: not identifiable
+        hooks._begin_batch(([SimpleNamespace(op=dist.isend, group=pg, group_peer=1, tensor=a)],), {}),
+    ]
+    assert started[3] is None and att.tracker.stats.unobserved == 1
+    calls = [c for s in started if s for c in s[0]]
+    for c in calls:
+        att.tracker.exit(c)
+    recs = done(sink)
+    sends = [r for r in recs if r.op_type is OpType.SEND]
+    recvs = [r for r in recs if r.op_type is OpType.RECV]
+    assert {r.comm_hash for r in sends} == {p2p_hash(ghash, 3, 5)}
+    assert {r.comm_hash for r in recvs} == {p2p_hash(ghash, 5, 3)}
+    assert [r.op_seq for r in sends] == [0, 1, 2] and [r.op_seq for r in recvs] == [0]
+    assert all(r.comm_rank == 0 and r.peer == 1 for r in sends)
+    assert all(r.comm_rank == 1 and r.peer == 0 for r in recvs)
+    assert all(r.comm_size == 2 and r.count == 5 for r in sends + recvs)
+    assert [s[1] for s in started if s] == [True, False, True, True]  # async flags
+
+
+def test_subgroups_have_their_own_hash_and_sequence(sink: ListSink) -> None:
+    g = dist.new_group([0])
+    dist.all_reduce(torch.ones(2), group=g)
+    dist.all_reduce(torch.ones(2))
+    recs = done(sink)
+    assert recs[0].comm_hash == comm_hash([0], g.group_name) != recs[1].comm_hash
+    assert recs[0].op_seq == 0
+
+
+def test_the_callers_exception_passes_unchanged(sink: ListSink) -> None:
+    with pytest.raises(Exception) as info:
+        dist.broadcast(torch.ones(2), src=7)
+    assert "ccld" not in type(info.value).__module__
+    assert len(done(sink)) == 1  # the failed call still ends its record
+
+
+def test_our_failure_never_reaches_the_caller(sink: ListSink, monkeypatch: pytest.MonkeyPatch) -> None:
+    att = current()
+    assert att is not None
+
+    def broken(group: Any) -> None:
+        raise KeyError("internal")
+
+    monkeypatch.setattr(att.hooks, "group_state", broken)
+    t = torch.ones(2)
+    dist.all_reduce(t)
+    assert t.tolist() == [1.0, 1.0]
+    assert att.tracker.stats.internal_errors == 1
+
+
+def test_detach_restores_torch(world: None) -> None:
+    original = dist.all_reduce
+    attach(Settings.load({}), sink=ListSink(), markers=False)
+    assert dist.all_reduce is not original and c10d.all_reduce is dist.all_reduce
+    assert c10d.P2POp(dist.isend, torch.ones(1), 0).op is dist.isend
+    stats = detach()
+    assert dist.all_reduce is original and c10d.all_reduce is original
+    assert stats["calls"] == 0 and detach() == {}
+
+
+def test_a_forked_child_stays_silent(sink: ListSink) -> None:
+    import os
+
+    att = current()
+    assert att is not None
+    pid = os.fork()
+    if pid == 0:  # a DataLoader-style worker: must not report as the parent's rank
+        ok = current() is None and not att.hooks.enabled and att.tracker.inflight() == []
+        os._exit(0 if ok else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert current() is att and att.hooks.enabled
