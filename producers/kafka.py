@@ -23,6 +23,9 @@ from ccld.schemas import encode_batch
 from ccld.settings import Settings
 
 log = logging.getLogger(__name__)
+#: librdkafka's own log lines (connection refused, ...) go here, never straight to the training job's stderr.
+rdkafka_log = logging.getLogger("ccld.librdkafka")
+rdkafka_log.addHandler(logging.NullHandler())
 
 
 def job_partition(job: str, partitions: int) -> int:
@@ -146,7 +149,9 @@ class MetricsProducer:
                     "message.timeout.ms": 30_000,
                     "queue.buffering.max.messages": 20_000,
                     "enable.idempotence": False,
-                }
+                    "reconnect.backoff.max.ms": 10_000,  # a dead broker is retried, not hammered
+                },
+                logger=rdkafka_log,
             )
         return self._producer
 

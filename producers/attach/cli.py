@@ -9,7 +9,6 @@ Every Python process the command starts (``torchrun`` and each rank it spawns, o
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import signal
 import subprocess
@@ -19,7 +18,6 @@ from types import FrameType
 
 from ccld.producers.attach.bootstrap import child_env, write_site_dir
 from ccld.settings import Settings
-from ccld.streams.analysis.settings import AnalyzerSettings
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -31,23 +29,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- COMMAND ...", help="the command to run")
 
 
-def settings_env(settings: Settings) -> dict[str, str]:
-    """``CCLD_*`` variables that reproduce ``settings`` in a child (non-default fields only)."""
-    out: dict[str, str] = {}
-    default = Settings()
-    for f in dataclasses.fields(Settings):
-        if f.name == "analyzer":
-            continue
-        value = getattr(settings, f.name)
-        if value != getattr(default, f.name):
-            out[f"CCLD_{f.name.upper()}"] = str(value)
-    for f in dataclasses.fields(AnalyzerSettings):
-        value = getattr(settings.analyzer, f.name)
-        if value != getattr(default.analyzer, f.name):
-            out[f"CCLD_ANALYZER_{f.name.upper()}"] = str(value)
-    return out
-
-
 def prepare_env(
     settings: Settings, site_dir: str, *, sink: str = "kafka", heartbeat_ms: int | None = None,
     base: dict[str, str] | None = None,
@@ -55,7 +36,7 @@ def prepare_env(
     """Write the sitecustomize into ``site_dir`` and return the environment that activates it."""
     write_site_dir(site_dir)
     return child_env(
-        dict(os.environ) if base is None else base, settings_env(settings), site_dir=site_dir, sink=sink,
+        dict(os.environ) if base is None else base, settings.to_env(), site_dir=site_dir, sink=sink,
         heartbeat_ms=heartbeat_ms,
     )  # fmt: skip
 

@@ -12,7 +12,6 @@ import pytest
 
 from ccld.cli import main as ccld_main
 from ccld.producers.attach.bootstrap import AfterImportFinder, child_env, write_site_dir
-from ccld.producers.attach.cli import settings_env
 from ccld.settings import Settings
 
 
@@ -58,7 +57,7 @@ def test_generated_sitecustomize_chains_to_the_original(tmp_path: Path) -> None:
 
 def test_settings_travel_as_ccld_variables_only_when_not_default() -> None:
     s = Settings.load({}, bootstrap="h:1", job="train-7", analyzer_hang_min_s=3)
-    env = settings_env(s)
+    env = s.to_env()
     assert env == {"CCLD_BOOTSTRAP": "h:1", "CCLD_JOB": "train-7", "CCLD_ANALYZER_HANG_MIN_S": "3.0"}
     assert Settings.load(env) == s
 
