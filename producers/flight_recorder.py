@@ -64,27 +64,17 @@ def final_times(settings: AnalyzerSettings, end: float) -> list[float]:
 
 def analyse(directory: Path, settings: Settings, *, world_size: int | None = None, tick_s: float = 1.0) -> ImportResult:
     """Load, convert and analyse one dump directory (no printing)."""
-    from ccld.streams.analysis.analyzer import Analyzer
+    from ccld.streams.analysis.analyzer import analyze_batches
 
     dumps, errors = load_dir(directory)
     if not dumps:
         return ImportResult([], None, errors)
     conv = convert(dumps, job=settings.job, world_size=world_size)
-    analyzer = Analyzer(settings.analyzer)
-    got: list[Verdict] = []
-    next_tick: float | None = None
-    end = 0.0
-    for now, batch in to_batches(conv.records):
-        if next_tick is None:
-            next_tick = now + tick_s
-        while now >= next_tick:
-            got.extend(analyzer.evaluate(next_tick))
-            next_tick += tick_s
-        analyzer.ingest(batch, now)
-        end = now
-    for t in final_times(settings.analyzer, end):
-        got.extend(analyzer.evaluate(t))
-        end = t
+    pairs = list(to_batches(conv.records))
+    end = pairs[-1][0] if pairs else 0.0
+    then = final_times(settings.analyzer, end)
+    got = analyze_batches(pairs, settings.analyzer, tick_s, then=then)
+    end = then[-1] if then else end
     # dumps named without a host leave the host empty: do not print "rank 2 on "
     verdicts = [
         dataclasses.replace(v, root_cause_hosts=tuple(h for h in v.root_cause_hosts if h))

@@ -217,9 +217,17 @@ class Analyzer:
 
 
 def analyze_batches(
-    batches: Iterable[tuple[float, KernelBatch]], settings: AnalyzerSettings | None = None, tick_s: float = 1.0
+    batches: Iterable[tuple[float, KernelBatch]],
+    settings: AnalyzerSettings | None = None,
+    tick_s: float = 1.0,
+    *,
+    then: Iterable[float] = (),
 ) -> list[Verdict]:
-    """Feed ``(arrival time, batch)`` pairs (non-decreasing time) and evaluate every ``tick_s``."""
+    """Feed ``(arrival time, batch)`` pairs (non-decreasing time) and evaluate every ``tick_s``.
+
+    After the last batch the analyzer evaluates once more, then at every time of ``then``
+    (a post-mortem replay lets the clock run on past the hang thresholds).
+    """
     a = Analyzer(settings)
     out: list[Verdict] = []
     next_tick: float | None = None
@@ -234,6 +242,8 @@ def analyze_batches(
         now = t
     if next_tick is not None:
         out.extend(a.evaluate(max(now, next_tick)))
+    for t in then:
+        out.extend(a.evaluate(t))
     return out
 
 
