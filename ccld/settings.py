@@ -44,6 +44,7 @@ class Settings:
     worker_web_port: int = 0  # 0: no web server
     worker_tick_s: float = 1.0  # how often the worker re-evaluates open operations
     worker_commit_interval_s: float = 2.8  # how often the worker commits consumed offsets
+    worker_shutdown_grace_s: float = 30.0  # after SIGTERM/SIGINT the worker exits anyway after this long
     producer_queue_max: int = 200_000  # kernel records waiting in a producer, at most
     producer_batch_max: int = 2_000  # kernel records per batch message, at most
     producer_linger_ms: int = 500  # a batch waits at most this long for more records (fewer, larger messages)

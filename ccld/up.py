@@ -39,6 +39,7 @@ class Pipeline:
         self.log_dir = log_dir
         self.broker: EmbeddedBroker | None = None
         self.children: dict[str, subprocess.Popen[bytes]] = {}
+        self.started = False
 
     def start(self, *, worker: bool = True, sink: bool = True) -> Pipeline:
         try:
@@ -55,9 +56,13 @@ class Pipeline:
         except BaseException:
             self.stop()  # never leave a broker or a child behind a failed start
             raise
+        self.started = True
         return self
 
     def _spawn(self, command: str) -> None:
+        old = self.children.get(command)
+        if old is not None and old.poll() is None:
+            raise RuntimeError(f"{command} is already running (pid {old.pid})")
         out: int | object = subprocess.DEVNULL
         if self.log_dir is not None:
             self.log_dir.mkdir(parents=True, exist_ok=True)
@@ -86,9 +91,11 @@ class Pipeline:
         if self.broker is not None:
             self.broker.stop()
             self.broker = None
+        self.started = False
 
     def __enter__(self) -> Pipeline:
-        return self.start()
+        # `with Pipeline(...).start(sink=False)` is started already: entering must not start twice.
+        return self if self.started else self.start()
 
     def __exit__(self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
         self.stop()
@@ -100,12 +107,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def stop_on_sigterm() -> None:
-    """Make SIGTERM unwind like Ctrl-C, so ``with``/``finally`` blocks stop brokers and children."""
+    """Make SIGTERM (and SIGINT, even where a shell started us with it ignored) unwind like Ctrl-C,
+    so ``with``/``finally`` blocks stop brokers and children."""
 
     def on_term(signum: int, frame: object) -> None:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGINT, on_term)
 
 
 def main(args: argparse.Namespace, settings: Settings) -> int:

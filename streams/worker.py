@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
+import threading
+import time
+from typing import Any
 
 from ccld.errors import BrokerError
 from ccld.settings import Settings
@@ -14,6 +18,16 @@ log = logging.getLogger(__name__)
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--app-id", help="consumer group / app id (default: worker_app_id setting)")
     parser.add_argument("--web-port", type=int, help="serve Faust's web UI on 127.0.0.1:PORT (default: off)")
+
+
+def _exit_if_still_running(grace_s: float) -> None:
+    def watchdog() -> None:
+        time.sleep(grace_s)
+        log.error("worker did not stop within %.0f s of the signal (broker unreachable?); exiting", grace_s)
+        logging.shutdown()
+        os._exit(1)
+
+    threading.Thread(target=watchdog, name="ccld-shutdown-watchdog", daemon=True).start()
 
 
 def run_worker(settings: Settings, app_id: str | None = None) -> int:
@@ -27,8 +41,14 @@ def run_worker(settings: Settings, app_id: str | None = None) -> int:
         raise BrokerError("ccld worker needs --bootstrap (or CCLD_BOOTSTRAP); `ccld up` starts everything")
     ensure_topics(settings)
     app = create_app(settings, app_id=app_id)
-    worker = faust.Worker(app, loglevel=settings.log_level.lower(), quiet=True, redirect_stdouts=False,
-                          override_logging=False)
+    class Worker(faust.Worker):
+        def _schedule_shutdown(self, signal: Any) -> None:
+            # With its broker gone, Faust's shutdown can wait forever: end the process anyway.
+            _exit_if_still_running(settings.worker_shutdown_grace_s)
+            super()._schedule_shutdown(signal)
+
+    worker = Worker(app, loglevel=settings.log_level.lower(), quiet=True, redirect_stdouts=False,
+                    override_logging=False)
     print(f"worker {app.conf.id} consuming {settings.metrics_topic} at {settings.bootstrap}", flush=True)
     worker.execute_from_commandline()  # returns via SystemExit when stopped
     return 0

@@ -92,3 +92,22 @@ def test_verdicts_json_lines_with_timeout(ccld_settings: Settings, running_worke
     assert proc.returncode == 0, out
     lines = [json.loads(x) for x in out.splitlines() if x.startswith("{")]
     assert any(v["kind"] == "H1" and v["root_cause_ranks"] == [2] for v in lines), out + running_worker.log()
+
+
+def test_worker_exits_on_sigterm_even_when_its_broker_is_gone(tmp_path: Path) -> None:
+    from ccld.broker import EmbeddedBroker
+    from ccld.topics import ensure_topics
+
+    broker = EmbeddedBroker(0).start()
+    try:
+        s = Settings.load({}, bootstrap=broker.bootstrap, worker_app_id=f"gone-{time.time_ns()}",
+                          worker_shutdown_grace_s=3.0)
+        ensure_topics(s)
+        worker = WorkerProcess(s, tmp_path / "worker.log").start()
+    finally:
+        broker.stop()
+    time.sleep(1)
+    t0 = time.monotonic()
+    code = worker.stop(signal.SIGTERM, timeout_s=30)
+    assert time.monotonic() - t0 < 15, worker.log()
+    assert code in (0, 1), worker.log()

@@ -23,3 +23,17 @@ def test_busy_port_is_refused_before_starting_anything() -> None:
         port = s.getsockname()[1]
         with pytest.raises(BrokerError, match=f"port {port} on 127.0.0.1 is busy"):
             EmbeddedBroker(port).start()
+
+
+def test_entering_a_started_pipeline_does_not_start_it_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    from ccld.settings import Settings
+    from ccld.up import Pipeline
+
+    starts = []
+    p = Pipeline(Settings.load({}, bootstrap="127.0.0.1:1"))
+    monkeypatch.setattr(Pipeline, "start", lambda self, **kw: (starts.append(kw), setattr(self, "started", True),
+                                                               self)[-1])
+    monkeypatch.setattr(Pipeline, "stop", lambda self, timeout_s=0: setattr(self, "started", False))
+    with p.start(sink=False) as entered:
+        assert entered is p
+    assert starts == [{"sink": False}], "the pipeline was started twice (the first worker would leak)"
