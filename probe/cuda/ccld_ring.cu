@@ -166,12 +166,14 @@ __device__ __forceinline__ void ccld_late_entry(const long long* faults, int ran
   if (threadIdx.x == 0 && faults[CCLD_FAULT_LATE_RANK] == rank) ccld_spin_ns(faults[CCLD_FAULT_LATE_NS]);
 }
 
-// In-place ring all-reduce (sum) of `n` floats of this rank's `buf`. Grid: one block per channel.
-extern "C" __global__ void ccld_ring_allreduce_f32(float* buf, unsigned long long n, int rank, int nranks,
-                                                   float* slots, ccld_u64* flags, int nslots, int slot_elems,
-                                                   const long long* faults, volatile unsigned int* abort_flag,
-                                                   ccld_frame* frame, ccld_probe_dev* dev, ccld_u64 trace_lo,
-                                                   ccld_u64 trace_hi) {
+// Every ring kernel starts the same way: the late-entry fault, the probe's begin (thread 0 of
+// each block), and the ring context whose starting counters all threads of the block share.
+__device__ __forceinline__ ccld_probe_chan ccld_ring_prologue(ccld_ring_ctx& x, float* slots, ccld_u64* flags,
+                                                              int rank, int nranks, int nslots, int slot_elems,
+                                                              const long long* faults,
+                                                              volatile unsigned int* abort_flag, ccld_frame* frame,
+                                                              ccld_probe_dev* dev, ccld_u64 trace_lo,
+                                                              ccld_u64 trace_hi) {
   ccld_late_entry(faults, rank);
   ccld_probe_chan pc = ccld_probe_resume(nullptr, nullptr, 0u, 0u);
   if (threadIdx.x == 0) {
@@ -180,7 +182,6 @@ extern "C" __global__ void ccld_ring_allreduce_f32(float* buf, unsigned long lon
     t.hi = trace_hi;
     pc = ccld_probe_begin(frame, dev, t, gridDim.x, blockIdx.x);
   }
-  ccld_ring_ctx x;
   ccld_ring_init(x, slots, flags, rank, nranks, nslots, slot_elems, faults, abort_flag);
   __shared__ ccld_u64 start_sent, start_rcvd;
   if (threadIdx.x == 0) {
@@ -190,6 +191,18 @@ extern "C" __global__ void ccld_ring_allreduce_f32(float* buf, unsigned long lon
   __syncthreads();
   x.sent = start_sent;
   x.rcvd = start_rcvd;
+  return pc;
+}
+
+// In-place ring all-reduce (sum) of `n` floats of this rank's `buf`. Grid: one block per channel.
+extern "C" __global__ void ccld_ring_allreduce_f32(float* buf, unsigned long long n, int rank, int nranks,
+                                                   float* slots, ccld_u64* flags, int nslots, int slot_elems,
+                                                   const long long* faults, volatile unsigned int* abort_flag,
+                                                   ccld_frame* frame, ccld_probe_dev* dev, ccld_u64 trace_lo,
+                                                   ccld_u64 trace_hi) {
+  ccld_ring_ctx x;
+  ccld_probe_chan pc = ccld_ring_prologue(x, slots, flags, rank, nranks, nslots, slot_elems, faults, abort_flag, frame,
+                                          dev, trace_lo, trace_hi);
 
   unsigned long long seg, seg_len;
   ccld_channel_range(n, &seg, &seg_len);
@@ -234,24 +247,9 @@ extern "C" __global__ void ccld_ring_allgather_f32(const float* in, float* out, 
                                                    int slot_elems, const long long* faults,
                                                    volatile unsigned int* abort_flag, ccld_frame* frame,
                                                    ccld_probe_dev* dev, ccld_u64 trace_lo, ccld_u64 trace_hi) {
-  ccld_late_entry(faults, rank);
-  ccld_probe_chan pc = ccld_probe_resume(nullptr, nullptr, 0u, 0u);
-  if (threadIdx.x == 0) {
-    ccld_trace_id t;
-    t.lo = trace_lo;
-    t.hi = trace_hi;
-    pc = ccld_probe_begin(frame, dev, t, gridDim.x, blockIdx.x);
-  }
   ccld_ring_ctx x;
-  ccld_ring_init(x, slots, flags, rank, nranks, nslots, slot_elems, faults, abort_flag);
-  __shared__ ccld_u64 start_sent, start_rcvd;
-  if (threadIdx.x == 0) {
-    start_sent = x.sent;
-    start_rcvd = x.rcvd;
-  }
-  __syncthreads();
-  x.sent = start_sent;
-  x.rcvd = start_rcvd;
+  ccld_probe_chan pc = ccld_ring_prologue(x, slots, flags, rank, nranks, nslots, slot_elems, faults, abort_flag, frame,
+                                          dev, trace_lo, trace_hi);
 
   unsigned long long seg, seg_len;
   ccld_channel_range(n, &seg, &seg_len);
