@@ -486,7 +486,7 @@ class Verdict:
 
     def describe(self) -> str:
         """One readable line, as `ccld verdicts` and `ccld demo` print it."""
-        where = f"rank {','.join(map(str, self.root_cause_ranks)) or '?'}"
+        where = f"rank {','.join(map(str, self.root_cause_ranks))}" if self.root_cause_ranks else "root not localized"
         if self.root_cause_hosts:
             where += f" on {','.join(self.root_cause_hosts)}"
         extra = []

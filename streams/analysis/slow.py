@@ -229,22 +229,27 @@ class SlowDetector:
         n_slow = len(idx)
         p = _median([float(self.w_p[bi, j]) for j in idx])
         kind = AnomalyKind.S2 if p <= s.alpha else AnomalyKind.S1 if p >= s.beta else AnomalyKind.S3
+        cid = int(self.b_cid[bi])
         if kind == AnomalyKind.S2:
             votes = [int(self.w_lagr[bi, j]) for j in idx if self.w_lagr[bi, j] >= 0]
-            if not votes:
+            if not votes and js.c_counters[cid]:
                 return None  # no counter sample inside a slow op yet: the link is not observable
         else:
             votes = [int(self.w_late[bi, j]) for j in idx if self.w_late[bi, j] >= 0]
-        if not votes:
+        if not votes and (kind != AnomalyKind.S2 or js.c_counters[cid]):
             return None
-        crank = max(set(votes), key=lambda v: (votes.count(v), -v))
-        share = votes.count(crank) / (len(votes) if kind == AnomalyKind.S2 else n_slow)
-        if share < s.culprit_share:
-            return None
-        cid = int(self.b_cid[bi])
         sl = js.members_of(cid)
         size = sl.stop - sl.start
-        culprit = int(js.m_grank[sl.start + crank])
+        if votes:
+            crank = max(set(votes), key=lambda v: (votes.count(v), -v))
+            share = votes.count(crank) / (len(votes) if kind == AnomalyKind.S2 else n_slow)
+            if share < s.culprit_share:
+                return None
+            culprit = int(js.m_grank[sl.start + crank])
+        else:
+            # A source without per-channel counters (torch.distributed on gloo, Flight Recorder):
+            # every rank slowed together, which says comm-slow, but no backlog can name the link.
+            crank, culprit, share = -1, -1, 1.0
         op_type = int(self.b_sig[bi] >> 60 & 0xF)
         lateness = _median([float(self.w_spr[bi, j]) for j in idx])
         link = None
@@ -254,7 +259,7 @@ class SlowDetector:
             extra = _median([float(self.w_lgap[bi, j] - self.w_ogap[bi, j]) for j in idx])
             if extra < max(s.culprit_gap_share * lateness, s.slow_min_excess_s):
                 return None
-        if kind != AnomalyKind.S1 and size >= 2:
+        if kind != AnomalyKind.S1 and size >= 2 and crank >= 0:
             if op_type in RING_OPS:
                 link = (culprit, int(js.m_grank[sl.start + (crank + 1) % size]))
             elif op_type in P2P_OPS and size == 2:

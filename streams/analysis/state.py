@@ -98,6 +98,7 @@ class JobState:
         "c_progress_now": (np.float64, -1.0),
         "c_inside": (np.int64, 0),
         "c_maxop_s": (np.float64, 0.0),
+        "c_counters": (np.bool_, False),  # some record of this communicator carried channel counters
     }
 
     def __init__(self, job: str, incarnation: int) -> None:
@@ -143,6 +144,7 @@ class JobState:
     c_progress_now: F64
     c_inside: I64
     c_maxop_s: F64
+    c_counters: BOOL
 
     @property
     def n_comms(self) -> int:
@@ -235,6 +237,9 @@ class JobState:
         host = np.concatenate(maps)[np.repeat(moff, counts) + cat["host_idx"]]
         sends = [b.send for b in bs]
         recvs = [b.recv for b in bs]
+        with_counters = [p[1] for p, b in zip(pend, bs, strict=True) if b.channels > 0]
+        if with_counters:
+            self.c_counters[np.asarray(with_counters, dtype=np.int64)] = True
         nows = [p[0] for p in pend]
         crank = cat["comm_rank"]
         ok = (crank >= 0) & (crank < self.c_size[cid_col])

@@ -1,0 +1,39 @@
+"""Sources without per-channel counters (torch.distributed, Flight Recorder) still get comm-slow alerts."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from ccld.producers.simulator.scenario import Scenario
+from ccld.producers.simulator.sim import simulate
+from ccld.records import AnomalyKind, KernelBatch
+from ccld.streams.analysis import analyze_batches
+
+S2 = Scenario.from_dict({
+    "id": "s2-nocounters", "seed": 21, "ranks": 16, "layout": {"tp": 8, "pp": 1, "dp": 2}, "channels": 4,
+    "step_time_s": 1.0, "duration_s": 150.0, "clock_skew_s": 2.0,
+    "faults": [{"kind": "S2", "rank": 3, "peer": 4, "onset_s": 70.0, "factor": 0.2}],
+})
+
+
+def without_counters(b: KernelBatch) -> KernelBatch:
+    empty = np.zeros((b.n, 0), dtype=np.int64)
+    return dataclasses.replace(b, send=empty, recv=empty)
+
+
+def test_comm_slow_without_counters_is_reported_without_guessing_a_link() -> None:
+    verdicts = analyze_batches((t, without_counters(b)) for t, b in simulate(S2))
+    slow = [v for v in verdicts if v.kind is AnomalyKind.S2]
+    assert slow, [v.describe() for v in verdicts]
+    v = slow[0]
+    assert v.root_cause_ranks == () and v.link is None and v.channel is None
+    assert v.p is not None and v.p <= 0.4 and "cannot be named" in v.evidence
+    assert not [x for x in verdicts if x.kind is not AnomalyKind.S2], "no other class may appear"
+
+
+def test_with_counters_the_link_is_named_as_before() -> None:
+    verdicts = analyze_batches(simulate(S2))
+    slow = [v for v in verdicts if v.kind is AnomalyKind.S2]
+    assert slow and slow[0].link is not None and 3 in slow[0].root_cause_ranks
