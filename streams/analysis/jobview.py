@@ -189,28 +189,26 @@ def slow_candidate(ja: JobAnalysis, f: SlowFinding) -> Candidate:
     js = ja.js
     op = OpType(f.op_type).name.lower() if f.op_type in OpType._value2member_map_ else f"op{f.op_type}"
     if f.kind == AnomalyKind.S1:
+        roots: tuple[int, ...] = (f.culprit,)
         ev = (
             f"rank {f.culprit} arrived last at {op} in {f.n_slow} of the last {ja.s.slow_window_ops} ops: "
             f"its own kernel time {f.tmin_s:.3f} s while peers waited up to {f.tmax_s:.3f} s "
             f"(baseline {f.base_s:.3f} s); P={f.p:.2f}"
         )
-    elif f.culprit < 0:
+    else:
         ev = (
             f"{op} took {f.tmin_s:.3f}-{f.tmax_s:.3f} s on every rank (baseline {f.base_s:.3f} s) in {f.n_slow} "
-            f"of the last {ja.s.slow_window_ops} ops: the communication itself is slow; this source reports no "
-            f"per-channel send/recv counters, so the slow link cannot be named; P={f.p:.2f}"
+            f"of the last {ja.s.slow_window_ops} ops"
         )
-    else:
-        where = f"link {f.link[0]}->{f.link[1]}" if f.link else f"rank {f.culprit}"
-        ev = (
-            f"{op} took {f.tmin_s:.3f}-{f.tmax_s:.3f} s on every rank (baseline {f.base_s:.3f} s) in {f.n_slow} "
-            f"of the last {ja.s.slow_window_ops} ops; send backlog builds at {where}"
-            f"{'' if f.channel is None else f' channel {f.channel}'}; P={f.p:.2f}"
-        )
-    if f.culprit < 0:
-        roots: tuple[int, ...] = ()  # comm-slow without counters: the class is known, the link is not
-    else:
-        roots = (f.culprit,) if f.kind != AnomalyKind.S2 or f.link is None else (f.link[0], f.link[1])
+        if f.culprit < 0:  # comm-slow without counters: the class is known, the link is not
+            roots = ()
+            ev += (": the communication itself is slow; this source reports no per-channel send/recv counters, "
+                   f"so the slow link cannot be named; P={f.p:.2f}")
+        else:
+            roots = (f.culprit,) if f.kind != AnomalyKind.S2 or f.link is None else (f.link[0], f.link[1])
+            where = f"link {f.link[0]}->{f.link[1]}" if f.link else f"rank {f.culprit}"
+            ev += (f"; send backlog builds at {where}{'' if f.channel is None else f' channel {f.channel}'}; "
+                   f"P={f.p:.2f}")
     return Candidate(
         kind=f.kind,
         job=ja.job,

@@ -232,10 +232,10 @@ class SlowDetector:
         cid = int(self.b_cid[bi])
         if kind == AnomalyKind.S2:
             votes = [int(self.w_lagr[bi, j]) for j in idx if self.w_lagr[bi, j] >= 0]
-            if not votes and js.c_counters[cid]:
-                return None  # no counter sample inside a slow op yet: the link is not observable
         else:
             votes = [int(self.w_late[bi, j]) for j in idx if self.w_late[bi, j] >= 0]
+        # S2 with a counter-reporting source but no counter sample inside a slow op yet: the link is not
+        # observable yet, so wait; a source without counters gets a culprit-less S2 below.
         if not votes and (kind != AnomalyKind.S2 or js.c_counters[cid]):
             return None
         sl = js.members_of(cid)
