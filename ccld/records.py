@@ -240,6 +240,13 @@ BATCH_COLUMNS: tuple[str, ...] = (
     "t_exit_ns",
     "t_sample_ns",
 )
+#: Columns a writer may leave out (older writers, sources that cannot know them), with the value
+#: that stands for "unknown"; a batch without one gets it filled in.
+OPTIONAL_BATCH_COLUMNS: dict[str, int] = {
+    # end of this rank's previous op on any communicator: with sampled detail (only some ops sent
+    # in full) the analyzer cannot see the previous op itself, yet needs the compute gap before this one
+    "t_prev_exit_ns": -1,
+}
 
 
 @dataclass(frozen=True, eq=False)
@@ -264,7 +271,11 @@ class KernelBatch:
 
     def __post_init__(self) -> None:
         n = self.n
-        for name in BATCH_COLUMNS:
+        missing = {k: v for k, v in OPTIONAL_BATCH_COLUMNS.items() if k not in self.columns}
+        if missing:
+            filled = {k: np.full(n, v, dtype=np.int64) for k, v in missing.items()}
+            object.__setattr__(self, "columns", {**self.columns, **filled})
+        for name in (*BATCH_COLUMNS, *OPTIONAL_BATCH_COLUMNS):
             col = self.columns.get(name)
             if col is None or col.shape != (n,):
                 raise RecordError(f"batch column {name!r} missing or not of length {n}")
@@ -338,11 +349,12 @@ class KernelBatch:
             raise RecordError("concat joins batches of one job, incarnation and communicator only")
         channels = max(b.channels for b in batches)
         hosts: dict[str, int] = {}
-        columns: dict[str, list[I64]] = {name: [] for name in BATCH_COLUMNS}
+        names = (*BATCH_COLUMNS, *OPTIONAL_BATCH_COLUMNS)
+        columns: dict[str, list[I64]] = {name: [] for name in names}
         send, recv = [], []
         for b in batches:
             remap = np.array([hosts.setdefault(h, len(hosts)) for h in b.hosts], dtype=np.int64)
-            for name in BATCH_COLUMNS:
+            for name in names:
                 col = b.columns[name]
                 columns[name].append(remap[col] if name == "host_idx" and b.n else col)
             pad = ((0, 0), (0, channels - b.channels))
@@ -540,3 +552,58 @@ class DeadLetter:
             source_offset=int(d["source_offset"]),
             time_ms=int(d["time_ms"]),
         )
+
+
+# --- value checks (appended for issue 11: impossible values are dead letters, never analysed) ------------------
+
+#: A rank's clock reading above this (ns; about the year 2116 as epoch time) is a corrupt value, not a time.
+MAX_TIME_NS = 1 << 62
+#: Counters and element counts above this are corrupt values (int64-extreme), not measurements.
+MAX_COUNT = 1 << 62
+_OP_TYPES = np.array(sorted(int(x) for x in OpType), dtype=np.int64)
+_DTYPES = np.array(sorted(int(x) for x in DType), dtype=np.int64)
+_STATUSES = np.array(sorted(int(x) for x in Status), dtype=np.int64)
+
+
+def batch_value_problems(batch: KernelBatch) -> list[str]:
+    """Every impossible value of ``batch``, one readable line per kind of problem; empty when it is usable.
+
+    Pure and vectorised (one pass per column), shared by the worker and the sink: a batch with
+    any problem is dead-lettered whole, because a producer that writes one impossible row
+    cannot be trusted for the rows beside it.
+    """
+    problems: list[str] = []
+
+    def check(bad: npt.NDArray[np.bool_], what: str, col: I64 | None = None) -> None:
+        if bad.any():
+            rows = np.flatnonzero(bad)
+            shown = f" (first row {int(rows[0])}" + (f": {int(col[rows[0]])})" if col is not None else ")")
+            problems.append(f"{what} in {rows.size} of {batch.n} rows{shown}")
+
+    if batch.world_size <= 0:
+        problems.append(f"world_size {batch.world_size} <= 0")
+    if batch.incarnation < 0:
+        problems.append(f"incarnation {batch.incarnation} < 0")
+    if batch.n == 0:
+        return problems
+    c = batch.columns
+    rank, comm_rank, comm_size = c["rank"], c["comm_rank"], c["comm_size"]
+    check((rank < 0) | (rank >= max(batch.world_size, 0)), f"rank outside [0, world_size={batch.world_size})", rank)
+    check(comm_size <= 0, "comm_size <= 0", comm_size)
+    check(comm_size > max(batch.world_size, 0), "comm_size > world_size", comm_size)
+    check((comm_rank < 0) | (comm_rank >= comm_size), "comm_rank outside [0, comm_size)", comm_rank)
+    check(c["op_seq"] < 0, "negative op_seq", c["op_seq"])
+    check(~np.isin(c["op_type"], _OP_TYPES), "unknown op_type", c["op_type"])
+    check(~np.isin(c["dtype"], _DTYPES), "unknown dtype", c["dtype"])
+    check(~np.isin(c["status"], _STATUSES), "unknown status", c["status"])
+    check((c["count"] < 0) | (c["count"] > MAX_COUNT), "element count negative or int64-extreme", c["count"])
+    check(c["peer"] < -1, "peer below -1", c["peer"])
+    for name in ("t_enter_ns", "t_exit_ns", "t_sample_ns"):
+        t = c[name]
+        # -1 is the documented "not observed"; any other negative value or an int64-extreme one is corrupt.
+        check(((t < 0) & (t != -1)) | (t > MAX_TIME_NS), f"{name} negative or int64-extreme", t)
+    if batch.channels:
+        counters = np.concatenate([batch.send, batch.recv], axis=1)
+        check(np.asarray(((counters < 0) | (counters > MAX_COUNT)).any(axis=1)),
+              "send/recv counter negative or int64-extreme")
+    return problems

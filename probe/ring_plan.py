@@ -144,6 +144,16 @@ def fold(counts: Sequence[int], width: int = 8) -> tuple[int, ...]:
     return tuple(out)
 
 
+def fold_columns(counts: npt.NDArray[np.int64], width: int = 8) -> npt.NDArray[np.int64]:
+    """``fold`` for a whole ``(rows, hardware channels)`` block at once (the simulator's records)."""
+    c = counts.shape[1]
+    if c <= width:
+        return counts
+    out = np.zeros((counts.shape[0], width), dtype=np.int64)
+    np.add.at(out.T, np.arange(c) % width, counts.T)
+    return out
+
+
 CountHook = Callable[[int, int, str], None]  # (rank, channel, "send"|"recv")
 
 

@@ -22,7 +22,15 @@ import fastavro.schema
 import numpy as np
 
 from ccld.errors import RecordError, SchemaError
-from ccld.records import BATCH_COLUMNS, DeadLetter, KernelBatch, KernelRecord, Verdict
+from ccld.records import (
+    BATCH_COLUMNS,
+    OPTIONAL_BATCH_COLUMNS,
+    DeadLetter,
+    KernelBatch,
+    KernelRecord,
+    Verdict,
+    batch_value_problems,
+)
 
 MAGIC = b"\xc3\x01"
 HEADER_SIZE = 10
@@ -142,7 +150,7 @@ def encode_batch(batch: KernelBatch) -> bytes:
         "send": np.ascontiguousarray(batch.send, dtype="<i8").tobytes(),
         "recv": np.ascontiguousarray(batch.recv, dtype="<i8").tobytes(),
     }
-    for name in BATCH_COLUMNS:
+    for name in (*BATCH_COLUMNS, *OPTIONAL_BATCH_COLUMNS):
         rec[name] = np.ascontiguousarray(batch.columns[name], dtype="<i8").tobytes()
     return encode("KernelBatch", rec)
 
@@ -166,7 +174,11 @@ def batch_from_dict(rec: Mapping[str, Any]) -> KernelBatch:
             comm_hash=int(rec["comm_hash"]),
             world_size=int(rec["world_size"]),
             hosts=tuple(rec["hosts"]),
-            columns={name: column(name, 1) for name in BATCH_COLUMNS},
+            columns={
+                **{name: column(name, 1) for name in BATCH_COLUMNS},
+                # an older writer's batch has no such column (read as empty): KernelBatch fills "unknown"
+                **{name: column(name, 1) for name in OPTIONAL_BATCH_COLUMNS if rec.get(name)},
+            },
             send=column("send", ch).reshape(n, ch),
             recv=column("recv", ch).reshape(n, ch),
             producer=str(rec["producer"]),
@@ -176,17 +188,44 @@ def batch_from_dict(rec: Mapping[str, Any]) -> KernelBatch:
         raise SchemaError("bad-record", str(exc)) from exc
 
 
-def decode_metrics(data: bytes) -> KernelBatch:
-    """Decode a metrics-topic message (a KernelBatch, or a single KernelRecord) into a batch."""
+def decode_metrics(data: bytes, *, check_values: bool = True) -> KernelBatch:
+    """Decode a metrics-topic message (a KernelBatch, or a single KernelRecord) into a batch.
+
+    With ``check_values`` (the default, what the worker and the sink use) a batch holding an
+    impossible value (rank >= world size, unknown status, int64-extreme time, ...) raises
+    ``SchemaError("bad-value", ...)``: it is well-formed on the wire but must not be analysed or archived.
+    """
     name, rec = decode(data)
     if name == "KernelBatch":
-        return batch_from_dict(rec)
-    if name == "KernelRecord":
+        batch = batch_from_dict(rec)
+    elif name == "KernelRecord":
         try:
-            return KernelBatch.from_records([KernelRecord.from_dict(rec)])
+            batch = KernelBatch.from_records([KernelRecord.from_dict(rec)])
         except RecordError as exc:
             raise SchemaError("bad-record", str(exc)) from exc
-    raise SchemaError("wrong-schema", f"a {name} does not belong on the metrics topic")
+    else:
+        raise SchemaError("wrong-schema", f"a {name} does not belong on the metrics topic")
+    if check_values:
+        problems = batch_value_problems(batch)
+        if problems:
+            raise SchemaError("bad-value", f"{batch.job}/{batch.producer}#{batch.batch_seq}: " + "; ".join(problems))
+    return batch
+
+
+#: Raw bytes of a message kept in its dead letter, at most (the broker refuses messages over about 1 MB,
+#: and the reason, size and origin say enough to find the original in the source topic).
+DEAD_LETTER_RAW_MAX = 64 * 1024
+
+
+def make_dead_letter(raw: bytes | None, reason: str, detail: str, *, source_topic: str, source_partition: int,
+                     source_offset: int, time_ms: int, raw_max: int = DEAD_LETTER_RAW_MAX) -> DeadLetter:
+    """A dead letter whose ``raw`` is cut to ``raw_max`` bytes; the detail then says the original size."""
+    data = bytes(raw or b"")
+    if len(data) > raw_max:
+        detail = f"raw truncated to {raw_max} of {len(data)} bytes; {detail}"
+        data = data[:raw_max]
+    return DeadLetter(raw=data, reason=reason, detail=detail[:2000], source_topic=source_topic,
+                      source_partition=source_partition, source_offset=source_offset, time_ms=time_ms)
 
 
 def encode_verdict(v: Verdict) -> bytes:

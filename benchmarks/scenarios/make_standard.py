@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -41,10 +42,35 @@ SIZE_WEIGHTS = [14, 20, 20, 16, 12, 10, 8]
 LINK_KINDS = ("H3", "S2", "S3")
 
 
+@dataclass(frozen=True)
+class Profile:
+    """Parameter ranges of a suite. ``STANDARD`` is what the analyzer was tuned on; ``WIDE`` is a
+    held-out suite from wider ranges (milder and harsher faults, more channels, other step times,
+    noisier jobs, intermittent and mixed faults) that no threshold was ever tuned on."""
+
+    channels: tuple[int, ...] = (2, 4, 4, 8)
+    steps: tuple[float, ...] = (1.0, 1.5, 2.0, 2.0)
+    jitter: tuple[float, float] = (0.005, 0.06)
+    skew: tuple[float, float] = (0.2, 5.0)
+    s1: tuple[float, float] = (1.5, 4.0)
+    s2: tuple[float, float] = (0.08, 0.25)
+    s3_compute: tuple[float, float] | None = None  # None: chosen so that P lands near 0.5
+    s3_link: tuple[float, float] = (0.1, 0.25)
+    intermittent: float = 0.0  # share of slowdowns that switch on and off
+
+
+STANDARD = Profile()
+WIDE = Profile(
+    channels=(1, 2, 4, 8, 16, 32, 64), steps=(0.5, 1.0, 2.0, 3.0, 4.0), jitter=(0.005, 0.1), skew=(0.0, 10.0),
+    s1=(1.3, 5.0), s2=(0.15, 0.67), s3_compute=(1.3, 3.0), s3_link=(0.25, 0.6), intermittent=0.3,
+)
+
+
 class Maker:
     """Builds scenarios from one seeded random stream."""
 
-    def __init__(self, seed: int, check: bool = True) -> None:
+    def __init__(self, seed: int, check: bool = True, profile: Profile = STANDARD) -> None:
+        self.p = profile
         self.check = check  # run single-fault scenarios once to prove the fault takes effect
         self.rng = random.Random(seed)
         self.n = 0
@@ -63,11 +89,11 @@ class Maker:
             "ranks": ranks,
             "gpus_per_node": 8,
             "layout": {"tp": tp, "pp": pp, "dp": dp},
-            "channels": r.choice([2, 4, 4, 8]),
-            "step_time_s": step if step is not None else (3.0 if big else r.choice([1.0, 1.5, 2.0, 2.0])),
+            "channels": r.choice(self.p.channels),
+            "step_time_s": step if step is not None else (3.0 if big else r.choice(self.p.steps)),
             "duration_s": 0.0,  # set by the caller
-            "clock_skew_s": round(r.uniform(0.2, 5.0), 2),
-            "jitter": round(r.uniform(0.005, 0.06), 3),
+            "clock_skew_s": round(r.uniform(*self.p.skew), 2),
+            "jitter": round(r.uniform(*self.p.jitter), 3),
             "faults": [],
             "expect": [],
         }
@@ -90,15 +116,21 @@ class Maker:
                 choices = [c for c in choices if c != "order"] or choices
             f["mismatch"] = r.choice(choices)
         elif kind == "S1":
-            f["factor"] = round(r.uniform(1.5, 4.0), 2)
+            f["factor"] = round(r.uniform(*self.p.s1), 2)
         elif kind == "S2":
-            f["factor"] = round(r.uniform(0.08, 0.25), 3)
+            f["factor"] = round(r.uniform(*self.p.s2), 3)
+        elif kind == "S3" and self.p.s3_compute is not None:
+            f["link_factor"] = round(r.uniform(*self.p.s3_link), 3)
+            f["compute_factor"] = round(r.uniform(*self.p.s3_compute), 3)
         elif kind == "S3":
-            lf = r.uniform(0.1, 0.25)
+            lf = r.uniform(*self.p.s3_link)
             comm_excess = TP_SHARE * sc["step_time_s"] * (1 / lf - 1)
             late = comm_excess * r.uniform(0.85, 1.2)  # P = late / (late + comm_excess) ~ 0.5
             f["link_factor"] = round(lf, 3)
             f["compute_factor"] = round(1 + late / (COMPUTE_SHARE * sc["step_time_s"]), 3)
+        if kind in ("S1", "S2", "S3") and self.p.intermittent and r.random() < self.p.intermittent:
+            f["on_s"] = float(r.choice([20, 30, 40]))
+            f["off_s"] = float(r.choice([10, 15, 20]))
         return f
 
     def add(self, sc: dict[str, Any]) -> None:
@@ -149,26 +181,31 @@ class Maker:
         sc["faults"] = [f]
         self.add(sc)
 
-    def pair(self, kinds: tuple[str, str], ranks: int) -> None:
+    def pair(self, kinds: tuple[str, str], ranks: int, same_group: bool = False) -> None:
         # one hang can keep another from ever happening (its rank is already stuck behind the
         # first): draw again until both faults really take effect, so the ground truth holds
         for _ in range(50):
-            sc = self._pair(kinds, ranks)
+            sc = self._pair(kinds, ranks, same_group)
             if all(manifested(Scenario.from_dict(sc))):
                 self.add(sc)
                 return
         raise RuntimeError(f"could not place {kinds} at {ranks} ranks so that both take effect")
 
-    def _pair(self, kinds: tuple[str, str], ranks: int) -> dict[str, Any]:
-        sc = self.base("pair", ranks)
+    def _pair(self, kinds: tuple[str, str], ranks: int, same_group: bool = False) -> dict[str, Any]:
+        sc = self.base("pair-same" if same_group else "pair", ranks)
         tp = sc["layout"]["tp"]
         on = self.onset(sc)
         groups = ranks // tp
-        if groups < 2:
+        if groups < 2 or (same_group and tp < 4):
             sc["layout"] = {"tp": 4, "pp": 1, "dp": ranks // 4}
             tp, groups = 4, ranks // 4
-        g1, g2 = self.rng.sample(range(groups), 2)  # two different tensor groups
-        r1, r2 = g1 * tp + self.rng.randrange(tp), g2 * tp + self.rng.randrange(tp)
+        if same_group:  # a late arriver and a slow link elsewhere in the same tensor group
+            g = self.rng.randrange(groups)
+            a, b = self.rng.sample(range(tp), 2)
+            r1, r2 = g * tp + a, g * tp + b
+        else:
+            g1, g2 = self.rng.sample(range(groups), 2)  # two different tensor groups
+            r1, r2 = g1 * tp + self.rng.randrange(tp), g2 * tp + self.rng.randrange(tp)
         sc["faults"] = [self.fault(sc, kinds[0], r1, on), self.fault(sc, kinds[1], r2, on)]
         sc["expect"] = [{"kind": kinds[0], "rank": r1}, {"kind": kinds[1], "rank": r2}]
         sc["duration_s"] = on + (80.0 if any(k.startswith("H") for k in kinds) else 70.0)
@@ -211,12 +248,47 @@ def build(seed: int = 20260101, check: bool = True) -> list[dict[str, Any]]:
     return m.out
 
 
+def build_wide(seed: int = 77003, check: bool = True) -> list[dict[str, Any]]:
+    """The held-out suite: ``WIDE`` ranges, layouts and mixes the analyzer was never tuned on."""
+    m = Maker(seed, check, WIDE)
+
+    def size() -> int:
+        return m.rng.choices(SMALL_MEDIUM, SIZE_WEIGHTS)[0]
+
+    for kind in ("H1", "H2", "H3", "S1", "S2", "S3"):
+        for _ in range(30):
+            m.single(kind, size())
+    for _ in range(30):
+        m.healthy(size())
+    for _ in range(16):
+        m.transient(size())
+    for _ in range(8):
+        m.checkpoint(size(), recurring=False)
+    for _ in range(8):
+        m.checkpoint(size(), recurring=True)
+    pairs = [("S1", "S2"), ("S3", "S3"), ("S2", "S2"), ("S1", "S3"), ("H1", "H3"), ("H1", "H1")]
+    for i in range(18):
+        m.pair(pairs[i % len(pairs)], m.rng.choice([16, 32, 64, 128, 256]))
+    for _ in range(8):  # one tensor group: a rank computes slowly while a link elsewhere in it is slow
+        m.pair(("S1", "S2"), m.rng.choice([16, 32, 64, 128]), same_group=True)
+    for kind, ranks in (("S2", 2048), ("S3", 2048), ("H1", 2048), ("S1", 4096), ("H3", 4096)):
+        m.single(kind, ranks)
+    m.healthy(2048)
+    return m.out
+
+
+SUITES = {"standard": (build, 20260101, OUT), "wide": (build_wide, 77003, OUT.with_name("heldout-wide.jsonl"))}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    ap.add_argument("--out", default=str(OUT))
-    ap.add_argument("--seed", type=int, default=20260101)
+    ap.add_argument("--suite", choices=sorted(SUITES), default="standard")
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--seed", type=int, default=None)
     args = ap.parse_args()
-    rows = build(args.seed)
+    fn, seed, out = SUITES[args.suite]
+    args.out = args.out or str(out)
+    rows = fn(args.seed if args.seed is not None else seed)
     Path(args.out).write_text("".join(json.dumps(r, separators=(", ", ": ")) + "\n" for r in rows))
     print(f"{len(rows)} scenarios -> {args.out}")
 

@@ -19,9 +19,10 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from ccld.probe.ring_plan import fold_columns
 from ccld.producers.simulator.engine import Phase
 from ccld.producers.simulator.topology import Topology
-from ccld.records import BATCH_COLUMNS, KernelBatch, Status
+from ccld.records import BATCH_COLUMNS, MAX_CHANNELS, KernelBatch, Status
 
 I64 = npt.NDArray[np.int64]
 F64 = npt.NDArray[np.float64]
@@ -31,6 +32,7 @@ DELIVERY_LATENCY_S = 0.1
 #: during its first FINE_WINDOW_S, then every ``sample_interval_s``: ops shorter than
 #: FINE_SAMPLE_S (healthy ones) cost one DONE record, slow or stuck ones are well observed.
 FINE_SAMPLE_S = 0.25
+POLL_S = 0.1  # the poller's period: a shorter op is sampled once if a poll falls inside it
 FINE_WINDOW_S = 2.0
 EPOCH_NS = 1_750_000_000 * 1_000_000_000  # the clocks read like a 2025 wall clock
 
@@ -82,6 +84,17 @@ class Emitter:
                         idx.append(m)
                         status.append(int(Status.PROGRESS))
                         times.append(s[ok])
+        # the first poll (every POLL_S) after the data started moving catches the op in flight with
+        # its live counters: the only sample of a short op, and for a long one (whose coarse samples
+        # may all fall before the last member arrived) the one that shows where a backlog builds
+        run = np.flatnonzero(inside & (e < w1) & (x >= w0) & (ph.start < w1))
+        if run.size:
+            s = np.ceil(np.maximum(ph.start[run], e[run]) / POLL_S + 1e-9) * POLL_S
+            ok = (s >= w0) & (s < x[run]) & (s < w1) & (s <= self.duration_s)
+            if ok.any():
+                idx.append(run[ok])
+                status.append(int(Status.PROGRESS))
+                times.append(s[ok])
         m = np.flatnonzero(inside & (x >= w0) & (x < w1) & (x <= self.duration_s))
         if m.size:
             idx.append(m)
@@ -132,8 +145,9 @@ class Emitter:
         cuts = np.flatnonzero(np.diff(comm)) + 1
         bounds = np.concatenate([[0], cuts, [comm.size]]).tolist()
         c = self.channels
-        send2 = np.repeat(cols["_send"][:, None], c, axis=1)
-        recv2 = np.repeat(cols["_recv"][:, None], c, axis=1)
+        # every hardware channel moves the same share; more than 8 fold onto the frame's 8 as on a GPU
+        send2 = fold_columns(np.repeat(cols["_send"][:, None], c, axis=1), MAX_CHANNELS)
+        recv2 = fold_columns(np.repeat(cols["_recv"][:, None], c, axis=1), MAX_CHANNELS)
         out: list[KernelBatch] = []
         topo = self.topo
         for a, b in zip(bounds[:-1], bounds[1:], strict=True):

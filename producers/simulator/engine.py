@@ -177,7 +177,7 @@ class Engine:
         c = self.timing.compute_s * step_factor * (1.0 + self.sc.jitter / 4 * self.rng.standard_normal(ranks.shape[0]))
         c = np.maximum(c, 0.1 * self.timing.compute_s)
         for f in self.compute_faults:
-            hit = (ranks == f.rank) & (begin >= f.onset_s)
+            hit = (ranks == f.rank) & f.active(begin)
             c = np.where(hit, c * (f.factor if f.kind == "S1" else f.compute_factor), c)
         for f in list(self.pending_transient):
             hit = (ranks == f.rank) & (begin >= f.onset_s) & np.isfinite(begin)
@@ -228,7 +228,7 @@ class Engine:
                     frac = (f.onset_s - start_g[g]) / dur_g[g] if start_g[g] < f.onset_s else self.rng.uniform(0.2, 0.8)
                     hang_g[g] = True
                     freeze[g * size : (g + 1) * size] = frac
-                elif start_g[g] >= f.onset_s:
+                elif bool(f.active(np.asarray(start_g[g]))):
                     dur_g[g] /= f.factor if f.kind == "S2" else f.link_factor
                 else:
                     continue

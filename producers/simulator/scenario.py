@@ -11,8 +11,11 @@ One scenario is one JSON object (one line of a ``.jsonl`` file)::
 Defaults of the top level: seed 0, gpus_per_node 8, layout tp = min(8, ranks), pp 1, dp the rest,
 channels 4, step_time_s 2.0, duration_s 180, clock_skew_s 1.0, jitter 0.02, sample_interval_s 1.0,
 faults [], expect []. Fault kinds and the defaults of their fields are in ``FAULT_FIELDS``;
-``onset_s`` defaults to 60 s. ``peer`` (H3, S2, S3) must be the next rank of the same
-tensor-parallel group (wrapping) and defaults to it. ``expect`` is ground truth for scoring only:
+``onset_s`` defaults to 60 s. Slowdowns (S1, S2, S3) may be intermittent: ``on_s`` seconds on,
+``off_s`` off, repeating from the onset (default: on until the end). ``channels`` is 1 to 64
+hardware channels per communicator; the records carry at most 8, more fold onto ``c % 8``.
+``peer`` (H3, S2, S3) must be the next rank of the same tensor-parallel group (wrapping) and
+defaults to it. ``expect`` is ground truth for scoring only:
 the simulator never hands it (or the faults) to the analyzer.
 """
 
@@ -26,12 +29,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
+
 from ccld.errors import ScenarioError
 
 HANG_KINDS = ("H1", "H2", "H3")
 SLOW_KINDS = ("S1", "S2", "S3")
 BENIGN_KINDS = ("transient", "checkpoint")
 MISMATCH_FIELDS = ("op", "dtype", "count", "order")
+#: NCCL runs up to 32 channels per communicator on current GPUs (more on newer versions); the
+#: probe folds channel c onto frame slot c % 8, and so does the simulator.
+MAX_HW_CHANNELS = 64
 
 #: kind -> {field: default}; ``None`` as default means "required" for rank, "derived" for peer,
 #: "not recurring" for every_s.
@@ -39,9 +48,10 @@ FAULT_FIELDS: dict[str, dict[str, Any]] = {
     "H1": {"rank": None, "onset_s": 60.0},
     "H2": {"rank": None, "onset_s": 60.0, "mismatch": "dtype"},
     "H3": {"rank": None, "peer": None, "onset_s": 60.0},
-    "S1": {"rank": None, "onset_s": 60.0, "factor": 4.0},
-    "S2": {"rank": None, "peer": None, "onset_s": 60.0, "factor": 0.25},
-    "S3": {"rank": None, "peer": None, "onset_s": 60.0, "compute_factor": 1.3, "link_factor": 0.25},
+    "S1": {"rank": None, "onset_s": 60.0, "factor": 4.0, "on_s": None, "off_s": 0.0},
+    "S2": {"rank": None, "peer": None, "onset_s": 60.0, "factor": 0.25, "on_s": None, "off_s": 0.0},
+    "S3": {"rank": None, "peer": None, "onset_s": 60.0, "compute_factor": 1.3, "link_factor": 0.25, "on_s": None,
+           "off_s": 0.0},
     "transient": {"rank": None, "onset_s": 60.0, "delay_s": 1.0},
     "checkpoint": {"onset_s": 60.0, "pause_s": 10.0, "writer_rank": 0, "every_s": None},
 }
@@ -81,10 +91,21 @@ class Fault:
     pause_s: float = 0.0
     writer_rank: int = -1
     every_s: float | None = None
+    on_s: float | None = None  # intermittent slowdown: on for on_s ...
+    off_s: float = 0.0  # ... then off for off_s, repeating (None: on from onset to the end)
 
     @property
     def is_benign(self) -> bool:
         return self.kind in BENIGN_KINDS
+
+    def active(self, t: npt.NDArray[np.float64]) -> npt.NDArray[np.bool_]:
+        """Whether the fault is in effect at true time ``t`` (any shape; ``inf`` is never)."""
+        with np.errstate(invalid="ignore"):
+            on = np.isfinite(t) & (t >= self.onset_s)
+            if self.on_s is None:
+                return on
+            phase = np.mod(np.where(on, t - self.onset_s, 0.0), self.on_s + self.off_s)
+            return on & (phase < self.on_s)
 
 
 @dataclass(frozen=True)
@@ -147,7 +168,7 @@ class Scenario:
             layout=layout,
             seed=_int(d, "seed", 0, sid, lo=0),
             gpus_per_node=gpn,
-            channels=_int(d, "channels", 4, sid, lo=1, hi=8),
+            channels=_int(d, "channels", 4, sid, lo=1, hi=MAX_HW_CHANNELS),
             step_time_s=_float(d, "step_time_s", 2.0, sid, lo=0.05),
             duration_s=_float(d, "duration_s", 180.0, sid, lo=1.0),
             clock_skew_s=_float(d, "clock_skew_s", 1.0, sid, lo=0.0),
@@ -262,6 +283,9 @@ def _fault(raw: Any, sc: Scenario, i: int) -> Fault:
     if kind == "S3":
         f["compute_factor"] = _float(vals, "compute_factor", None, sc.id, lo=1.0)
         f["link_factor"] = _float(vals, "link_factor", None, sc.id, lo=1e-3, hi=1.0)
+    if "on_s" in spec and vals["on_s"] is not None:
+        f["on_s"] = _float(vals, "on_s", None, sc.id, lo=sc.step_time_s)
+        f["off_s"] = _float(vals, "off_s", 0.0, sc.id, lo=0.0)
     if kind == "transient":
         f["delay_s"] = _float(vals, "delay_s", None, sc.id, lo=0.0)
     if kind == "checkpoint":

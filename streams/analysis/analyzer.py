@@ -118,14 +118,12 @@ class Analyzer:
         # slowdowns
         seen_roots: set[tuple[int, ...]] = set()
         for bi in ja.slow.alarmed(touched).tolist():
-            f = ja.slow.finding(js, bi)
-            if f is None:
-                continue
-            c = slow_candidate(ja, f)
-            if c.root_cause_ranks in seen_roots:
-                continue
-            seen_roots.add(c.root_cause_ranks)
-            cands.append(c)
+            for f in ja.slow.findings(js, bi):
+                c = slow_candidate(ja, f)
+                if c.root_cause_ranks in seen_roots:
+                    continue
+                seen_roots.add(c.root_cause_ranks)
+                cands.append(c)
         # hangs
         stalled = np.flatnonzero((js.c_inside > 0) & (now - js.c_progress_now >= s.wait_edge_min_s))
         diags: dict[int, CommDiag] = {}

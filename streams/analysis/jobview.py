@@ -188,27 +188,37 @@ def hang_candidate(ja: JobAnalysis, root: HangRoot, stall: float, now: float) ->
 def slow_candidate(ja: JobAnalysis, f: SlowFinding) -> Candidate:
     js = ja.js
     op = OpType(f.op_type).name.lower() if f.op_type in OpType._value2member_map_ else f"op{f.op_type}"
+    n_of = f"{f.n_slow} of the last {ja.s.slow_window_ops} ops"
+    late = (
+        f"rank {f.culprit} arrived last at {op} in {n_of}, {f.lateness_s:.3f} s after its peers, having computed "
+        f"longer than they did"
+    )
+    where = f"link {f.link[0]}->{f.link[1]}" if f.link else f"rank {f.culprit}"
+    backlog = f"send backlog builds at {where}{'' if f.channel is None else f' channel {f.channel}'}"
+    comm = (
+        f"its own kernel time, which holds no waiting, took {f.tmin_s:.3f} s against {f.base_min_s:.3f} s healthy"
+    )
     if f.kind == AnomalyKind.S1:
         roots: tuple[int, ...] = (f.culprit,)
         ev = (
-            f"rank {f.culprit} arrived last at {op} in {f.n_slow} of the last {ja.s.slow_window_ops} ops: "
-            f"its own kernel time {f.tmin_s:.3f} s while peers waited up to {f.tmax_s:.3f} s "
+            f"{late}: its own kernel time {f.tmin_s:.3f} s while peers waited up to {f.tmax_s:.3f} s "
             f"(baseline {f.base_s:.3f} s); P={f.p:.2f}"
         )
+    elif f.kind == AnomalyKind.S3:
+        # mixed on one rank: it computes slowly *and* its outgoing link is slow; both are named
+        roots = (f.culprit,) if f.link is None else (f.link[0], f.link[1])
+        ev = f"mixed slowdown on rank {f.culprit}: {late}; and the communication is slow too: {comm}"
+        ev += f"; {backlog}" if f.link else " (this source has no per-channel counters: the link cannot be named)"
+        ev += f"; P={f.p:.2f}"
     else:
-        ev = (
-            f"{op} took {f.tmin_s:.3f}-{f.tmax_s:.3f} s on every rank (baseline {f.base_s:.3f} s) in {f.n_slow} "
-            f"of the last {ja.s.slow_window_ops} ops"
-        )
+        ev = f"{op} took {f.tmin_s:.3f}-{f.tmax_s:.3f} s on every rank (baseline {f.base_s:.3f} s) in {n_of}"
         if f.culprit < 0:  # comm-slow without counters: the class is known, the link is not
             roots = ()
             ev += (": the communication itself is slow; this source reports no per-channel send/recv counters, "
                    f"so the slow link cannot be named; P={f.p:.2f}")
         else:
-            roots = (f.culprit,) if f.kind != AnomalyKind.S2 or f.link is None else (f.link[0], f.link[1])
-            where = f"link {f.link[0]}->{f.link[1]}" if f.link else f"rank {f.culprit}"
-            ev += (f"; send backlog builds at {where}{'' if f.channel is None else f' channel {f.channel}'}; "
-                   f"P={f.p:.2f}")
+            roots = (f.culprit,) if f.link is None else (f.link[0], f.link[1])
+            ev += f"; {backlog}; P={f.p:.2f}"
     return Candidate(
         kind=f.kind,
         job=ja.job,

@@ -86,7 +86,7 @@ class OpTable:
             np.add.at(js.m_lagch, r.gi[pi][rows_pos], np.where(pos[rows_pos], lagc[rows_pos], 0))
         sig = sig_code(r.op_type, r.dtype, r.count, r.peer)
         dur = (r.t_exit[di] - r.t_enter[di]) * 1e-9
-        gap = js.gaps(r.rank[di], r.t_enter[di], r.t_exit[di])
+        gap = js.gaps(r.rank[di], r.t_enter[di], r.t_exit[di], r.t_prev[di])
         nd, npr = di.size, pi.size
         if nd + npr == 0:
             return 0

@@ -32,7 +32,7 @@ class AnalyzerSettings:
     wait_edge_min_s: float = 2.0  # a communicator counts as waiting (wait-for edge) after this stall
 
     # --- slowness
-    slow_factor: float = 3.0  # an op is slow when its time exceeds slow_factor x the learned baseline
+    slow_factor: float = 1.3  # an op is slow when its time exceeds slow_factor x the learned baseline
     slow_min_excess_s: float = 0.02  # ... and exceeds the baseline by at least this much (seconds)
     slow_mad_k: float = 6.0  # ... and by this many mean absolute deviations of the baseline
     slow_min_ops: int = 3  # "repeated counting": slow ops (of the window) before a slow verdict

@@ -14,6 +14,7 @@ op towards P = 1. Late arriver (comp-slow): P ~ 1; everybody slow (comm-slow): P
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
@@ -54,6 +55,7 @@ class SlowFinding:
     tmin_s: float
     tmax_s: float
     base_s: float
+    base_min_s: float  # healthy kernel time of the last arriver (pure communication)
     onset_now: float
     affected: tuple[int, ...]
 
@@ -76,6 +78,8 @@ class SlowDetector:
         self.b_min, self.b_max, self.b_spr, self.b_dev, self.b_devmin = z, z, z, z, z
         w = self.w
         self.w_slow = np.zeros((0, w), dtype=bool)
+        self.w_cslow = np.zeros((0, w), dtype=bool)  # the communication part was slow
+        self.w_lslow = np.zeros((0, w), dtype=bool)  # someone arrived late
         self.w_late = np.zeros((0, w), dtype=np.int64)
         self.w_lagr = np.zeros((0, w), dtype=np.int64)
         self.w_p = np.zeros((0, w))
@@ -136,6 +140,7 @@ class SlowDetector:
         self.b_min, self.b_max, self.b_spr = g(self.b_min), g(self.b_max), g(self.b_spr)
         self.b_dev, self.b_devmin = g(self.b_dev), g(self.b_devmin)
         self.w_slow = g(self.w_slow, False)
+        self.w_cslow, self.w_lslow = g(self.w_cslow, False), g(self.w_lslow, False)
         self.w_late, self.w_lagr, self.w_seq = g(self.w_late, -1), g(self.w_lagr, -1), g(self.w_seq, -1)
         self.w_p, self.w_now, self.w_spr = g(self.w_p), g(self.w_now), g(self.w_spr)
         self.w_tmin, self.w_tmax = g(self.w_tmin), g(self.w_tmax)
@@ -175,11 +180,18 @@ class SlowDetector:
             thr_min = np.maximum.reduce(
                 [np.full(i.size, s.slow_min_excess_s), s.slow_mad_k * self.b_devmin[bi], (s.slow_factor - 1) * bmin]
             )
-            slow = warm & (((tmax - bmax) > thr_max) | ((tmin - bmin) > thr_min))
+            # two components, judged apart: the communication itself took longer (the last arriver's
+            # own kernel time, which has no waiting in it, grew) and someone arrived late (the spread
+            # between first and last arrival grew); either makes the op slow
+            c_slow = warm & ((tmin - bmin) > thr_min)
+            l_slow = warm & ((spread - bspr) > thr_max)
+            slow = warm & (((tmax - bmax) > thr_max) | c_slow | l_slow)
             den = np.maximum(tmax - bmax, 1e-9)
             p = np.clip((spread - bspr) / den, 0.0, 1.0)
             pos = self.b_pos[bi]
             self.w_slow[bi, pos] = slow
+            self.w_cslow[bi, pos] = c_slow
+            self.w_lslow[bi, pos] = l_slow
             self.w_late[bi, pos] = ops.late[i]
             self.w_lagr[bi, pos] = np.where(ops.lag[i] > 0, ops.lagr[i], -1)
             self.w_p[bi, pos] = p
@@ -218,52 +230,85 @@ class SlowDetector:
         cnt = self.w_slow[touched].sum(axis=1)
         return touched[cnt >= self.s.slow_min_ops]
 
-    def finding(self, js: JobState, bi: int) -> SlowFinding | None:
-        """The slow finding of one alarmed baseline, or None without a consistent culprit.
+    def findings(self, js: JobState, bi: int) -> list[SlowFinding]:
+        """The slow findings of one alarmed baseline: none without a consistent culprit, one for a
+        single cause, two (S1 and S2) when a late arriver and a slow link are different ranks.
 
+        The class comes from two components, each judged on its own over the slow ops of the
+        window (a majority of them must show it): *comm* - the last arriver's own kernel time,
+        which holds no waiting, grew past its baseline; *comp* - the arrival spread grew and the
+        late arriver computed longer than its peers (else it is a victim of another op). Both on
+        one rank (its compute and its outgoing link): S3 naming the rank and the link. P is
+        reported as evidence and decides only when neither component is clear on its own.
         The window is a handful of ops, so plain Python on lists is cheaper than numpy here.
         """
         s = self.s
-        m = self.w_slow[bi].tolist()
-        idx = [j for j, x in enumerate(m) if x]
+        idx = [j for j, x in enumerate(self.w_slow[bi].tolist()) if x]
         n_slow = len(idx)
+        if n_slow == 0:
+            return []
         p = _median([float(self.w_p[bi, j]) for j in idx])
-        kind = AnomalyKind.S2 if p <= s.alpha else AnomalyKind.S1 if p >= s.beta else AnomalyKind.S3
+        need = (n_slow + 1) // 2
+        comm = sum(bool(self.w_cslow[bi, j]) for j in idx) >= need
+        comp = sum(bool(self.w_lslow[bi, j]) for j in idx) >= need
+        if not comm and not comp:  # no component stands out alone: the paper's boundaries decide
+            comm, comp = p < s.beta, p > s.alpha
         cid = int(self.b_cid[bi])
-        if kind == AnomalyKind.S2:
-            votes = [int(self.w_lagr[bi, j]) for j in idx if self.w_lagr[bi, j] >= 0]
-        else:
+        lateness = _median([float(self.w_spr[bi, j]) for j in idx])
+        late: int | None = None  # comm rank of the late arriver that computed slowly
+        late_share = 0.0
+        if comp:
             votes = [int(self.w_late[bi, j]) for j in idx if self.w_late[bi, j] >= 0]
-        # S2 with a counter-reporting source but no counter sample inside a slow op yet: the link is not
-        # observable yet, so wait; a source without counters gets a culprit-less S2 below.
-        if not votes and (kind != AnomalyKind.S2 or js.c_counters[cid]):
-            return None
+            if votes:
+                cr = max(set(votes), key=lambda v: (votes.count(v), -v))
+                late_share = votes.count(cr) / n_slow
+                # victims are not culprits: the late rank must have computed longer than its peers
+                extra = _median([float(self.w_lgap[bi, j] - self.w_ogap[bi, j]) for j in idx])
+                if late_share >= s.culprit_share and extra >= max(s.culprit_gap_share * lateness, s.slow_min_excess_s):
+                    late = cr
+        link_src: int | None = None  # comm rank whose send backlog builds (-1: source without counters)
+        link_share = 1.0
+        if comm:
+            votes = [int(self.w_lagr[bi, j]) for j in idx if self.w_lagr[bi, j] >= 0]
+            if votes:
+                cr = max(set(votes), key=lambda v: (votes.count(v), -v))
+                link_share = votes.count(cr) / len(votes)
+                if link_share >= s.culprit_share:
+                    link_src = cr
+            elif not js.c_counters[cid]:
+                # torch.distributed on gloo, Flight Recorder: every rank slowed together, which says
+                # comm-slow, but no backlog can name the link
+                link_src = -1
+            elif late is not None:
+                # a counter source without a sample inside a slow op yet: the link is not observable
+                # yet, so wait rather than report the late arriver alone and change the class later
+                return []
+        mk = functools.partial(self._finding, js=js, bi=bi, idx=idx, p=p, lateness=lateness)
+        if late is not None and link_src is not None and link_src in (late, -1):
+            return [mk(AnomalyKind.S3, late, late_share, link=link_src >= 0)]
+        out = []
+        if late is not None:
+            out.append(mk(AnomalyKind.S1, late, late_share, link=False))
+        if link_src is not None:
+            out.append(mk(AnomalyKind.S2, link_src, link_share, link=True))
+        return out
+
+    def _finding(
+        self, kind: AnomalyKind, crank: int, share: float, *, link: bool, js: JobState, bi: int, idx: list[int],
+        p: float, lateness: float,
+    ) -> SlowFinding:
+        cid = int(self.b_cid[bi])
         sl = js.members_of(cid)
         size = sl.stop - sl.start
-        if votes:
-            crank = max(set(votes), key=lambda v: (votes.count(v), -v))
-            share = votes.count(crank) / (len(votes) if kind == AnomalyKind.S2 else n_slow)
-            if share < s.culprit_share:
-                return None
-            culprit = int(js.m_grank[sl.start + crank])
-        else:
-            # A source without per-channel counters (torch.distributed on gloo, Flight Recorder):
-            # every rank slowed together, which says comm-slow, but no backlog can name the link.
-            crank, culprit, share = -1, -1, 1.0
+        culprit = int(js.m_grank[sl.start + crank]) if crank >= 0 else -1
         op_type = int(self.b_sig[bi] >> 60 & 0xF)
-        lateness = _median([float(self.w_spr[bi, j]) for j in idx])
-        link = None
+        where = None
         channel = None
-        if kind != AnomalyKind.S2:
-            # victims are not culprits: the late rank must have computed longer than its peers
-            extra = _median([float(self.w_lgap[bi, j] - self.w_ogap[bi, j]) for j in idx])
-            if extra < max(s.culprit_gap_share * lateness, s.slow_min_excess_s):
-                return None
-        if kind != AnomalyKind.S1 and size >= 2 and crank >= 0:
+        if link and size >= 2 and crank >= 0:
             if op_type in RING_OPS:
-                link = (culprit, int(js.m_grank[sl.start + (crank + 1) % size]))
+                where = (culprit, int(js.m_grank[sl.start + (crank + 1) % size]))
             elif op_type in P2P_OPS and size == 2:
-                link = (culprit, int(js.m_grank[sl.start + 1 - crank]))
+                where = (culprit, int(js.m_grank[sl.start + 1 - crank]))
             lag = js.m_lagch[sl.start + crank]
             if lag.max() > 0:
                 channel = int(np.argmax(lag))
@@ -277,15 +322,16 @@ class SlowDetector:
             op_type=op_type,
             culprit=culprit,
             culprit_crank=crank,
-            link=link,
+            link=where,
             channel=channel,
             p=p,
             share=share,
-            n_slow=n_slow,
+            n_slow=len(idx),
             lateness_s=lateness,
             tmin_s=_median([float(self.w_tmin[bi, j]) for j in idx]),
             tmax_s=_median([float(self.w_tmax[bi, j]) for j in idx]),
             base_s=float(self.b_max[bi]),
+            base_min_s=float(self.b_min[bi]),
             onset_now=float(self.w_now[bi, first]),
             affected=tuple(granks[(granks >= 0) & (granks != culprit)].tolist()),
         )

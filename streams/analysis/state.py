@@ -55,6 +55,7 @@ class Rows:
     t_enter: I64
     t_exit: I64
     t_sample: I64
+    t_prev: I64  # end of the rank's previous op on any communicator, when the source says (-1: unknown)
     send: I64  # (n, MAX_CHANNELS)
     recv: I64
 
@@ -259,6 +260,7 @@ class JobState:
             t_enter=cat["t_enter_ns"],
             t_exit=cat["t_exit_ns"],
             t_sample=cat["t_sample_ns"],
+            t_prev=cat["t_prev_exit_ns"],
             send=_stack_counters(sends),
             recv=_stack_counters(recvs),
         )
@@ -335,12 +337,14 @@ class JobState:
         cs = np.concatenate([[0], np.cumsum(inside)])
         self.c_inside[cids] = cs[off + size] - cs[off]
 
-    def gaps(self, grank: I64, t_enter: I64, t_exit: I64) -> F64:
+    def gaps(self, grank: I64, t_enter: I64, t_exit: I64, t_prev: I64 | None = None) -> F64:
         """Seconds each rank spent outside collectives before each op (its own clock).
 
         The gap between the end of a rank's previous op (any communicator) and the start of this
         one is its compute time: long for a late arriver that computes slowly, normal for a rank
-        that arrives late only because it waited inside another op (a victim).
+        that arrives late only because it waited inside another op (a victim). A source that sends
+        only some ops in full says where the previous one ended (``t_prev``); otherwise it is the
+        previous op this analyzer saw.
         """
         if grank.size == 0:
             return np.zeros(0)
@@ -352,6 +356,9 @@ class JobState:
         prev = np.empty_like(tx)
         prev[0] = self.g_last_exit[g[0]]
         prev[1:] = np.where(g[1:] == g[:-1], tx[:-1], self.g_last_exit[g[1:]])
+        if t_prev is not None:
+            told = t_prev[order]
+            prev = np.where(told >= 0, told, prev)
         gap = np.where(prev >= 0, np.maximum(te - prev, 0) * 1e-9, 0.0)
         last = np.empty(g.shape[0], dtype=bool)
         last[-1] = True
@@ -390,5 +397,5 @@ def _stack_counters(parts: list[I64]) -> I64:
 
 BATCH_COLUMNS_USED = (
     "op_seq", "op_type", "dtype", "count", "peer", "rank", "comm_rank", "comm_size", "status", "host_idx",
-    "t_enter_ns", "t_exit_ns", "t_sample_ns",
+    "t_enter_ns", "t_exit_ns", "t_sample_ns", "t_prev_exit_ns",
 )

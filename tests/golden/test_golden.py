@@ -54,6 +54,9 @@ def test_golden(case: str) -> None:
         e = Expectation(exp["kind"], exp["root_cause_rank"])
         hits = [i for i in incs if i.matches(e)]
         assert hits, f"{case}: no {e.kind} incident naming rank {e.rank}; verdicts:\n{shown}"
+        if "link" in exp:  # a slow link must be named as well as its rank (S2, and S3's second cause)
+            links = {(i.final.link.src, i.final.link.dst) for i in hits if i.final.link is not None}
+            assert tuple(exp["link"]) in links, f"{case}: link {exp['link']} not named; verdicts:\n{shown}"
         matched.update(i.incident_id for i in hits)
         ttv = min(i.first_correct_time(e) for i in hits) - onset_of(sc, e)
         assert 0 <= ttv <= want["max_ttv_s"], f"{case}: time to verdict {ttv:.1f} s"

@@ -51,7 +51,7 @@ def test_checkpoint_and_h2_defaults() -> None:
         ({"layout": {"tp": 4, "pp": 2, "dp": 3}}, "!= ranks 16"),
         ({"layout": {"tp": 16, "pp": 1, "dp": 1}}, "must fit a node"),
         ({"colour": "red"}, "unknown keys ['colour']"),
-        ({"channels": 9}, "'channels' = 9 out of range"),
+        ({"channels": 65}, "'channels' = 65 out of range"),
         ({"expect": [{"kind": "S7", "rank": 1}]}, "kind must be one of"),
         ({"expect": [{"kind": "S1"}]}, "exactly the keys kind and rank"),
         ({"ranks": "many"}, "'ranks' must be an integer"),

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import sys
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -31,20 +33,28 @@ def test_standard_suite_is_valid_and_complete() -> None:
     assert all(f.onset_s >= 60 for s in scs for f in s.faults)
 
 
-def test_generator_reproduces_the_file(tmp_path: Path) -> None:
+def _generator() -> Any:
     spec = importlib.util.spec_from_file_location("make_standard", SUITE.with_name("make_standard.py"))
     assert spec is not None and spec.loader is not None
     mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # dataclasses resolve their annotations through sys.modules
     spec.loader.exec_module(mod)
-    rows = mod.build(check=False)  # pairs are still checked; singles always take effect
-    assert [json.loads(line) for line in SUITE.read_text().splitlines()] == rows
+    return mod
+
+
+@pytest.mark.parametrize("suite", ["standard", "wide"])
+def test_generator_reproduces_the_file(suite: str) -> None:
+    mod = _generator()
+    build, seed, path = mod.SUITES[suite]
+    rows = build(seed, check=False)  # pairs are still checked; singles always take effect
+    assert [json.loads(line) for line in path.read_text().splitlines()] == rows
 
 
 def test_simulate_cli_dry_run(capsys: pytest.CaptureFixture[str]) -> None:
     rc = main(["simulate", '{"id": "c", "ranks": 8, "duration_s": 12}', "--dry-run"])
     assert rc == 0
     row = json.loads(capsys.readouterr().out)
-    assert row["id"] == "c" and row["records"] == row["DONE"] > 0
+    assert row["id"] == "c" and row["records"] >= row["DONE"] > 0
 
 
 def test_simulate_cli_rejects_a_bad_link(capsys: pytest.CaptureFixture[str]) -> None:
