@@ -306,7 +306,7 @@ class KafkaSuiteRunner:
 
     def __enter__(self) -> KafkaSuiteRunner:
         from ccld.producers.kafka import MetricsProducer
-        from ccld.up import Pipeline
+        from ccld.stack.up import Pipeline
 
         logs = Path(tempfile.mkdtemp(prefix="ccld-bench-"))
         pipeline = self._stack.enter_context(Pipeline(self.settings, log_dir=logs).start(worker=True, sink=False))
@@ -336,8 +336,10 @@ class KafkaSuiteRunner:
         """Messages of the metrics topic the worker has processed and committed (all partitions)."""
         from confluent_kafka import Consumer, TopicPartition
 
-        c = Consumer({"bootstrap.servers": self.settings.bootstrap, "group.id": self.settings.worker_app_id,
-                      "enable.auto.commit": False})
+        from ccld.security import kafka_config
+
+        c = Consumer(kafka_config(self.settings, **{"group.id": self.settings.worker_app_id,
+                                                    "enable.auto.commit": False}))
         try:
             topic = self.settings.metrics_topic
             parts = c.list_topics(topic, timeout=10).topics[topic].partitions

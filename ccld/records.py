@@ -8,6 +8,7 @@ arrays, one row per kernel record) because the analyzer works on whole columns a
 from __future__ import annotations
 
 import enum
+import math
 import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -60,6 +61,11 @@ class Status(enum.IntEnum):
     ENTERED = 0  # the rank entered the operation (t_enter_ns set)
     PROGRESS = 1  # a sample while inside the operation (counters, t_sample_ns)
     DONE = 2  # the rank left the operation (t_exit_ns set)
+    # The newest state of a communicator the rank is in but not inside any op of: its last op
+    # (op_seq) ended at t_exit_ns. A heartbeat of sources that send ops only in part (the bounded
+    # record format): it says "alive and idle" and is never mistaken for a sampled op's DONE.
+    # Batches only (a column value); a single KernelRecord on the wire cannot carry it.
+    IDLE = 3
 
 
 class AnomalyKind(enum.StrEnum):
@@ -240,6 +246,38 @@ BATCH_COLUMNS: tuple[str, ...] = (
     "t_exit_ns",
     "t_sample_ns",
 )
+#: Detailed (sampled) ops per second and communicator a source sends at most (the bounded format).
+DETAIL_OPS_PER_S = 8.0
+
+
+def detail_one_in(ops_per_s: float, budget_per_s: float = DETAIL_OPS_PER_S) -> int:
+    """The sampling stride for a communicator running ``ops_per_s``: the smallest power of two
+    that keeps detailed ops at or under ``budget_per_s``. Powers of two nest: an op sampled at
+    stride 2K is sampled at stride K too, so ranks that briefly disagree on K still agree on the
+    coarser set."""
+    if budget_per_s <= 0 or ops_per_s <= budget_per_s:
+        return 1
+    return 1 << math.ceil(math.log2(ops_per_s / budget_per_s))
+
+
+def detail_sampled(comm_hash: npt.ArrayLike, op_seq: npt.ArrayLike, one_in: npt.ArrayLike) -> npt.NDArray[np.bool_]:
+    """Whether op ``op_seq`` of communicator ``comm_hash`` is sent in full at stride ``one_in``.
+
+    A rule on the Trace ID alone (a 64-bit mix of communicator hash and op sequence), so every
+    rank of the communicator picks the same ops with no coordination, and the choice does not
+    alias with the periodic pattern of a training step the way ``op_seq % K`` would.
+    """
+    with np.errstate(over="ignore"):
+        x = np.asarray(comm_hash, dtype=np.int64).astype(np.uint64) ^ (
+            np.asarray(op_seq, dtype=np.int64).astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+        )
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        x = x ^ (x >> np.uint64(31))
+    k = np.asarray(one_in, dtype=np.int64).astype(np.uint64)
+    return np.asarray((x & (k - np.uint64(1))) == 0)
+
+
 #: Columns a writer may leave out (older writers, sources that cannot know them), with the value
 #: that stands for "unknown"; a batch without one gets it filled in.
 OPTIONAL_BATCH_COLUMNS: dict[str, int] = {

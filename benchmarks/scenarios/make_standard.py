@@ -36,6 +36,21 @@ LAYOUTS: dict[int, list[tuple[int, int, int]]] = {
     1024: [(8, 1, 128), (8, 2, 64)],
     2048: [(8, 1, 256)],
     4096: [(8, 1, 512)],
+    8192: [(8, 4, 256)],
+}
+#: Megatron-style layouts: pipeline stages of whole nodes, data parallel across them
+MEGATRON_LAYOUTS: dict[int, list[tuple[int, int, int]]] = {
+    8: [(4, 1, 2), (2, 2, 2), (4, 2, 1), (8, 1, 1)],
+    16: [(4, 2, 2), (8, 2, 1), (2, 2, 4), (4, 1, 4)],
+    32: [(8, 2, 2), (4, 2, 4), (8, 1, 4), (4, 4, 2)],
+    64: [(8, 2, 4), (8, 4, 2), (4, 4, 4)],
+    128: [(8, 2, 8), (8, 4, 4)],
+    256: [(8, 4, 8), (8, 2, 16)],
+    512: [(8, 4, 16)],
+    1024: [(8, 4, 32)],
+    2048: [(8, 4, 64)],
+    4096: [(8, 4, 128)],
+    8192: [(8, 4, 256)],
 }
 SMALL_MEDIUM = [8, 16, 32, 64, 128, 256, 512]
 SIZE_WEIGHTS = [14, 20, 20, 16, 12, 10, 8]
@@ -57,13 +72,43 @@ class Profile:
     s3_compute: tuple[float, float] | None = None  # None: chosen so that P lands near 0.5
     s3_link: tuple[float, float] = (0.1, 0.25)
     intermittent: float = 0.0  # share of slowdowns that switch on and off
+    # the Megatron-style workload (many ops per second) instead of the simple four-op step
+    megatron: bool = False
+    microbatches: tuple[int, ...] = (2, 4, 4, 8)
+    layers: tuple[int, ...] = (1, 2, 2, 4)
+    layer_ms: tuple[float, float] = (3.0, 8.0)
+    hidden: tuple[int, ...] = (2048, 4096, 4096, 8192)
+    pause_rate: tuple[float, ...] = (0.0, 0.0, 0.005, 0.02)
+    eval_every: tuple[int, ...] = (0, 0, 0, 40)
+    # timing of a run: when faults start and how long the run goes on after
+    onset_s: tuple[float, float] = (60.0, 90.0)
+    hang_tail_s: float = 80.0
+    slow_tail_s: float = 70.0
+    healthy_s: float = 150.0
+    benign_tail_s: float = 60.0
+    every_s: tuple[float, ...] = (40, 50, 60)
+    transient_s: tuple[float, float] | None = None  # None: 0.5-3 step times
 
 
-STANDARD = Profile()
-WIDE = Profile(
+STANDARD_V1 = Profile()
+WIDE_V1 = Profile(
     channels=(1, 2, 4, 8, 16, 32, 64), steps=(0.5, 1.0, 2.0, 3.0, 4.0), jitter=(0.005, 0.1), skew=(0.0, 10.0),
     s1=(1.3, 5.0), s2=(0.15, 0.67), s3_compute=(1.3, 3.0), s3_link=(0.25, 0.6), intermittent=0.3,
 )
+_MEGATRON = dict(
+    megatron=True, channels=(2, 4, 8, 16), jitter=(0.01, 0.06), s1=(1.5, 4.0), s2=(0.2, 0.6), s3_compute=(1.5, 3.0),
+    s3_link=(0.25, 0.6), onset_s=(15.0, 25.0), hang_tail_s=35.0, slow_tail_s=25.0, healthy_s=45.0,
+    benign_tail_s=30.0, every_s=(15, 20, 25), transient_s=(0.05, 0.5),
+)
+STANDARD = Profile(**_MEGATRON)  # type: ignore[arg-type]
+#: Held out: wider than STANDARD everywhere, and never tuned on.
+WIDE = Profile(**{  # type: ignore[arg-type]
+    **_MEGATRON, "channels": (1, 2, 4, 8, 16, 32, 64), "jitter": (0.005, 0.1), "skew": (0.0, 10.0), "s1": (1.3, 5.0),
+    "s2": (0.15, 0.67), "s3_compute": (1.3, 3.0), "s3_link": (0.25, 0.67), "intermittent": 0.3,
+    "microbatches": (1, 2, 4, 8, 16), "layers": (1, 2, 3, 4), "layer_ms": (1.5, 12.0),
+    "hidden": (1024, 2048, 4096, 8192), "pause_rate": (0.0, 0.01, 0.03, 0.05), "eval_every": (0, 0, 25, 60),
+    "transient_s": (0.02, 1.0),
+})
 
 
 class Maker:
@@ -78,11 +123,37 @@ class Maker:
 
     def base(self, kind: str, ranks: int, *, step: float | None = None) -> dict[str, Any]:
         r = self.rng
-        tp, pp, dp = r.choice(LAYOUTS[ranks])
+        layouts = MEGATRON_LAYOUTS if self.p.megatron else LAYOUTS
+        tp, pp, dp = r.choice(layouts[ranks])
         if kind in LINK_KINDS + ("pair",):
-            tp, pp, dp = r.choice([lay for lay in LAYOUTS[ranks] if lay[0] > 1])
+            tp, pp, dp = r.choice([lay for lay in layouts[ranks] if lay[0] > 1])
         self.n += 1
         big = ranks >= 1024
+        if self.p.megatron:
+            big = ranks >= 2048  # big jobs run the lighter workload: the suite stays minutes long
+            return {
+                "id": f"{kind}-{ranks}-{self.n:03d}",
+                "seed": r.randrange(1, 1_000_000),
+                "ranks": ranks,
+                "gpus_per_node": 8,
+                "layout": {"tp": tp, "pp": pp, "dp": dp},
+                "channels": r.choice(self.p.channels),
+                "duration_s": 0.0,
+                "clock_skew_s": round(r.uniform(*self.p.skew), 2),
+                "jitter": round(r.uniform(*self.p.jitter), 3),
+                "workload": {
+                    "microbatches": 2 if big else r.choice(self.p.microbatches),
+                    "layers": 1 if big else r.choice(self.p.layers),
+                    "layer_ms": round(r.uniform(*self.p.layer_ms) * (2 if big else 1), 2),
+                    "hidden": r.choice(self.p.hidden),
+                    "seq_parallel": r.random() < 0.3,
+                    "dp_buckets": r.choice([2, 4, 8]),
+                    "pause_rate": r.choice(self.p.pause_rate),
+                    "eval_every": r.choice(self.p.eval_every),
+                },
+                "faults": [],
+                "expect": [],
+            }
         return {
             "id": f"{kind}-{ranks}-{self.n:03d}",
             "seed": r.randrange(1, 1_000_000),
@@ -99,7 +170,8 @@ class Maker:
         }
 
     def onset(self, sc: dict[str, Any]) -> float:
-        return float(round(self.rng.uniform(60.0, 90.0) if sc["ranks"] < 1024 else 60.0 + self.rng.uniform(0, 6), 1))
+        lo, hi = self.p.onset_s
+        return float(round(self.rng.uniform(lo, hi) if sc["ranks"] < 1024 else lo + self.rng.uniform(0, 6), 1))
 
     def rank(self, sc: dict[str, Any]) -> int:
         return self.rng.randrange(sc["ranks"])
@@ -146,25 +218,29 @@ class Maker:
         rk = self.rank(sc)
         sc["faults"] = [self.fault(sc, kind, rk, on)]
         sc["expect"] = [{"kind": kind, "rank": rk}]
-        sc["duration_s"] = on + (80.0 if kind.startswith("H") else 70.0)
-        if self.check and not all(manifested(Scenario.from_dict(sc))):
+        sc["duration_s"] = on + (self.p.hang_tail_s if kind.startswith("H") else self.p.slow_tail_s)
+        # the Megatron-style job issues ops on every rank all the time: a single fault always fires
+        if self.check and not self.p.megatron and not all(manifested(Scenario.from_dict(sc))):
             raise RuntimeError(f"{sc['id']}: the fault does not take effect")
         self.add(sc)
 
     def healthy(self, ranks: int) -> None:
         sc = self.base("healthy", ranks)
-        sc["duration_s"] = 150.0 if ranks < 1024 else 110.0
+        sc["duration_s"] = self.p.healthy_s if ranks < 1024 else min(self.p.healthy_s, 110.0)
         self.add(sc)
 
     def transient(self, ranks: int) -> None:
         sc = self.base("transient", ranks)
         on = self.onset(sc)
-        sc["faults"] = [{"kind": "transient", "rank": self.rank(sc), "onset_s": on,
-                         "delay_s": round(self.rng.uniform(0.5, 3.0) * sc["step_time_s"], 2)}]
+        ts = self.p.transient_s
+        rk = self.rank(sc)
+        delay = self.rng.uniform(*ts) if ts else self.rng.uniform(0.5, 3.0) * sc["step_time_s"]
+        digits = 3 if ts else 2
+        sc["faults"] = [{"kind": "transient", "rank": rk, "onset_s": on, "delay_s": round(delay, digits)}]
         if self.rng.random() < 0.3:  # a second blip elsewhere, later
-            sc["faults"].append({"kind": "transient", "rank": self.rank(sc), "onset_s": on + 25,
-                                 "delay_s": round(self.rng.uniform(0.5, 2.0), 2)})
-        sc["duration_s"] = on + 60.0
+            sc["faults"].append({"kind": "transient", "rank": self.rank(sc), "onset_s": on + 15 if ts else on + 25,
+                                 "delay_s": round(self.rng.uniform(*ts) if ts else self.rng.uniform(0.5, 2.0), digits)})
+        sc["duration_s"] = on + self.p.benign_tail_s
         self.add(sc)
 
     def checkpoint(self, ranks: int, recurring: bool) -> None:
@@ -172,12 +248,12 @@ class Maker:
         on = self.onset(sc)
         f: dict[str, Any] = {"kind": "checkpoint", "onset_s": on, "writer_rank": self.rank(sc)}
         if recurring:
-            f["every_s"] = float(self.rng.choice([40, 50, 60]))
-            f["pause_s"] = round(self.rng.uniform(5.0, 25.0), 1)
-            sc["duration_s"] = on + 3 * f["every_s"] + 20
+            f["every_s"] = float(self.rng.choice(self.p.every_s))
+            f["pause_s"] = round(self.rng.uniform(5.0, 25.0 if not self.p.megatron else 15.0), 1)
+            sc["duration_s"] = on + 3 * f["every_s"] + (20 if not self.p.megatron else 10)
         else:
             f["pause_s"] = round(self.rng.uniform(2.0, 15.0), 1)
-            sc["duration_s"] = on + 60.0
+            sc["duration_s"] = on + self.p.benign_tail_s
         sc["faults"] = [f]
         self.add(sc)
 
@@ -208,12 +284,13 @@ class Maker:
             r1, r2 = g1 * tp + self.rng.randrange(tp), g2 * tp + self.rng.randrange(tp)
         sc["faults"] = [self.fault(sc, kinds[0], r1, on), self.fault(sc, kinds[1], r2, on)]
         sc["expect"] = [{"kind": kinds[0], "rank": r1}, {"kind": kinds[1], "rank": r2}]
-        sc["duration_s"] = on + (80.0 if any(k.startswith("H") for k in kinds) else 70.0)
+        sc["duration_s"] = on + (self.p.hang_tail_s if any(k.startswith("H") for k in kinds) else self.p.slow_tail_s)
         return sc
 
 
-def build(seed: int = 20260101, check: bool = True) -> list[dict[str, Any]]:
-    m = Maker(seed, check)
+def build_v1(seed: int = 20260101, check: bool = True) -> list[dict[str, Any]]:
+    """The first standard suite (simple four-op steps), kept as a regression suite."""
+    m = Maker(seed, check, STANDARD_V1)
 
     def size() -> int:
         return m.rng.choices(SMALL_MEDIUM, SIZE_WEIGHTS)[0]
@@ -248,9 +325,9 @@ def build(seed: int = 20260101, check: bool = True) -> list[dict[str, Any]]:
     return m.out
 
 
-def build_wide(seed: int = 77003, check: bool = True) -> list[dict[str, Any]]:
-    """The held-out suite: ``WIDE`` ranges, layouts and mixes the analyzer was never tuned on."""
-    m = Maker(seed, check, WIDE)
+def build_wide_v1(seed: int = 77003, check: bool = True) -> list[dict[str, Any]]:
+    """Held out on the simple model: ``WIDE_V1`` ranges, layouts and mixes never tuned on."""
+    m = Maker(seed, check, WIDE_V1)
 
     def size() -> int:
         return m.rng.choices(SMALL_MEDIUM, SIZE_WEIGHTS)[0]
@@ -277,7 +354,56 @@ def build_wide(seed: int = 77003, check: bool = True) -> list[dict[str, Any]]:
     return m.out
 
 
-SUITES = {"standard": (build, 20260101, OUT), "wide": (build_wide, 77003, OUT.with_name("heldout-wide.jsonl"))}
+def build_megatron(seed: int, check: bool, profile: Profile, scale: float = 1.0) -> list[dict[str, Any]]:
+    """A suite on the Megatron-style workload: every class, noise kind, mild and severe, pairs."""
+    m = Maker(seed, check, profile)
+    sizes, weights = [8, 16, 32, 64, 128, 256], [16, 22, 24, 18, 12, 8]
+
+    def size() -> int:
+        return m.rng.choices(sizes, weights)[0]
+
+    def n(k: int) -> int:
+        return max(1, round(k * scale))
+
+    for kind in ("H1", "H2", "H3", "S1", "S2", "S3"):
+        for _ in range(n(47)):
+            m.single(kind, size())
+    for _ in range(n(42)):
+        m.healthy(size())
+    for _ in range(n(20)):
+        m.transient(size())
+    for _ in range(n(10)):
+        m.checkpoint(size(), recurring=False)
+    for _ in range(n(10)):
+        m.checkpoint(size(), recurring=True)
+    pairs = [("S1", "S2"), ("S3", "S3"), ("S2", "S2"), ("S1", "S3"), ("H1", "H3"), ("H1", "H1"), ("S1", "S1")]
+    for i in range(n(21)):
+        m.pair(pairs[i % len(pairs)], m.rng.choice([16, 32, 64, 128]))
+    for _ in range(n(8)):  # one tensor group: a rank computes slowly while a link elsewhere in it is slow
+        m.pair(("S1", "S2"), m.rng.choice([16, 32, 64]), same_group=True)
+    for kind, ranks in (("S2", 512), ("H1", 1024), ("S1", 1024), ("H3", 2048), ("S3", 2048), ("H1", 4096),
+                        ("S2", 8192)):
+        m.single(kind, ranks)
+    m.healthy(2048)
+    return m.out
+
+
+def build(seed: int = 20261130, check: bool = True) -> list[dict[str, Any]]:
+    """The standard suite: the Megatron-style workload with ``STANDARD`` ranges (tuned on)."""
+    return build_megatron(seed, check, STANDARD)
+
+
+def build_wide(seed: int = 77011, check: bool = True) -> list[dict[str, Any]]:
+    """The held-out suite: the same families from ``WIDE`` ranges, never tuned on."""
+    return build_megatron(seed, check, WIDE, scale=0.6)
+
+
+SUITES = {
+    "standard": (build, 20261130, OUT),
+    "heldout": (build_wide, 77011, OUT.with_name("heldout.jsonl")),
+    "regression-v1": (build_v1, 20260101, OUT.with_name("regression-v1.jsonl")),
+    "heldout-v1": (build_wide_v1, 77003, OUT.with_name("heldout-v1.jsonl")),
+}
 
 
 def main() -> None:

@@ -109,4 +109,5 @@ def dtype_code(name: str) -> DType:
 def fr_op_type(profiling_name: str) -> OpType | None:
     """Op type of a Flight Recorder ``profiling_name`` such as "nccl:all_reduce"; None if unknown."""
     _, _, op = profiling_name.rpartition(":")
-    return FR_OPS.get(op) or FR_OPS.get(op.lower())
+    op = op.lower().lstrip("_")  # "_all_gather_base": the table's keys carry no leading underscore
+    return FR_OPS.get(op)

@@ -150,7 +150,7 @@ LOSS_COUNTERS = frozenset(
     {
         "dropped", "sink_errors", "internal_errors", "sink_dropped", "sink_undelivered", "sink_flush_timeouts",
         "producer_dropped_progress", "producer_dropped_critical", "producer_delivery_failures",
-        "producer_produce_errors", "producer_queued",
+        "producer_produce_errors", "producer_queued", "producer_lost_records", "producer_spooled_records",
     }
 )  # fmt: skip
 

@@ -28,6 +28,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--dry-run", action="store_true", help="do not publish; print per-scenario record counts instead"
     )
+    parser.add_argument("--flush-timeout-s", type=float, default=60.0, dest="flush_timeout_s",
+                        help="at the end, wait this long for the broker to take what is queued or spooled")
 
 
 def _scenarios(args: argparse.Namespace) -> list[Scenario]:
@@ -77,14 +79,34 @@ def main(args: argparse.Namespace, settings: Settings) -> int:
 
     if not settings.bootstrap:
         raise CcldError("simulate publishes to Kafka: give --bootstrap (or CCLD_BOOTSTRAP), or use --dry-run")
-    with MetricsProducer(settings, producer_id="ccld-simulate") as producer:
+    producer = MetricsProducer(settings, producer_id="ccld-simulate")
+    try:
+        # Fail fast and say so when no broker answers, instead of letting records expire one by one.
+        producer.check_broker()
         for sc in scenarios:
             t0 = time.perf_counter()
             counts = publish(sc, producer, realtime=args.realtime, job=settings.job if args.job else None)
             print(f"{sc.id}: {counts['batches']} batches, {counts['records']} records, "
-                  f"{counts['refused']} refused in {time.perf_counter() - t0:.1f} s")
-        left = producer.flush(30.0)
-    if left:
+                  f"{counts['refused']} refused in {time.perf_counter() - t0:.1f} s", flush=True)
+        left = producer.flush(args.flush_timeout_s)
+    finally:
+        producer.close()
+    return _verdict(producer.stats, left, settings)
+
+
+def _verdict(stats: dict[str, int], left: int, settings: Settings) -> int:
+    """Print the stats line; 1 when any record was lost or is not delivered yet (never a silent 0)."""
+    from ccld.producers.kafka import format_stats
+
+    print(format_stats(stats), flush=True)
+    if stats["lost_records"]:
+        log.error("%d records were lost (see the counts above)", stats["lost_records"])
+        return 1
+    if stats["spooled_records"]:
+        log.error("%d records are still in the spool %s; the next producer using it replays them",
+                  stats["spooled_records"], settings.spool_dir)
+        return 1
+    if left or stats["in_flight_records"]:
         log.error("%d messages were not delivered", left)
         return 1
     return 0

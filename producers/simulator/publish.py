@@ -40,6 +40,6 @@ def publish(
         records += batch.n
         # a producer that answers None (fire and forget) is taken as accepted
         refused += ok is False
-    if refused:
+    if refused:  # counted by the producer too (refused_records); this names the scenario
         log.warning("scenario %s: the producer refused %d of %d batches", scenario.id, refused, batches)
     return {"batches": batches, "records": records, "refused": refused}

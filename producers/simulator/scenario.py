@@ -33,6 +33,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ccld.errors import ScenarioError
+from ccld.producers.simulator.workload import Workload
 
 HANG_KINDS = ("H1", "H2", "H3")
 SLOW_KINDS = ("S1", "S2", "S3")
@@ -58,7 +59,7 @@ FAULT_FIELDS: dict[str, dict[str, Any]] = {
 
 _TOP_KEYS = frozenset(
     {"id", "seed", "ranks", "gpus_per_node", "layout", "channels", "step_time_s", "duration_s",
-     "clock_skew_s", "jitter", "sample_interval_s", "faults", "expect"}
+     "clock_skew_s", "jitter", "sample_interval_s", "faults", "expect", "workload"}
 )
 
 
@@ -136,6 +137,7 @@ class Scenario:
     sample_interval_s: float = 1.0
     faults: tuple[Fault, ...] = ()
     expect: tuple[Expectation, ...] = ()
+    workload: Workload | None = None  # None: the simple four-ops-per-step model of engine.py
     raw: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @property
@@ -174,6 +176,7 @@ class Scenario:
             clock_skew_s=_float(d, "clock_skew_s", 1.0, sid, lo=0.0),
             jitter=_float(d, "jitter", 0.02, sid, lo=0.0, hi=0.5),
             sample_interval_s=_float(d, "sample_interval_s", 1.0, sid, lo=0.01),
+            workload=None if d.get("workload") is None else Workload.from_dict(d["workload"], sid),
             raw=dict(d),
         )
         faults = d.get("faults", [])

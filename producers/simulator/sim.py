@@ -10,6 +10,7 @@ import numpy as np
 
 from ccld.producers.simulator.emit import emit
 from ccld.producers.simulator.engine import Engine, run_engine
+from ccld.producers.simulator.megatron import MegatronSim
 from ccld.producers.simulator.scenario import Scenario
 from ccld.producers.simulator.topology import Topology
 from ccld.records import KernelBatch
@@ -25,9 +26,12 @@ def simulate(scenario: Scenario, *, job: str | None = None) -> Iterator[tuple[fl
     """
     t0 = time.perf_counter()
     topo = Topology.build(scenario)
-    phases = run_engine(scenario, topo)
     rng = np.random.default_rng([scenario.seed, 1])
     skew = rng.uniform(-scenario.clock_skew_s, scenario.clock_skew_s, len(topo.hosts))
+    if scenario.workload is not None:
+        yield from MegatronSim(scenario, topo, job=job or scenario.id, producer=f"sim:{scenario.id}", skew_s=skew).run()
+        return
+    phases = run_engine(scenario, topo)
     log.debug("scenario %s: %d phases modelled in %.3f s", scenario.id, len(phases), time.perf_counter() - t0)
     yield from emit(
         phases, topo, job=job or scenario.id, channels=scenario.channels, interval_s=scenario.sample_interval_s,
@@ -40,6 +44,13 @@ def manifested(scenario: Scenario) -> list[bool]:
 
     For scenario authors (the suite generator checks its pairs of faults); not for the analyzer.
     """
-    engine = Engine(scenario, Topology.build(scenario))
+    topo = Topology.build(scenario)
+    if scenario.workload is not None:
+        sim = MegatronSim(scenario, topo, job=scenario.id, producer="", skew_s=np.zeros(len(topo.hosts)))
+        # every fault of this model fires at the first op after its onset, or never
+        for _ in sim.run(horizon_s=max((f.onset_s for f in scenario.faults), default=0.0) + 2.0):
+            pass
+        return sim.manifested()
+    engine = Engine(scenario, topo)
     engine.run()
     return engine.manifested()

@@ -121,7 +121,9 @@ class JobAnalysis:
         fam, val = c.resolve_key
         if fam == "hang":
             sl = js.members_of(cid)
-            if bool((js.m_last_done[sl] >= val).any()):
+            # a member finished the op (its DONE), or a heartbeat shows it idle after it or beyond it
+            over = (js.m_seq[sl] > val) | ((js.m_seq[sl] == val) & js.m_done[sl])
+            if bool((js.m_last_done[sl] >= val).any() or over.any()):
                 return f"progress resumed: {c.op_type} #{val} completed"
             return ""
         bi = self.slow.lookup(np.asarray([cid]), np.asarray([val], dtype=np.int64), create=False)[0]
@@ -132,6 +134,16 @@ class JobAnalysis:
 
 def _signed(v: int) -> int:
     return v - (1 << 64) if v >= 1 << 63 else v
+
+
+def dur(s: float) -> str:
+    """A duration as a person reads it: 180 us, 2.4 ms, 1.25 s."""
+    a = abs(s)
+    if a < 1e-3:
+        return f"{s * 1e6:.0f} us"
+    if a < 1.0:
+        return f"{s * 1e3:.3g} ms"
+    return f"{s:.3g} s" if a < 100 else f"{s:.0f} s"
 
 
 def _ranks(rs: tuple[int, ...] | list[int], limit: int = 8) -> str:
@@ -190,19 +202,19 @@ def slow_candidate(ja: JobAnalysis, f: SlowFinding) -> Candidate:
     op = OpType(f.op_type).name.lower() if f.op_type in OpType._value2member_map_ else f"op{f.op_type}"
     n_of = f"{f.n_slow} of the last {ja.s.slow_window_ops} ops"
     late = (
-        f"rank {f.culprit} arrived last at {op} in {n_of}, {f.lateness_s:.3f} s after its peers, having computed "
+        f"rank {f.culprit} arrived last at {op} in {n_of}, {dur(f.lateness_s)} after its peers, having computed "
         f"longer than they did"
     )
     where = f"link {f.link[0]}->{f.link[1]}" if f.link else f"rank {f.culprit}"
     backlog = f"send backlog builds at {where}{'' if f.channel is None else f' channel {f.channel}'}"
     comm = (
-        f"its own kernel time, which holds no waiting, took {f.tmin_s:.3f} s against {f.base_min_s:.3f} s healthy"
+        f"its own kernel time, which holds no waiting, took {dur(f.tmin_s)} against {dur(f.base_min_s)} healthy"
     )
     if f.kind == AnomalyKind.S1:
         roots: tuple[int, ...] = (f.culprit,)
         ev = (
-            f"{late}: its own kernel time {f.tmin_s:.3f} s while peers waited up to {f.tmax_s:.3f} s "
-            f"(baseline {f.base_s:.3f} s); P={f.p:.2f}"
+            f"{late}: its own kernel time {dur(f.tmin_s)} while peers waited up to {dur(f.tmax_s)} "
+            f"(baseline {dur(f.base_s)}); P={f.p:.2f}"
         )
     elif f.kind == AnomalyKind.S3:
         # mixed on one rank: it computes slowly *and* its outgoing link is slow; both are named
@@ -211,7 +223,7 @@ def slow_candidate(ja: JobAnalysis, f: SlowFinding) -> Candidate:
         ev += f"; {backlog}" if f.link else " (this source has no per-channel counters: the link cannot be named)"
         ev += f"; P={f.p:.2f}"
     else:
-        ev = f"{op} took {f.tmin_s:.3f}-{f.tmax_s:.3f} s on every rank (baseline {f.base_s:.3f} s) in {n_of}"
+        ev = f"{op} took {dur(f.tmin_s)}-{dur(f.tmax_s)} on every rank (baseline {dur(f.base_s)}) in {n_of}"
         if f.culprit < 0:  # comm-slow without counters: the class is known, the link is not
             roots = ()
             ev += (": the communication itself is slow; this source reports no per-channel send/recv counters, "

@@ -171,7 +171,8 @@ class SlowDetector:
             bi = b[i]
             tmin, tmax = ops.tmin[i], ops.tmax[i]
             n = self.b_n[bi]
-            warm = n >= s.baseline_min_ops
+            # a communicator's first seconds (pipeline fill, the first step) are learned, never judged
+            warm = (n >= s.baseline_min_ops) & (ops.first_now[i] - js.c_first_now[ops.cid[i]] >= s.baseline_warmup_s)
             bmin, bmax, bspr = self.b_min[bi], self.b_max[bi], self.b_spr[bi]
             spread = tmax - tmin
             thr_max = np.maximum.reduce(
@@ -275,6 +276,10 @@ class SlowDetector:
                 link_share = votes.count(cr) / len(votes)
                 if link_share >= s.culprit_share:
                     link_src = cr
+            elif js.c_counters[cid] and (backlog := self._backlog_rank(js, cid)) is not None:
+                # ops too short for a counter sample inside a judged op (a sampling source, ms ops):
+                # the member where the in-flight samples of this communicator saw data pile up
+                link_src, link_share = backlog
             elif not js.c_counters[cid]:
                 # torch.distributed on gloo, Flight Recorder: every rank slowed together, which says
                 # comm-slow, but no backlog can name the link
@@ -292,6 +297,17 @@ class SlowDetector:
         if link_src is not None:
             out.append(mk(AnomalyKind.S2, link_src, link_share, link=True))
         return out
+
+    @staticmethod
+    def _backlog_rank(js: JobState, cid: int) -> tuple[int, float] | None:
+        """The comm rank with the largest accumulated send backlog and its share of all backlog."""
+        sl = js.members_of(cid)
+        lag = js.m_lagch[sl].sum(axis=1)
+        total = float(lag.sum())
+        if total <= 0:
+            return None
+        cr = int(np.argmax(lag))
+        return cr, float(lag[cr]) / total
 
     def _finding(
         self, kind: AnomalyKind, crank: int, share: float, *, link: bool, js: JobState, bi: int, idx: list[int],

@@ -24,6 +24,7 @@ BOOL = npt.NDArray[np.bool_]
 
 DONE = int(Status.DONE)
 PROGRESS = int(Status.PROGRESS)
+IDLE = int(Status.IDLE)
 P2P_OPS = (int(OpType.SEND), int(OpType.RECV))
 SIG_FIELDS = ("op_type", "dtype", "count", "peer")
 
@@ -100,6 +101,7 @@ class JobState:
         "c_inside": (np.int64, 0),
         "c_maxop_s": (np.float64, 0.0),
         "c_counters": (np.bool_, False),  # some record of this communicator carried channel counters
+        "c_first_now": (np.float64, np.inf),  # analyzer time the communicator was first seen
     }
 
     def __init__(self, job: str, incarnation: int) -> None:
@@ -146,6 +148,7 @@ class JobState:
     c_inside: I64
     c_maxop_s: F64
     c_counters: BOOL
+    c_first_now: F64
 
     @property
     def n_comms(self) -> int:
@@ -275,6 +278,7 @@ class JobState:
     # -- the latest state of every member ------------------------------------------------------
     def apply_latest(self, r: Rows) -> int:
         """Update who is in which op; returns the number of out-of-order rows."""
+        np.minimum.at(self.c_first_now, r.cid, r.now)
         self.m_grank[r.gi] = r.rank
         self.m_host[r.gi] = r.host
         if r.n == 1:
@@ -293,7 +297,8 @@ class JobState:
         s_old = self.m_seq[u]
         ooo = int(np.count_nonzero(s_new < s_old))
         same = s_new == s_old
-        newer = (s_new > s_old) | (same & ~self.m_done[u] & ((st_new == DONE) | (ts_new > self.m_t_sample[u])))
+        fin = (st_new == DONE) | (st_new == IDLE)  # the op is over on that rank (IDLE: a later heartbeat saying so)
+        newer = (s_new > s_old) | (same & ~self.m_done[u] & (fin | (ts_new > self.m_t_sample[u])))
         self.m_seen_now[u] = r.now[idx]
         if not newer.any():
             return ooo
@@ -303,7 +308,7 @@ class JobState:
         rcv = r.recv[i2]
         seq_moved = s_new[newer] != s_old[newer]
         cnt_moved = (snd != self.m_send[u2]).any(axis=1) | (rcv != self.m_recv[u2]).any(axis=1)
-        done_new = st_new[newer] == DONE
+        done_new = fin[newer]
         moved = seq_moved | cnt_moved | (done_new & ~self.m_done[u2])
         if moved.any():
             mc, mn = r.cid[i2[moved]], r.now[i2[moved]]

@@ -1,0 +1,692 @@
+"""The Megatron-style job, op by op, and the bounded records its probes send.
+
+Each rank runs one program per step: a 1F1B pipeline schedule of ``microbatches`` forward and
+backward passes; every layer of a pass computes and then meets its tensor-parallel group in a
+ring collective (a group's data moves once its last member arrived and lasts the op's time from
+size and bandwidth); stages exchange activations and gradients with send/recv (the sender does
+not wait, the receiver does); the backward pass of the last micro-batch issues the gradient
+reduce-scatter buckets, which run on the network while it goes on computing; the step ends with
+the parameter all-gather. Ops are evaluated for all groups of a stage at once (numpy over ranks).
+
+What goes out is the bounded record format (README, "Record format and its cost"), not one
+record per op: per delivery interval, for every communicator a rank is in, its newest state
+(PROGRESS with live counters while inside an op, IDLE after), plus the DONE record of every op
+that ``detail_sampled`` picks for that communicator's stride (the same ops on every rank).
+Faults, noise and the scenario format are those of ``engine.py``; ``expect`` never leaves here.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from ccld.probe.ring_plan import fold_columns
+from ccld.producers.simulator.engine import IN_FLIGHT, SLOT_RATE
+from ccld.producers.simulator.scenario import Fault, Scenario
+from ccld.producers.simulator.topology import Topology, comm_hash_of
+from ccld.records import (
+    DETAIL_OPS_PER_S,
+    MAX_CHANNELS,
+    DType,
+    KernelBatch,
+    OpType,
+    Status,
+    detail_one_in,
+    detail_sampled,
+)
+
+I64 = npt.NDArray[np.int64]
+F64 = npt.NDArray[np.float64]
+INF = math.inf
+DELIVERY_LATENCY_S = 0.1
+POLL_S = 0.1  # the probe's poll period
+EPOCH_NS = 1_750_000_000 * 1_000_000_000
+BF16 = int(DType.BFLOAT16)
+
+# the newest op of each member (communicator x comm rank) is kept packed, because it is rewritten
+# for every op of the job: times in one float block, sequence and op template in one int block
+_F_ENTER, _F_EXIT, _F_START, _F_DUR, _F_PREV = range(5)
+_I_SEQ, _I_TMPL = range(2)
+# an op template: what every member of a call shares (op, dtype, count, peer, slots, total send, total recv)
+Template = tuple[int, int, int, int, int, int, int]
+
+
+def _slots(dur_s: float) -> int:
+    return max(IN_FLIGHT * 2, int(round(dur_s * SLOT_RATE)))
+
+
+@dataclass
+class _Comms:
+    """Every communicator of the job: the topology's, plus one per stage pair for gradients."""
+
+    hashes: list[int]
+    hosts: list[tuple[str, ...]]
+    off: I64  # comm id -> first member index
+    m_rank: I64  # member -> global rank
+    m_crank: I64
+    m_cid: I64
+    m_lhost: I64  # member -> index into its comm's host table
+    bwd_comm: I64  # rank on stage p+1 -> comm where it sends gradients to stage p (-1: none)
+
+
+def _comms(topo: Topology) -> _Comms:
+    hashes = list(topo.comm_hash)
+    hosts = list(topo.comm_hosts)
+    sizes = list(topo.comm_size)
+    n = topo.n
+    bwd = np.full(n, -1, dtype=np.int64)
+    r = np.arange(n, dtype=np.int64)
+    if topo.pp > 1:
+        for dst in r[(r // topo.tp) % topo.pp > 0].tolist():  # dst on stage p+1 sends to dst - tp
+            pair = np.array([dst, dst - topo.tp], dtype=np.int64)
+            bwd[dst] = len(hashes)
+            hashes.append(comm_hash_of("ppb", pair))
+            hs = sorted({int(topo.host_of[dst]), int(topo.host_of[dst - topo.tp])})
+            hosts.append(tuple(topo.hosts[h] for h in hs))
+            sizes.append(2)
+    off = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+    m = int(sum(sizes))
+    m_rank = np.full(m, -1, dtype=np.int64)
+    m_crank = np.full(m, -1, dtype=np.int64)
+
+    def place(comm: I64, crank: I64) -> None:
+        ok = comm >= 0
+        gi = off[comm[ok]] + crank[ok]
+        m_rank[gi] = r[ok]
+        m_crank[gi] = crank[ok]
+
+    place(topo.tp_comm, topo.tp_crank)
+    place(topo.dp_comm, topo.dp_crank)
+    place(topo.pps_comm, np.zeros(n, dtype=np.int64))
+    place(topo.ppr_comm, np.ones(n, dtype=np.int64))
+    place(np.full(n, topo.world_comm, dtype=np.int64), r.copy())
+    place(bwd, np.zeros(n, dtype=np.int64))
+    recv_b = np.full(n, -1, dtype=np.int64)
+    has = bwd >= 0
+    recv_b[r[has] - topo.tp] = bwd[has]
+    place(recv_b, np.ones(n, dtype=np.int64))
+    m_cid = np.repeat(np.arange(len(sizes), dtype=np.int64), sizes)
+    host_ix = {h: i for i, h in enumerate(topo.hosts)}
+    m_lhost = np.zeros(m, dtype=np.int64)
+    for cid, hs in enumerate(hosts):  # members' host -> index in the comm's table
+        loc = np.full(len(topo.hosts), -1, dtype=np.int64)
+        loc[[host_ix[h] for h in hs]] = np.arange(len(hs))
+        sl = slice(int(off[cid]), int(off[cid]) + sizes[cid])
+        m_lhost[sl] = loc[topo.host_of[m_rank[sl]]]
+    return _Comms(hashes, hosts, off, m_rank, m_crank, m_cid, m_lhost, bwd)
+
+
+_SAMPLE_BLOCK = 2048  # sequence numbers whose sampling is decided at once, per layout
+
+
+@dataclass(frozen=True)
+class _Layout:
+    ranks: I64
+    cids: I64
+    crank: I64
+    gi: I64  # member index of each rank in its group's communicator
+    cid_g: I64  # communicator of each group
+    cache: dict[str, Any] = field(default_factory=dict)  # sampling decisions, buffers, next sampling instant
+
+    @property
+    def lockstep(self) -> bool:
+        """Every group of the layout is its own communicator, advanced together: one sequence number."""
+        return True
+
+    @property
+    def has_rank0(self) -> bool:
+        return bool(self.ranks[0] == 0) or bool((self.ranks == 0).any())
+
+
+class MegatronSim:
+    """Plays one scenario with a ``workload`` and yields ``(delivery time, batch)`` in time order."""
+
+    def __init__(
+        self, sc: Scenario, topo: Topology, *, job: str, producer: str, skew_s: F64,
+        detail_ops_per_s: float = DETAIL_OPS_PER_S,
+    ) -> None:
+        if sc.workload is None:
+            raise ValueError("MegatronSim needs a scenario with a workload")
+        self.sc, self.topo, self.w = sc, topo, sc.workload
+        self.job, self.producer, self.skew = job, producer, skew_s
+        self.budget = detail_ops_per_s
+        self.rng = np.random.default_rng(sc.seed)
+        self.c = _comms(topo)
+        n = topo.n
+        self.clock = self.rng.uniform(0.0, 0.05, n)
+        self.last_exit = np.full(n, -1.0)
+        self.rs_exit = np.full(n, -1.0)
+        nm = self.c.m_rank.shape[0]
+        self.mf = np.full((nm, 5), INF)
+        self.mf[:, _F_PREV] = -1.0
+        self.mf[:, _F_EXIT] = -INF  # no op yet: nothing to wait for
+        self.mi = np.full((nm, 2), -1, dtype=np.int64)
+        self.tmpl_ids: dict[Template, int] = {}
+        self.tmpl = np.zeros((0, 7), dtype=np.int64)
+        # members whose newest op a fault changed: a link backlog (send/recv lead) or a freeze
+        self.m_sl = np.zeros(nm, dtype=np.int64)
+        self.m_rl = np.zeros(nm, dtype=np.int64)
+        self.m_fr = np.ones(nm)
+        self.m_special = np.zeros(nm, dtype=bool)
+        self.m_probewin = np.full(nm, -1, dtype=np.int64)  # interval of the member's last in-flight sample
+        self.next_inst = np.zeros(nm, dtype=np.int64)
+        n_c = len(self.c.hashes)
+        self.cseq = np.zeros(n_c, dtype=np.int64)
+        self.one_in = np.ones(n_c, dtype=np.int64)
+        self.hash_arr = np.asarray(self.c.hashes, dtype=np.int64)
+        self.pending: list[dict[str, npt.NDArray[Any]]] = []
+        self.window = 0
+        self.batch_seq = 0
+        dt = sc.sample_interval_s
+        self.dt = dt
+        self.n_inst = int(math.floor(sc.duration_s / dt + 1e-9)) + 1  # instants 0, dt, ... <= duration
+        # faults
+        self.h1_onset = np.full(n, INF)
+        for f in sc.faults:
+            if f.kind == "H1":
+                self.h1_onset[f.rank] = min(self.h1_onset[f.rank], f.onset_s)
+        self.h1_fired: set[int] = set()
+        self.compute_faults = [f for f in sc.faults if f.kind in ("S1", "S3")]
+        self.link_faults = [f for f in sc.faults if f.kind in ("S2", "S3", "H3")]
+        self.pending_h2 = [f for f in sc.faults if f.kind == "H2"]
+        self.pending_h3 = [f for f in sc.faults if f.kind == "H3"]
+        self.pending_transient = [f for f in sc.faults if f.kind == "transient"]
+        self.checkpoints = [[f, f.onset_s] for f in sc.faults if f.kind == "checkpoint"]
+        self.ops_per_rank = 0  # collectives rank 0 issued (for the workload's ops/s figure)
+        self.train = True
+        self.all_one = True  # every communicator's stride is 1 (the first step, before rates are known)
+        self._tbuf, self._tpos = np.zeros(0), 0
+        self._ubuf, self._upos = np.zeros(0), 0
+        self.any_h1 = bool(np.isfinite(self.h1_onset).any())
+        self._layouts: dict[tuple[Any, ...], _Layout] = {}
+        self.sizes = np.diff(np.append(self.c.off, nm))
+
+    # -- time and noise ------------------------------------------------------------------------
+    def _stop(self, ranks: I64, enter: F64) -> F64:
+        stop = enter >= self.h1_onset[ranks]
+        if stop.any():
+            self.h1_fired.update(ranks[stop & np.isfinite(enter)].tolist())
+        return np.where(stop, INF, enter)
+
+    def _t4(self, n: int) -> F64:
+        """``n`` heavy-tailed (Student t, 4 degrees of freedom) noise values, drawn in bulk."""
+        if self._tpos + n > self._tbuf.shape[0]:
+            self._tbuf = self.rng.standard_t(4, max(1 << 16, 4 * n))
+            self._tpos = 0
+        out = self._tbuf[self._tpos : self._tpos + n]
+        self._tpos += n
+        return out
+
+    def _u(self, n: int) -> F64:
+        if self._upos + n > self._ubuf.shape[0]:
+            self._ubuf = self.rng.random(max(1 << 16, 4 * n))
+            self._upos = 0
+        out = self._ubuf[self._upos : self._upos + n]
+        self._upos += n
+        return out
+
+    def _compute(self, ranks: I64, begin: F64, base_s: float, step_factor: float) -> F64:
+        jit = self.sc.jitter
+        c = base_s * step_factor * (1.0 + jit / 4 * self._t4(ranks.shape[0]))
+        c = np.maximum(c, 0.2 * base_s)
+        for f in self.compute_faults:
+            hit = (ranks == f.rank) & f.active(begin)
+            if hit.any():
+                c = np.where(hit, c * (f.factor if f.kind == "S1" else f.compute_factor), c)
+        for f in list(self.pending_transient):
+            hit = (ranks == f.rank) & (begin >= f.onset_s) & np.isfinite(begin)
+            if hit.any():
+                c = np.where(hit, c + f.delay_s, c)
+                self.pending_transient.remove(f)
+        return begin + c
+
+    # -- one collective on many groups at once ---------------------------------------------------
+    def _layout(self, key: tuple[Any, ...], ranks: I64, cids: I64, crank: I64, groups: int) -> _Layout:
+        """Arrays that only depend on which ranks meet where (cached: the same groups meet every step)."""
+        lay = self._layouts.get(key)
+        if lay is None:
+            size = ranks.shape[0] // groups
+            lay = _Layout(ranks, cids, crank, self.c.off[cids] + crank, cids.reshape(groups, size)[:, 0].copy())
+            self._layouts[key] = lay
+        return lay
+
+    def coll(
+        self, grid: I64, comm_of: I64, crank_of: I64, enter: F64, op: OpType, nominal_s: float, count: int,
+        *, family: str, key: tuple[Any, ...], blocking: bool = True,
+    ) -> F64:
+        """A ring collective on the groups that are the rows of ``grid``; returns each rank's exit.
+
+        ``key`` names the set of groups (family and stage) so their static arrays are built once.
+        """
+        groups, size = grid.shape
+        ranks = grid.ravel()
+        lay = self._layout(key, ranks, comm_of[ranks], crank_of[ranks], groups)
+        if not blocking:
+            # a communicator runs its ops in order (one stream): an op issued while the previous one
+            # is still running (gradient buckets) starts on the GPU when that one ends, never before
+            enter = np.maximum(enter, self.mf[lay.gi, _F_EXIT])
+        if self.any_h1:
+            enter = self._stop(ranks, enter)
+        start_g = enter.reshape(groups, size).max(axis=1)
+        dur_g = nominal_s * (1.0 + self.sc.jitter / 2 * np.abs(self._t4(groups)))
+        nn = ranks.shape[0]
+        special: dict[str, npt.NDArray[Any]] = {}  # per-rank arrays a fault changes (else the defaults)
+        hang_g = None
+        if family == "tp" and self.link_faults:
+            first = grid[:, 0]
+            for f in self.link_faults:
+                row = np.flatnonzero(first == (f.rank // size) * size)
+                if row.size == 0:
+                    continue
+                g = int(row[0])
+                if not math.isfinite(start_g[g]):
+                    continue
+                pos, nxt = g * size + f.rank % size, g * size + (f.rank + 1) % size
+                if f.kind == "H3":
+                    if f not in self.pending_h3 or start_g[g] + dur_g[g] <= f.onset_s:
+                        continue
+                    self.pending_h3.remove(f)
+                    frac = (f.onset_s - start_g[g]) / dur_g[g] if start_g[g] < f.onset_s else self.rng.uniform(0.2, 0.8)
+                    hang_g = np.zeros(groups, dtype=bool) if hang_g is None else hang_g
+                    hang_g[g] = True
+                    special.setdefault("freeze", np.ones(nn))[g * size : (g + 1) * size] = frac
+                elif bool(f.active(np.asarray(start_g[g]))):
+                    dur_g[g] /= f.factor if f.kind == "S2" else f.link_factor
+                else:
+                    continue
+                # data piles up behind the bad link: everyone but its two ends runs IN_FLIGHT slots ahead
+                sl_ = special.setdefault("send_lead", np.zeros(nn, np.int64))
+                rl_ = special.setdefault("recv_lead", np.zeros(nn, np.int64))
+                sl_[g * size : (g + 1) * size] = IN_FLIGHT
+                rl_[g * size : (g + 1) * size] = IN_FLIGHT
+                sl_[pos] = 0
+                rl_[nxt] = 0
+        for f in list(self.pending_h2):
+            want = ("dp", OpType.REDUCE_SCATTER) if f.mismatch == "order" or self.topo.tp < 2 else ("tp", op)
+            if want != (family, op):
+                continue
+            hit = np.flatnonzero((ranks == f.rank) & np.isfinite(enter) & (enter >= f.onset_s))
+            if hit.size:
+                self.pending_h2.remove(f)
+                i = int(hit[0])
+                op_t = special.setdefault("op", np.full(nn, int(op), dtype=np.int64))
+                dt_ = special.setdefault("dtype", np.full(nn, BF16, dtype=np.int64))
+                cnt = special.setdefault("count", np.full(nn, count, dtype=np.int64))
+                if f.mismatch == "order":
+                    op_t[i] = int(OpType.ALL_GATHER)  # it issued the step's ops in the other order
+                elif f.mismatch == "op":
+                    op_t[i] = int(OpType.ALL_GATHER if op != OpType.ALL_GATHER else OpType.ALL_REDUCE)
+                elif f.mismatch == "dtype":
+                    dt_[i] = int(DType.FLOAT32)
+                else:
+                    cnt[i] = cnt[i] // 2
+                hang_g = np.zeros(groups, dtype=bool) if hang_g is None else hang_g
+                hang_g[i // size] = True
+                special.setdefault("freeze", np.ones(nn))[(i // size) * size : (i // size + 1) * size] = 0.0
+        start = np.repeat(start_g, size)
+        dur = np.repeat(dur_g, size)
+        exit_ = start + dur * (1.0 + 0.01 * self._u(nn))
+        if hang_g is not None:
+            exit_ = np.where(np.repeat(hang_g, size), INF, exit_)
+        slots = _slots(nominal_s)
+        tmpl: int | I64 = self._tmpl((int(op), BF16, count, -1, slots, slots, slots))
+        if "op" in special:  # H2: one member called something else
+            tmpl = np.asarray([self._tmpl((int(o), int(d), int(c), -1, slots, slots, slots)) for o, d, c in
+                               zip(special["op"].tolist(), special["dtype"].tolist(), special["count"].tolist(),
+                                   strict=True)], dtype=np.int64)
+        self._record(lay, enter, exit_, start, dur, tmpl, special)
+        if blocking:
+            fin = np.isfinite(exit_)
+            self.last_exit[ranks[fin]] = exit_[fin]
+        return exit_
+
+    def p2p(self, src: I64, dst: I64, enter_src: F64, enter_dst: F64, comm: I64, nominal_s: float,
+            key: tuple[Any, ...]) -> tuple[F64, F64]:
+        """``src[i]`` sends one tensor to ``dst[i]`` on ``comm[i]`` (comm rank 0 sends); the receiver waits."""
+        m = src.shape[0]
+        ranks = np.concatenate([src, dst])
+        cr = np.concatenate([np.zeros(m, np.int64), np.ones(m, np.int64)])
+        lay = self._layout(key, ranks, np.concatenate([comm, comm]), cr, m)
+        enter_src = np.maximum(enter_src, self.mf[lay.gi[:m], _F_EXIT])  # in order on its communicator
+        if self.any_h1:
+            enter_src, enter_dst = self._stop(src, enter_src), self._stop(dst, enter_dst)
+        start = np.maximum(enter_src, enter_dst)
+        dur = nominal_s * (1.0 + self.sc.jitter / 2 * np.abs(self._t4(m)))
+        xs = start + dur * (1.0 + 0.01 * self._u(m))
+        xd = start + dur * (1.0 + 0.01 * self._u(m))
+        slots = _slots(nominal_s)
+        send_t = self._tmpl((int(OpType.SEND), BF16, self.w.act_elems, 1, slots, slots, 0))
+        recv_t = self._tmpl((int(OpType.RECV), BF16, self.w.act_elems, 0, slots, 0, slots))
+        tmpl = np.concatenate([np.full(m, send_t), np.full(m, recv_t)]).astype(np.int64)
+        self._record(lay, np.concatenate([enter_src, enter_dst]), np.concatenate([xs, xd]),
+                     np.concatenate([start, start]), np.concatenate([dur, dur]), tmpl, {})
+        fin = np.isfinite(xd)
+        self.last_exit[dst[fin]] = xd[fin]
+        return xs, xd
+
+    # -- members: state samples and sampled detail ---------------------------------------------
+    def _sampled(self, lay: _Layout, seq_g: I64) -> npt.NDArray[np.bool_]:
+        """Which groups' op is detailed; the groups of one layout run in lockstep (one sequence
+        number), so the rule is evaluated for a block of upcoming sequence numbers at once."""
+        if self.all_one:
+            return np.ones(seq_g.shape[0], dtype=np.bool_)
+        seq = int(seq_g[0])
+        if not bool((seq_g == seq).all()):  # pragma: no cover - lockstep is how layouts are built
+            return detail_sampled(self.hash_arr[lay.cid_g], seq_g, self.one_in[lay.cid_g])
+        base, block = lay.cache.get("base", -1), lay.cache.get("block")
+        if block is None or not base <= seq < base + _SAMPLE_BLOCK:
+            seqs = np.arange(seq, seq + _SAMPLE_BLOCK, dtype=np.int64)
+            block = detail_sampled(self.hash_arr[lay.cid_g][:, None], seqs[None, :], self.one_in[lay.cid_g][:, None])
+            lay.cache["base"], lay.cache["block"] = seq, block
+            base = seq
+        return np.asarray(block[:, seq - base])
+
+    def _tmpl(self, t: Template) -> int:
+        i = self.tmpl_ids.get(t)
+        if i is None:
+            i = self.tmpl_ids[t] = len(self.tmpl_ids)
+            self.tmpl = np.vstack([self.tmpl, np.asarray(t, dtype=np.int64)[None, :]])
+        return i
+
+    def _record(
+        self, lay: _Layout, enter: F64, exit_: F64, start: F64, dur: F64, tmpl: int | I64,
+        special: dict[str, npt.NDArray[Any]],
+    ) -> None:
+        """Make one op of each group the newest op of its members (after sampling the previous one's
+        state up to its start), and queue its DONE records if its communicator's stride picks it."""
+        seq_g = self.cseq[lay.cid_g]
+        self.cseq[lay.cid_g] += 1  # one op of each group's own communicator
+        if lay.has_rank0:
+            self.ops_per_rank += 1
+        ok = enter <= self.sc.duration_s  # inf (never entered) is not
+        allok = bool(ok.all())
+        if not allok and not ok.any():
+            return
+        gi = lay.gi if allok else lay.gi[ok]
+        en = enter if allok else enter[ok]
+        # state samples are due only when this op starts after a member's next sampling instant; the
+        # layout remembers the earliest such instant of its members, so most ops skip the check
+        nt = lay.cache.get("nt", -INF)
+        if float(en.max()) > nt:
+            self._states(gi, en)  # the previous op is the newest state until this one starts
+            lay.cache["nt"] = float(self.next_inst[lay.gi].min()) * self.dt
+        size = lay.gi.shape[0] // lay.cid_g.shape[0]
+        fb, ib = lay.cache.get("fb"), lay.cache.get("ib")
+        if fb is None or ib is None:
+            fb = lay.cache["fb"] = np.empty((enter.shape[0], 5))
+            ib = lay.cache["ib"] = np.empty((enter.shape[0], 2), dtype=np.int64)
+        fb[:, _F_ENTER], fb[:, _F_EXIT], fb[:, _F_START], fb[:, _F_DUR] = enter, exit_, start, dur
+        fb[:, _F_PREV] = self.last_exit[lay.ranks]
+        ib[:, _I_SEQ] = seq_g[0] if lay.lockstep else np.repeat(seq_g, size)
+        ib[:, _I_TMPL] = tmpl
+        self.mf[gi] = fb if allok else fb[ok]
+        self.mi[gi] = ib if allok else ib[ok]
+        if special or lay.cache.get("special"):
+            fields_ = ((self.m_sl, "send_lead", 0), (self.m_rl, "recv_lead", 0), (self.m_fr, "freeze", 1.0))
+            for arr, k, default in fields_:
+                v = special.get(k)
+                arr[gi] = default if v is None else (v if allok else v[ok])
+            lay.cache["special"] = bool(special)
+        # the poller looks every POLL_S; a look that catches the op in flight (data moving) is shipped,
+        # one per member and interval: the live counters that show where a backlog builds. Data
+        # moves from the group's start (the last arrival) on, so the test is per group first.
+        start_g = start[::size]
+        first_g = np.ceil(start_g / POLL_S + 1e-9) * POLL_S
+        maybe = first_g < start_g + dur[::size] * 1.02
+        if maybe.any():
+            first = np.repeat(first_g, size)
+            hit = ok & np.repeat(maybe, size) & (first < exit_) & (first <= self.sc.duration_s)
+            if hit.any():
+                h = np.flatnonzero(hit)
+                win = np.floor(first[h] / self.dt + 1e-9).astype(np.int64)
+                new = win != self.m_probewin[lay.gi[h]]
+                if new.any():
+                    self.m_probewin[lay.gi[h[new]]] = win[new]
+                    self._rows(lay.gi[h[new]], first[h[new]], final=False)
+        sampled_g = self._sampled(lay, seq_g)
+        if sampled_g.any():
+            d = ok & np.repeat(sampled_g, size) & np.isfinite(exit_) & (exit_ <= self.sc.duration_s)
+            if d.any():
+                self._rows(lay.gi[d], exit_[d], final=True)
+
+    def _states(self, g: I64, upto: F64) -> None:
+        """State samples of members ``g`` at every instant before ``upto`` not yet sampled."""
+        k0 = self.next_inst[g]
+        k1 = np.minimum(np.ceil(np.minimum(upto, 1e15) / self.dt - 1e-9).astype(np.int64), self.n_inst)
+        n = np.where(self.mi[g, _I_SEQ] >= 0, k1 - k0, 0)
+        for j in range(int(n.max(initial=0))):
+            sel = n > j
+            self._rows(g[sel], (k0[sel] + j) * self.dt, final=False)
+        self.next_inst[g] = np.maximum(k0, k1)
+
+    def _rows(self, g: I64, t: F64, *, final: bool) -> None:
+        f, mi = self.mf[g], self.mi[g]
+        tp = self.tmpl[mi[:, _I_TMPL]]
+        ex = f[:, _F_EXIT]
+        inside = np.zeros(g.shape[0], dtype=bool) if final else t < ex
+        status = np.full(g.shape[0], int(Status.DONE if final else Status.IDLE), dtype=np.int64)
+        status[inside] = int(Status.PROGRESS)
+        start, dur = f[:, _F_START], f[:, _F_DUR]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            frac = np.clip((t - start) / dur, 0.0, 1.0)
+        frac = np.where(np.isfinite(frac), frac, 0.0)
+        frac = np.minimum(frac, self.m_fr[g])
+        level = np.floor(frac * tp[:, 4]).astype(np.int64)
+        started = t > start
+        send = np.where(started, np.minimum(tp[:, 5], level + self.m_sl[g]), 0)
+        recv = np.where(started, np.minimum(tp[:, 6], level + self.m_rl[g]), 0)
+        ranks = self.c.m_rank[g]
+        prev = f[:, _F_PREV]
+        self.pending.append({
+            "_cid": self.c.m_cid[g], "_t": t, "op_seq": mi[:, _I_SEQ], "op_type": tp[:, 0], "dtype": tp[:, 1],
+            "count": tp[:, 2], "peer": tp[:, 3], "rank": ranks, "comm_rank": self.c.m_crank[g],
+            "comm_size": self.sizes[self.c.m_cid[g]], "status": status, "host_idx": self.c.m_lhost[g],
+            "t_enter_ns": self._ns(f[:, _F_ENTER], ranks),
+            "t_exit_ns": np.where(inside, -1, self._ns(np.where(inside, 0.0, ex), ranks)),
+            "t_sample_ns": self._ns(t, ranks),
+            "t_prev_exit_ns": np.where(prev >= 0, self._ns(np.maximum(prev, 0.0), ranks), -1),
+            "_send": send, "_recv": recv,
+        })
+
+    def _ns(self, t: F64, ranks: I64) -> I64:
+        return EPOCH_NS + np.rint((t + self.skew[self.topo.host_of[ranks]]) * 1e9).astype(np.int64)
+
+    # -- windows out ----------------------------------------------------------------------------
+    def _flush(self, upto: float) -> Iterator[tuple[float, KernelBatch]]:
+        """Batches of every delivery window that ends at or before ``upto``."""
+        dt = self.dt
+        last = int(math.floor(min(upto, self.sc.duration_s + dt) / dt + 1e-9))  # windows [w*dt, (w+1)*dt) < last
+        if last <= self.window or not self.pending:
+            self.window = max(self.window, min(last, self.n_inst))
+            return
+        cols = {k: np.concatenate([p[k] for p in self.pending]) for k in self.pending[0]}
+        win = np.floor(cols["_t"] / dt + 1e-9).astype(np.int64)
+        out = win < last
+        self.pending = [{k: v[~out] for k, v in cols.items()}] if (~out).any() else []
+        cols = {k: v[out] for k, v in cols.items()}
+        win = win[out]
+        order = np.lexsort((cols["_t"], cols["_cid"], win))
+        cols = {k: v[order] for k, v in cols.items()}
+        win = win[order]
+        key = win * (len(self.c.hashes) + 1) + cols["_cid"]
+        cuts = np.flatnonzero(np.diff(key)) + 1
+        bounds = np.concatenate([[0], cuts, [key.shape[0]]]).tolist()
+        ch = min(self.sc.channels, MAX_CHANNELS)
+        send2 = fold_columns(np.repeat(cols["_send"][:, None], self.sc.channels, axis=1), MAX_CHANNELS)
+        recv2 = fold_columns(np.repeat(cols["_recv"][:, None], self.sc.channels, axis=1), MAX_CHANNELS)
+        names = ("op_seq", "op_type", "dtype", "count", "peer", "rank", "comm_rank", "comm_size", "status",
+                 "host_idx", "t_enter_ns", "t_exit_ns", "t_sample_ns", "t_prev_exit_ns")
+        for a, b in zip(bounds[:-1], bounds[1:], strict=True):
+            cid = int(cols["_cid"][a])
+            w = int(win[a])
+            batch = KernelBatch(
+                job=self.job, incarnation=0, comm_hash=self.c.hashes[cid], world_size=self.topo.n,
+                hosts=self.c.hosts[cid], columns={k: cols[k][a:b] for k in names}, send=send2[a:b, :ch],
+                recv=recv2[a:b, :ch], producer=self.producer, batch_seq=self.batch_seq,
+            )
+            self.batch_seq += 1
+            yield min((w + 1) * dt, self.sc.duration_s) + DELIVERY_LATENCY_S, batch
+        self.window = last
+
+    # -- the schedule -------------------------------------------------------------------------------
+    def _program(self, p: int, train: bool) -> list[tuple[str, int]]:
+        m, pp = self.w.microbatches, self.topo.pp
+        if not train:
+            return [("F", i) for i in range(m)]
+        warm = min(pp - p - 1, m)
+        prog = [("F", i) for i in range(warm)]
+        f, b = warm, 0
+        while f < m:
+            prog += [("F", f), ("B", b)]
+            f += 1
+            b += 1
+        return prog + [("B", i) for i in range(b, m)]
+
+    def _pass(self, p: int, kind: str, i: int, step_factor: float, last_mb: bool) -> None:
+        """Layers of one forward or backward pass of stage ``p`` (tensor-parallel ops inside)."""
+        topo, w = self.topo, self.w
+        stage = topo.stage_ranks(p)
+        grid = stage.reshape(topo.dp, topo.tp)
+        per_layer = w.fwd_s * (1.0 if kind == "F" else 2.0)
+        k = w.tp_ops_per_layer
+        tp_s = w.tp_op_s(topo.tp)
+        ops: list[OpType] = (
+            [OpType.ALL_GATHER, OpType.REDUCE_SCATTER] * 2 if w.seq_parallel else [OpType.ALL_REDUCE] * 2
+        )
+        buckets_after: dict[int, list[int]] = {}
+        if kind == "B" and last_mb and topo.dp > 1 and self.train:
+            for b in range(w.dp_buckets):
+                buckets_after.setdefault(min(w.layers - 1, (b + 1) * w.layers // w.dp_buckets - 1), []).append(b)
+        t = self.clock[stage]
+        for layer in range(w.layers):
+            for j in range(k):
+                t = self._compute(stage, t, per_layer / k, step_factor)
+                if topo.tp > 1:
+                    t = self.coll(grid, topo.tp_comm, topo.tp_crank, t, ops[j], tp_s,
+                                  w.act_elems // (topo.tp if w.seq_parallel else 1), family="tp", key=("tp", p))
+            for _b in buckets_after.get(layer, []):
+                ex = self.coll(grid.T.copy(), topo.dp_comm, topo.dp_crank, self._reorder(stage, grid.T.ravel(), t),
+                               OpType.REDUCE_SCATTER, w.dp_op_s(topo.tp, topo.dp),
+                               int(w.grad_bytes(topo.tp) / 2 / w.dp_buckets), family="dp", key=("dp", p),
+                               blocking=False)
+                order = grid.T.ravel()
+                self.rs_exit[order] = np.maximum(self.rs_exit[order], ex)
+        self.clock[stage] = t
+
+    @staticmethod
+    def _reorder(src_order: I64, dst_order: I64, values: F64) -> F64:
+        lookup = np.empty(int(max(src_order.max(), dst_order.max())) + 1)
+        lookup[src_order] = values
+        return lookup[dst_order]
+
+    def _step(self, step: int) -> None:
+        topo, w, sc = self.topo, self.w, self.sc
+        cycle = w.eval_every + w.eval_steps
+        self.train = not (w.eval_every and step % cycle >= w.eval_every)
+        ready = float(np.min(self.clock))
+        for ck in self.checkpoints:
+            f, due = ck
+            if ready >= due:
+                self._barrier(f)
+                ck[1] = due + f.every_s if f.every_s is not None else INF
+        if w.pause_rate > 0:  # GC, data loader: one rank now and then starts its step late
+            hit = self.rng.random(topo.n) < w.pause_rate
+            self.clock = self.clock + np.where(hit, self.rng.uniform(0.0, w.pause_ms / 1000.0, topo.n), 0.0)
+        step_factor = max(0.5, 1.0 + sc.jitter * float(self.rng.standard_normal()))
+        progs = [self._program(p, self.train) for p in range(topo.pp)]
+        at = [0] * topo.pp
+        sent: dict[tuple[int, str, int], F64] = {}
+        pp_s = w.pp_op_s(topo.tp * topo.pp <= sc.gpus_per_node)
+        self.rs_exit[:] = -1.0
+        m = w.microbatches
+        while any(at[p] < len(progs[p]) for p in range(topo.pp)):
+            moved = False
+            for p in range(topo.pp):
+                if at[p] >= len(progs[p]):
+                    continue
+                kind, i = progs[p][at[p]]
+                src_p = p - 1 if kind == "F" else p + 1
+                has_src = 0 <= src_p < topo.pp
+                if has_src and (src_p, kind, i) not in sent:
+                    continue
+                stage = topo.stage_ranks(p)
+                if has_src:
+                    src = stage - topo.tp if kind == "F" else stage + topo.tp
+                    comm = topo.pps_comm[src] if kind == "F" else self.c.bwd_comm[src]
+                    _, xd = self.p2p(src, stage, sent.pop((src_p, kind, i)), self.clock[stage], comm, pp_s,
+                                     key=("pp", kind, p))
+                    self.clock[stage] = xd
+                self._pass(p, kind, i, step_factor, last_mb=(kind == "B" and i == m - 1))
+                dst_p = p + 1 if kind == "F" else p - 1
+                if 0 <= dst_p < topo.pp:
+                    sent[(p, kind, i)] = self.clock[stage].copy()  # the send is issued; the sender goes on
+                at[p] += 1
+                moved = True
+            if not moved:  # pragma: no cover - a schedule bug, not a runtime condition
+                raise RuntimeError("1F1B schedule made no progress")
+        if self.train and topo.dp > 1:
+            for p in range(topo.pp):
+                stage = topo.stage_ranks(p)
+                grid = stage.reshape(topo.dp, topo.tp)
+                t = np.maximum(self.clock[stage], self.rs_exit[stage])  # wait for the gradient buckets
+                order = grid.T.ravel()
+                e = self._reorder(stage, order, t)
+                for _b in range(w.dp_buckets):
+                    e = self.coll(grid.T.copy(), topo.dp_comm, topo.dp_crank, e, OpType.ALL_GATHER,
+                                  w.dp_op_s(topo.tp, topo.dp), int(w.grad_bytes(topo.tp) / 2 / w.dp_buckets),
+                                  family="dp", key=("dp", p))
+                self.clock[stage] = self._reorder(order, stage, e)
+
+    def _barrier(self, f: Fault) -> None:
+        topo = self.topo
+        ranks = np.arange(topo.n, dtype=np.int64)
+        enter = self.clock.copy()
+        enter[f.writer_rank] += f.pause_s
+        ex = self.coll(ranks[None, :], np.full(topo.n, topo.world_comm, dtype=np.int64), ranks, enter,
+                       OpType.BARRIER, 0.005, 1, family="world", key=("world",))
+        self.clock = ex.copy()
+
+    def run(self, horizon_s: float | None = None) -> Iterator[tuple[float, KernelBatch]]:
+        """Play the job; ``horizon_s`` stops the schedule early (to check which faults fire)."""
+        sc = self.sc
+        step = 0
+        end = sc.duration_s if horizon_s is None else min(sc.duration_s, horizon_s)
+        while float(np.min(self.clock)) <= end:
+            t0 = float(np.min(self.clock))
+            self._step(step)
+            if step == 0:  # every rank measures its communicators' op rate and picks the stride
+                el = max(float(np.min(self.clock)) - t0, 1e-6)
+                self.one_in = np.asarray([detail_one_in(c / el, self.budget) for c in self.cseq.tolist()],
+                                         dtype=np.int64)
+                self.all_one = bool((self.one_in == 1).all())
+                for lay in self._layouts.values():
+                    lay.cache.clear()
+            step += 1
+            frontier = float(np.min(self.clock))
+            self._states(np.arange(self.next_inst.shape[0]), np.full(self.next_inst.shape[0], frontier))
+            if math.isfinite(frontier):
+                nt = math.ceil(frontier / self.dt - 1e-9) * self.dt  # every member's next instant is at or after
+                for lay in self._layouts.values():
+                    lay.cache["nt"] = max(lay.cache.get("nt", -INF), nt - 1e-9)
+            yield from self._flush(frontier)
+        n = self.next_inst.shape[0]
+        self._states(np.arange(n), np.full(n, sc.duration_s + 1e-9))
+        yield from self._flush(INF)
+
+    def manifested(self) -> list[bool]:
+        out = []
+        for f in self.sc.faults:
+            if f.kind == "H1":
+                out.append(f.rank in self.h1_fired)
+            elif f.kind == "H2":
+                out.append(f not in self.pending_h2)
+            elif f.kind == "H3":
+                out.append(f not in self.pending_h3)
+            else:
+                out.append(True)
+        return out
