@@ -58,13 +58,13 @@ class Incident:
         return self.verdicts[-1]
 
     def matches(self, e: Expectation) -> bool:
-        return self.final.kind.value == e.kind and e.rank in self.final.root_cause_ranks
+        return e.named_by(self.final)
 
     def names(self, rank: int) -> bool:
         return rank in self.final.root_cause_ranks
 
     def first_correct_time(self, e: Expectation) -> float:
-        return min(v.detected_time for v in self.verdicts if v.kind.value == e.kind and e.rank in v.root_cause_ranks)
+        return min(v.detected_time for v in self.verdicts if e.named_by(v))
 
 
 def incidents(verdicts: Iterable[Verdict]) -> list[Incident]:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ccld.producers.simulator.scenario import Expectation
 from ccld.records import Verdict
 from ccld.settings import Settings
 
@@ -44,7 +45,7 @@ class Expected:
     onset_s: float
 
     def matched_by(self, v: Verdict) -> bool:
-        return v.job == self.job and v.kind.value == self.kind and self.rank in v.root_cause_ranks
+        return v.job == self.job and Expectation(self.kind, self.rank).named_by(v)
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -59,8 +60,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace, settings: Settings) -> int:
     from ccld.producers.kafka import MetricsProducer
     from ccld.producers.simulator.scenario import Scenario
+    from ccld.stack.up import Pipeline, stop_on_sigterm
     from ccld.streams.tail import iter_verdicts
-    from ccld.up import Pipeline, stop_on_sigterm
 
     stop_on_sigterm()
     if settings.log_level.upper() == "INFO":  # the demo's own lines tell the story; keep library chatter out

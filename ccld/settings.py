@@ -17,12 +17,68 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ccld.errors import ConfigError
-from ccld.streams.analysis.settings import AnalyzerSettings
 
 ENV_PREFIX = "CCLD_"
 ANALYZER_PREFIX = "ANALYZER_"
 #: CCLD_* variables that are not settings (read by the test suite only).
 NOT_SETTINGS = frozenset({"CCLD_TEST_BOOTSTRAP"})
+
+
+@dataclass(frozen=True)
+class AnalyzerSettings:
+    """Decision thresholds; times are seconds on the analyzer's clock or a rank's own clock.
+
+    Defaults are tuned on ``benchmarks/scenarios/standard.jsonl`` (1 s probe samples in the
+    simulator; the real probe samples every 100 ms, which only makes every decision faster).
+    """
+
+    # --- slow ratio P = excess spread / excess time; P <= alpha: S2, P >= beta: S1, else S3
+    alpha: float = 0.4  # P <= alpha: S2 (comm-slow)
+    beta: float = 0.6  # P >= beta: S1 (comp-slow); in between: S3
+
+    # --- hangs
+    hang_min_s: float = 20.0  # never declare a not-entered hang (H1) shorter than this
+    h2_min_s: float = 8.0  # signatures differ at one op sequence and nothing moved for this long
+    h3_min_s: float = 15.0  # everyone entered a consistent op and counters stayed frozen this long
+    barrier_hang_min_s: float = 45.0  # H1 at a barrier (checkpoints wait there) needs this long
+    hang_op_factor: float = 8.0  # a hang also needs stall >= this x the longest healthy op time learned
+    hang_max_s: float = 900.0  # learned tolerances never push a hang threshold beyond this
+    pause_tolerance: float = 1.5  # a stall recurring like a benign pause seen before waits this x longer
+    pause_memory: int = 8  # benign pauses remembered per communicator
+    cadence_ops: int = 32  # recent ops per communicator learned as a signature pattern (H2 without majority)
+    wait_edge_min_s: float = 2.0  # a communicator counts as waiting (wait-for edge) after this stall
+
+    # --- slowness
+    slow_factor: float = 1.3  # an op is slow when its time exceeds slow_factor x the learned baseline
+    slow_min_excess_s: float = 1e-5  # ... and exceeds the baseline by at least this much (s; ops last 50 us and up)
+    slow_mad_k: float = 6.0  # ... and by this many mean absolute deviations of the baseline
+    slow_min_ops: int = 3  # "repeated counting": slow ops (of the window) before a slow verdict
+    slow_window_ops: int = 5  # window of recent ops per signature the repeated counting looks at
+    slow_resolve_ops: int = 6  # consecutive normal ops that resolve a slow incident
+    baseline_min_ops: int = 6  # healthy ops per signature learned before slowness is judged
+    baseline_warmup_s: float = 10.0  # ... and a communicator's first seconds (pipeline fill) are never judged
+    baseline_ops: int = 32  # horizon (ops) of the moving baseline per signature (it follows the training phase)
+    culprit_share: float = 0.6  # the late arriver / backlog rank must be the same in this share of slow ops
+    culprit_gap_share: float = 0.5  # late arriver computed >= this share of its lateness longer than peers, else victim
+
+    # --- bookkeeping
+    finalize_timeout_s: float = 10.0  # an op missing some DONE records is closed after this long
+    resolved_memory: int = 2048  # resolved incidents remembered for dedupe (state_dict stays bounded)
+    batch_memory: int = 4096  # (producer, batch_seq) pairs remembered per producer for duplicate batches
+    producer_memory: int = 256  # producers whose batch sequence numbers are remembered
+    job_expiry_s: float = 3600.0  # a job incarnation silent this long (and without open incidents) is dropped
+    update_min_interval_s: float = 10.0  # at most one UPDATE per incident in this interval (class changes: at once)
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            if getattr(self, f.name) < 0:
+                raise ConfigError(f"analyzer setting {f.name} must not be negative, got {getattr(self, f.name)}")
+        if not 0.0 <= self.alpha <= self.beta <= 1.0:
+            raise ConfigError(f"analyzer thresholds need 0 <= alpha <= beta <= 1, got {self.alpha}, {self.beta}")
+        if not 1 <= self.slow_min_ops <= self.slow_window_ops:
+            raise ConfigError(
+                f"analyzer needs 1 <= slow_min_ops <= slow_window_ops, got {self.slow_min_ops}, {self.slow_window_ops}"
+            )
 
 
 @dataclass(frozen=True)
@@ -45,11 +101,27 @@ class Settings:
     worker_tick_s: float = 1.0  # how often the worker re-evaluates open operations
     worker_commit_interval_s: float = 2.8  # how often the worker commits consumed offsets
     worker_shutdown_grace_s: float = 30.0  # after SIGTERM/SIGINT the worker exits anyway after this long
+    worker_clock_max_skew_s: float = 30.0  # timestamps this far ahead of the producers' consensus do not move the clock
+    worker_clock_active_s: float = 120.0  # a producer silent this long no longer votes on the analyzer clock
+    worker_deadletter_raw_max_bytes: int = 65_536  # raw bytes of a bad message kept in its dead letter
     producer_queue_max: int = 200_000  # kernel records waiting in a producer, at most
     producer_batch_max: int = 2_000  # kernel records per batch message, at most
     producer_linger_ms: int = 500  # a batch waits at most this long for more records (fewer, larger messages)
+    producer_message_timeout_ms: int = 30_000  # a message the broker has not taken by then is expired (lost or spooled)
+    producer_connect_timeout_s: float = 15.0  # ccld simulate fails when no broker answers within this long
+    spool_dir: str = ""  # folder of the on-disk spool for records the broker did not take; empty: no spool
+    spool_max_mb: float = 256.0  # the spool holds at most this much; records beyond it are counted lost
+    spool_max_age_s: float = 3600.0  # spooled records older than this are discarded (counted lost), not replayed
     session_timeout_ms: int = 6_000  # consumer group session timeout (short: fast joins and failover)
     heartbeat_ms: int = 2_000  # consumer group heartbeat interval
+    security_protocol: str = "PLAINTEXT"  # PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL, for every Kafka client
+    sasl_mechanism: str = ""  # PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512 (with a SASL_* protocol)
+    sasl_username: str = ""  # SASL user name
+    sasl_password: str = field(default="", repr=False)  # SASL password (never logged)
+    ssl_ca_location: str = ""  # PEM file of the CA that signed the broker's certificate; empty: system CAs
+    ssl_certificate_location: str = ""  # PEM client certificate (mutual TLS)
+    ssl_key_location: str = ""  # PEM private key of the client certificate
+    kafka_config_file: str = ""  # librdkafka properties file (key=value lines) merged into every client's config
     log_level: str = "INFO"  # DEBUG, INFO, WARNING, ERROR
     analyzer: AnalyzerSettings = field(default_factory=AnalyzerSettings)
 
@@ -164,6 +236,35 @@ def _validate(s: Settings) -> None:
             raise ConfigError(f"{name} must be at least 1, got {getattr(s, name)}")
     if s.producer_batch_max < 1 or s.producer_queue_max < s.producer_batch_max:
         raise ConfigError("producer_queue_max must be at least producer_batch_max, which must be >= 1")
+    if s.producer_message_timeout_ms < 1 or s.producer_connect_timeout_s <= 0:
+        raise ConfigError("producer_message_timeout_ms and producer_connect_timeout_s must be positive")
+    if s.spool_max_mb <= 0 or s.spool_max_age_s <= 0:
+        raise ConfigError("spool_max_mb and spool_max_age_s must be positive")
+    _validate_security(s)
     a = s.analyzer
     if not 0.0 <= a.alpha <= a.beta <= 1.0:
         raise ConfigError(f"analyzer thresholds need 0 <= alpha <= beta <= 1, got {a.alpha}, {a.beta}")
+
+
+SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
+SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+
+
+def _validate_security(s: Settings) -> None:
+    # Checked here, not by the clients: a typo must fail at startup, not as a silent PLAINTEXT connection.
+    if s.security_protocol.upper() not in SECURITY_PROTOCOLS:
+        raise ConfigError(f"security_protocol must be one of {', '.join(SECURITY_PROTOCOLS)}, "
+                          f"got {s.security_protocol!r}")
+    if s.kafka_config_file:
+        return  # the file may supply the rest; ccld.security checks the merged config when clients are built
+    sasl = s.security_protocol.upper().startswith("SASL_")
+    if sasl and s.sasl_mechanism.upper() not in SASL_MECHANISMS:
+        raise ConfigError(f"security_protocol {s.security_protocol} needs sasl_mechanism, one of "
+                          f"{', '.join(SASL_MECHANISMS)} (got {s.sasl_mechanism!r})")
+    if sasl and not s.sasl_username:
+        raise ConfigError(f"security_protocol {s.security_protocol} needs sasl_username (and sasl_password)")
+    if not sasl and (s.sasl_mechanism or s.sasl_username or s.sasl_password):
+        raise ConfigError(f"SASL settings are given but security_protocol is {s.security_protocol}; "
+                          "use SASL_SSL (or SASL_PLAINTEXT on a trusted network)")
+    if bool(s.ssl_certificate_location) != bool(s.ssl_key_location):
+        raise ConfigError("ssl_certificate_location and ssl_key_location go together (mutual TLS)")

@@ -257,6 +257,18 @@ class Maker:
         sc["faults"] = [f]
         self.add(sc)
 
+    def lifecycle(self, ranks: int, kind: str) -> None:
+        """Benign: the job restarts as a new incarnation, or a family of communicators is created again."""
+        sc = self.base(kind, ranks)
+        on = self.onset(sc)
+        if kind == "restart":
+            sc["faults"] = [{"kind": "restart", "onset_s": on, "down_s": round(self.rng.uniform(5.0, 20.0), 1)}]
+        else:
+            fams = ["dp", "tp"] if sc["layout"]["tp"] > 1 and sc["layout"]["dp"] > 1 else ["tp", "dp", "pp"]
+            sc["faults"] = [{"kind": "recreate", "onset_s": on, "family": self.rng.choice(fams)}]
+        sc["duration_s"] = on + self.p.benign_tail_s + 15
+        self.add(sc)
+
     def pair(self, kinds: tuple[str, str], ranks: int, same_group: bool = False) -> None:
         # one hang can keep another from ever happening (its rank is already stuck behind the
         # first): draw again until both faults really take effect, so the ground truth holds
@@ -376,6 +388,8 @@ def build_megatron(seed: int, check: bool, profile: Profile, scale: float = 1.0)
         m.checkpoint(size(), recurring=False)
     for _ in range(n(10)):
         m.checkpoint(size(), recurring=True)
+    for i in range(n(10)):
+        m.lifecycle(size(), "restart" if i % 2 == 0 else "recreate")
     pairs = [("S1", "S2"), ("S3", "S3"), ("S2", "S2"), ("S1", "S3"), ("H1", "H3"), ("H1", "H1"), ("S1", "S1")]
     for i in range(n(21)):
         m.pair(pairs[i % len(pairs)], m.rng.choice([16, 32, 64, 128]))

@@ -72,6 +72,7 @@ class _Comms:
     m_cid: I64
     m_lhost: I64  # member -> index into its comm's host table
     bwd_comm: I64  # rank on stage p+1 -> comm where it sends gradients to stage p (-1: none)
+    family: list[str]  # comm id -> "tp", "dp", "pp" (either direction), "world"
 
 
 def _comms(topo: Topology) -> _Comms:
@@ -118,7 +119,8 @@ def _comms(topo: Topology) -> _Comms:
         loc[[host_ix[h] for h in hs]] = np.arange(len(hs))
         sl = slice(int(off[cid]), int(off[cid]) + sizes[cid])
         m_lhost[sl] = loc[topo.host_of[m_rank[sl]]]
-    return _Comms(hashes, hosts, off, m_rank, m_crank, m_cid, m_lhost, bwd)
+    fam = [{"ppb": "pp"}.get(f, f) for f in topo.comm_family] + ["pp"] * (len(hashes) - topo.n_comms)
+    return _Comms(hashes, hosts, off, m_rank, m_crank, m_cid, m_lhost, bwd, fam)
 
 
 _SAMPLE_BLOCK = 2048  # sequence numbers whose sampling is decided at once, per layout
@@ -199,6 +201,11 @@ class MegatronSim:
         self.checkpoints = [[f, f.onset_s] for f in sc.faults if f.kind == "checkpoint"]
         self.ops_per_rank = 0  # collectives rank 0 issued (for the workload's ops/s figure)
         self.train = True
+        self.inc = 0  # incarnation: a restart starts a new one
+        self.measure = True  # the next step measures op rates (the first one, and the first after a restart)
+        self.step_t0 = 0.0
+        self.restarts = [f for f in sc.faults if f.kind == "restart"]
+        self.recreates = [f for f in sc.faults if f.kind == "recreate"]
         self.all_one = True  # every communicator's stride is 1 (the first step, before rates are known)
         self._tbuf, self._tpos = np.zeros(0), 0
         self._ubuf, self._upos = np.zeros(0), 0
@@ -483,7 +490,8 @@ class MegatronSim:
         ranks = self.c.m_rank[g]
         prev = f[:, _F_PREV]
         self.pending.append({
-            "_cid": self.c.m_cid[g], "_t": t, "op_seq": mi[:, _I_SEQ], "op_type": tp[:, 0], "dtype": tp[:, 1],
+            "_cid": self.c.m_cid[g], "_hash": self.hash_arr[self.c.m_cid[g]], "_inc": np.full(g.shape[0], self.inc),
+            "_t": t, "op_seq": mi[:, _I_SEQ], "op_type": tp[:, 0], "dtype": tp[:, 1],
             "count": tp[:, 2], "peer": tp[:, 3], "rank": ranks, "comm_rank": self.c.m_crank[g],
             "comm_size": self.sizes[self.c.m_cid[g]], "status": status, "host_idx": self.c.m_lhost[g],
             "t_enter_ns": self._ns(f[:, _F_ENTER], ranks),
@@ -510,12 +518,15 @@ class MegatronSim:
         self.pending = [{k: v[~out] for k, v in cols.items()}] if (~out).any() else []
         cols = {k: v[out] for k, v in cols.items()}
         win = win[out]
-        order = np.lexsort((cols["_t"], cols["_cid"], win))
+        # one batch per window, communicator and incarnation (a communicator may be created again
+        # under a new hash, a job may restart as a new incarnation, inside one window)
+        order = np.lexsort((cols["_t"], cols["_hash"], cols["_cid"], cols["_inc"], win))
         cols = {k: v[order] for k, v in cols.items()}
         win = win[order]
-        key = win * (len(self.c.hashes) + 1) + cols["_cid"]
-        cuts = np.flatnonzero(np.diff(key)) + 1
-        bounds = np.concatenate([[0], cuts, [key.shape[0]]]).tolist()
+        change = (np.diff(win) != 0) | (np.diff(cols["_cid"]) != 0) | (np.diff(cols["_inc"]) != 0) | (
+            np.diff(cols["_hash"]) != 0)
+        cuts = np.flatnonzero(change) + 1
+        bounds = np.concatenate([[0], cuts, [win.shape[0]]]).tolist()
         ch = min(self.sc.channels, MAX_CHANNELS)
         send2 = fold_columns(np.repeat(cols["_send"][:, None], self.sc.channels, axis=1), MAX_CHANNELS)
         recv2 = fold_columns(np.repeat(cols["_recv"][:, None], self.sc.channels, axis=1), MAX_CHANNELS)
@@ -525,7 +536,7 @@ class MegatronSim:
             cid = int(cols["_cid"][a])
             w = int(win[a])
             batch = KernelBatch(
-                job=self.job, incarnation=0, comm_hash=self.c.hashes[cid], world_size=self.topo.n,
+                job=self.job, incarnation=int(cols["_inc"][a]), comm_hash=int(cols["_hash"][a]), world_size=self.topo.n,
                 hosts=self.c.hosts[cid], columns={k: cols[k][a:b] for k in names}, send=send2[a:b, :ch],
                 recv=recv2[a:b, :ch], producer=self.producer, batch_seq=self.batch_seq,
             )
@@ -589,6 +600,16 @@ class MegatronSim:
         cycle = w.eval_every + w.eval_steps
         self.train = not (w.eval_every and step % cycle >= w.eval_every)
         ready = float(np.min(self.clock))
+        for f in list(self.restarts):
+            if ready >= f.onset_s:
+                self.restarts.remove(f)
+                self._restart(float(np.max(self.clock[np.isfinite(self.clock)], initial=ready)) + f.down_s)
+                ready = float(np.min(self.clock))
+        self.step_t0 = ready
+        for f in list(self.recreates):
+            if ready >= f.onset_s:
+                self.recreates.remove(f)
+                self._recreate(f.family)
         for ck in self.checkpoints:
             f, due = ck
             if ready >= due:
@@ -642,6 +663,54 @@ class MegatronSim:
                                   family="dp", key=("dp", p))
                 self.clock[stage] = self._reorder(order, stage, e)
 
+    def _last_word(self, members: I64) -> None:
+        """A clean exit (restart, communicator destroyed): the poller ships each member's final,
+        idle state before it goes, so nothing looks stuck inside an op that did finish."""
+        members = members[self.mi[members, _I_SEQ] >= 0]
+        fin = self.clock[np.isfinite(self.clock)]
+        if members.size == 0 or fin.size == 0:
+            return
+        t = min(float(fin.max()), self.sc.duration_s)
+        self._states(members, np.full(members.shape[0], t))
+        self._rows(members, np.full(members.shape[0], t), final=False)
+
+    def _forget(self, members: I64) -> None:
+        """Members with no op yet: no state records until their communicator's next op."""
+        self.mi[members, _I_SEQ] = -1
+        self.mf[members, _F_EXIT] = -INF
+        self.m_probewin[members] = -1
+        self.m_special[members] = False
+        self.m_sl[members], self.m_rl[members], self.m_fr[members] = 0, 0, 1.0
+        for lay in self._layouts.values():
+            lay.cache.clear()
+
+    def _restart(self, at: float) -> None:
+        """The job dies at a step boundary and comes back at ``at`` as a new incarnation."""
+        n = self.topo.n
+        self._last_word(np.arange(self.mi.shape[0]))
+        self.inc += 1
+        self._forget(np.arange(self.mi.shape[0]))
+        self.cseq[:] = 0
+        self.clock = at + self.rng.uniform(0.0, 0.05, n)
+        self.last_exit[:] = -1.0
+        self.next_inst[:] = math.ceil(at / self.dt)
+        self.one_in[:] = 1
+        self.all_one, self.measure = True, True
+
+    def _recreate(self, family: str) -> None:
+        """Every communicator of ``family`` is destroyed and created again: new hashes, sequences from 0."""
+        cids = np.asarray([c for c, fam in enumerate(self.c.family) if fam == family], dtype=np.int64)
+        if cids.size == 0:
+            return
+        for c in cids.tolist():
+            sl = slice(int(self.c.off[c]), int(self.c.off[c] + self.sizes[c]))
+            h = comm_hash_of(f"{family}-again-{self.inc}-{int(self.cseq[c])}", self.c.m_rank[sl])
+            self._last_word(np.arange(sl.start, sl.stop))
+            self.c.hashes[c] = h
+            self.hash_arr[c] = h
+            self._forget(np.arange(sl.start, sl.stop))
+        self.cseq[cids] = 0
+
     def _barrier(self, f: Fault) -> None:
         topo = self.topo
         ranks = np.arange(topo.n, dtype=np.int64)
@@ -657,13 +726,13 @@ class MegatronSim:
         step = 0
         end = sc.duration_s if horizon_s is None else min(sc.duration_s, horizon_s)
         while float(np.min(self.clock)) <= end:
-            t0 = float(np.min(self.clock))
             self._step(step)
-            if step == 0:  # every rank measures its communicators' op rate and picks the stride
-                el = max(float(np.min(self.clock)) - t0, 1e-6)
+            if self.measure:  # every rank measures its communicators' op rate and picks the stride
+                el = max(float(np.min(self.clock)) - self.step_t0, 1e-6)
                 self.one_in = np.asarray([detail_one_in(c / el, self.budget) for c in self.cseq.tolist()],
                                          dtype=np.int64)
                 self.all_one = bool((self.one_in == 1).all())
+                self.measure = False
                 for lay in self._layouts.values():
                     lay.cache.clear()
             step += 1

@@ -34,10 +34,12 @@ import numpy.typing as npt
 
 from ccld.errors import ScenarioError
 from ccld.producers.simulator.workload import Workload
+from ccld.records import Verdict
 
 HANG_KINDS = ("H1", "H2", "H3")
 SLOW_KINDS = ("S1", "S2", "S3")
-BENIGN_KINDS = ("transient", "checkpoint")
+BENIGN_KINDS = ("transient", "checkpoint", "restart", "recreate")
+RECREATE_FAMILIES = ("tp", "dp", "pp")
 MISMATCH_FIELDS = ("op", "dtype", "count", "order")
 #: NCCL runs up to 32 channels per communicator on current GPUs (more on newer versions); the
 #: probe folds channel c onto frame slot c % 8, and so does the simulator.
@@ -55,6 +57,10 @@ FAULT_FIELDS: dict[str, dict[str, Any]] = {
            "off_s": 0.0},
     "transient": {"rank": None, "onset_s": 60.0, "delay_s": 1.0},
     "checkpoint": {"onset_s": 60.0, "pause_s": 10.0, "writer_rank": 0, "every_s": None},
+    # Megatron-style workload only: the job restarts as a new incarnation after down_s; a family of
+    # communicators is destroyed and created again (new hashes, op sequences from 0)
+    "restart": {"onset_s": 60.0, "down_s": 20.0},
+    "recreate": {"onset_s": 60.0, "family": "dp"},
 }
 
 _TOP_KEYS = frozenset(
@@ -92,6 +98,8 @@ class Fault:
     pause_s: float = 0.0
     writer_rank: int = -1
     every_s: float | None = None
+    down_s: float = 0.0
+    family: str = ""
     on_s: float | None = None  # intermittent slowdown: on for on_s ...
     off_s: float = 0.0  # ... then off for off_s, repeating (None: on from onset to the end)
 
@@ -118,6 +126,11 @@ class Expectation:
 
     def to_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "rank": self.rank}
+
+    def named_by(self, v: Verdict) -> bool:
+        """Whether verdict ``v`` states this root cause: the same class, and the rank among its
+        root causes (the one rule the accuracy benchmark, the demo and the golden tests score by)."""
+        return v.kind.value == self.kind and self.rank in v.root_cause_ranks
 
 
 @dataclass(frozen=True)
@@ -286,6 +299,14 @@ def _fault(raw: Any, sc: Scenario, i: int) -> Fault:
     if kind == "S3":
         f["compute_factor"] = _float(vals, "compute_factor", None, sc.id, lo=1.0)
         f["link_factor"] = _float(vals, "link_factor", None, sc.id, lo=1e-3, hi=1.0)
+    if kind in ("restart", "recreate") and sc.workload is None:
+        raise ScenarioError(f"{where}: {kind} needs the Megatron-style workload (a 'workload' object)")
+    if kind == "restart":
+        f["down_s"] = _float(vals, "down_s", None, sc.id, lo=0.0)
+    if kind == "recreate":
+        if vals["family"] not in RECREATE_FAMILIES:
+            raise ScenarioError(f"{where}: family must be one of {RECREATE_FAMILIES}, got {vals['family']!r}")
+        f["family"] = vals["family"]
     if "on_s" in spec and vals["on_s"] is not None:
         f["on_s"] = _float(vals, "on_s", None, sc.id, lo=sc.step_time_s)
         f["off_s"] = _float(vals, "off_s", 0.0, sc.id, lo=0.0)

@@ -3,7 +3,7 @@
 Training calls the same collectives in the same order every step, so a communicator's
 signatures repeat with a period (1 for a tensor-parallel all-reduce, 2 for a data-parallel
 reduce-scatter + all-gather, more with gradient buckets). The expected signature at op sequence
-``n`` is the one seen at ``n - period``. When the ranks of a stalled op disagree and there is no
+``n`` is the one seen at any ``n - k x period``. When the ranks of a stalled op disagree and there is no
 majority (a 2-rank data-parallel group), the rank that deviates from the cadence is the one that
 called its ops in the wrong order.
 
@@ -63,13 +63,15 @@ class Cadence:
     def periods(self, cids: I64) -> I64:
         """The shortest period each communicator's recent ops follow (0: none), all at once.
 
-        Period ``p`` holds when every recorded op ``n`` whose op ``n - p`` is also recorded has
-        its signature, with at least ``p + MIN_EXTRA_PAIRS`` such pairs.
+        Period ``p`` holds when every two recorded ops whose sequence numbers are equal modulo
+        ``p`` have the same signature, and at least ``p + MIN_EXTRA_PAIRS`` recorded ops repeat a
+        phase already seen. The ops need not be consecutive: a source that details only a sample
+        of its ops (the bounded record format) still shows its step's pattern.
         """
         out = np.zeros(cids.shape[0], dtype=np.int64)
         keep = np.flatnonzero((cids >= 0) & (cids < self.sig.shape[0]))
-        for a in range(0, keep.size, CHUNK):  # bounded temporaries: (chunk, w / 2, w)
-            part = keep[a : a + CHUNK]
+        for a in range(0, keep.size, CHUNK // 8):  # bounded temporaries: (chunk, P, w, w)
+            part = keep[a : a + CHUNK // 8]
             out[part] = self._periods(cids[part])
         return out
 
@@ -77,12 +79,20 @@ class Cadence:
         w = self.w
         seq, sig = self.seq[cids], self.sig[cids]  # (c, w)
         ps = np.arange(1, w // 2 + 1)  # (P,)
-        want = seq[:, None, :] - ps[None, :, None]  # (c, P, w): the op one period back
-        prev = want % w
-        rows = np.arange(cids.shape[0])[:, None, None]
-        valid = (seq[:, None, :] >= 0) & (want >= 0) & (seq[rows, prev] == want)
-        bad = (valid & (sig[rows, prev] != sig[:, None, :])).any(axis=2)
-        good = ~bad & (valid.sum(axis=2) >= ps[None, :] + MIN_EXTRA_PAIRS)
+        have = seq >= 0
+        res = np.where(have[:, None, :], seq[:, None, :] % ps[None, :, None], -1)  # (c, P, w) phase of each op
+        both = have[:, None, :, None] & have[:, None, None, :]  # (c, 1, w, w)
+        same = both & (res[:, :, :, None] == res[:, :, None, :])  # (c, P, w, w) same phase
+        clash = (same & (sig[:, None, :, None] != sig[:, None, None, :])).any(axis=(2, 3))
+        n_ops = have.sum(axis=1)[:, None]  # (c, 1)
+        distinct = np.zeros((cids.shape[0], ps.shape[0]), dtype=np.int64)
+        for j, p in enumerate(ps.tolist()):  # phases seen per period: a bincount per communicator
+            r = res[:, j, :]
+            seen = np.zeros((cids.shape[0], p), dtype=bool)
+            rows, cols = np.nonzero(r >= 0)
+            seen[rows, r[rows, cols]] = True
+            distinct[:, j] = seen.sum(axis=1)
+        good = ~clash & (n_ops - distinct >= ps[None, :] + MIN_EXTRA_PAIRS)
         return np.where(good.any(axis=1), ps[np.argmax(good, axis=1)], 0)
 
     def pattern(self, cid: int, period: int | None = None) -> tuple[int, ...] | None:

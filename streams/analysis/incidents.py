@@ -20,7 +20,9 @@ from ccld.records import AnomalyKind, Link, Verdict, VerdictState
 #: How specific a class is; an incident only ever moves to a more specific one.
 KIND_RANK = {
     AnomalyKind.H1: 0, AnomalyKind.H3: 1, AnomalyKind.H2: 2,
-    AnomalyKind.S1: 0, AnomalyKind.S2: 1, AnomalyKind.S3: 1,
+    # S3 is both causes at once: a comm-slow (S2) or comp-slow (S1) incident found to have the other
+    # cause on the same rank too becomes S3
+    AnomalyKind.S1: 0, AnomalyKind.S2: 1, AnomalyKind.S3: 2,
 }
 
 
@@ -53,7 +55,12 @@ class Candidate:
 
     @property
     def match_key(self) -> str:
-        return f"{self.job}|{self.incarnation}|{self.family}|{','.join(map(str, self.root_cause_ranks))}"
+        roots = self.root_cause_ranks
+        if self.family == "slow" and roots:
+            # a slowdown is matched by its first root: the late arriver (S1), the rank whose link is
+            # slow (S2) or both at once (S3), so S1 or S2 found to be S3 stays one incident
+            roots = roots[:1]
+        return f"{self.job}|{self.incarnation}|{self.family}|{','.join(map(str, roots))}"
 
     def incident_id(self) -> str:
         raw = (

@@ -140,3 +140,14 @@ def test_without_a_learned_cadence_a_new_signature_is_still_the_culprit(culprit:
     assert [(v.kind, v.root_cause_ranks, v.mismatch_field) for v in opens] == [
         (AnomalyKind.H2, (tp.ranks[culprit],), "dtype")
     ]
+
+
+def test_period_is_learned_from_a_sample_of_the_ops() -> None:
+    """A source that details one op in K (the bounded format) still shows its step's pattern."""
+    rs, ag = 11, 22
+    pattern = [rs] * 4 + [ag] * 4  # four gradient buckets reduce-scattered, then all-gathered
+    seqs = np.arange(3, 300, 7, dtype=np.int64)  # every 7th op: never two neighbours
+    c = Cadence(32)
+    c.update(np.zeros(seqs.size, dtype=np.int64), seqs, np.asarray([pattern[s % 8] for s in seqs]), 1)
+    assert c.periods(np.asarray([0]))[0] == 8
+    assert [c.expected(0, n, "x") for n in (200, 204, 207)] == [rs, ag, ag]

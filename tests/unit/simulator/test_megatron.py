@@ -89,3 +89,17 @@ def test_old_scenarios_keep_the_simple_model_and_bad_workloads_are_refused() -> 
         scenario(workload={"layers": 0})
     with pytest.raises(ScenarioError, match="unknown keys"):
         scenario(workload={"layerz": 2})
+    with pytest.raises(ScenarioError, match="needs the Megatron-style workload"):
+        Scenario.from_dict({"id": "r", "ranks": 8, "duration_s": 30, "faults": [{"kind": "restart", "onset_s": 5}]})
+    with pytest.raises(ScenarioError, match="family"):
+        scenario(faults=[{"kind": "recreate", "onset_s": 5, "family": "world"}])
+
+
+def test_a_restart_starts_a_new_incarnation_from_op_zero() -> None:
+    _, out = play(scenario(duration_s=30, faults=[{"kind": "restart", "onset_s": 10, "down_s": 5}]))
+    incs = sorted({b.incarnation for _, b in out})
+    assert incs == [0, 1]
+    first_new = min(int(b.columns["op_seq"].min()) for _, b in out if b.incarnation == 1)
+    assert first_new == 0
+    gap = [t for t, b in out if b.incarnation == 1]
+    assert min(gap) > 15.0  # nothing from the new incarnation before the job is back
