@@ -8,6 +8,7 @@ COPY probe probe
 COPY producers producers
 COPY streams streams
 COPY sinks sinks
+COPY stack stack
 RUN pip install --no-cache-dir . && rm -rf /src && useradd --create-home ccld \
     && mkdir /archive && chown ccld /archive  # the sink's volume mounts here and must be writable
 USER ccld

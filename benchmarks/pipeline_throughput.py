@@ -26,15 +26,15 @@ from pathlib import Path
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
-from ccld.broker import EmbeddedBroker
 from ccld.producers.kafka import MetricsProducer
 from ccld.producers.simulator.scenario import Scenario
 from ccld.producers.simulator.sim import simulate
 from ccld.records import KernelBatch
 from ccld.schemas import decode_metrics
 from ccld.settings import Settings
-from ccld.topics import ensure_topics
-from ccld.up import child_env
+from ccld.stack.broker import EmbeddedBroker
+from ccld.stack.topics import ensure_topics
+from ccld.stack.up import child_env
 
 
 def make_batches(ranks: int, seconds: float, batch: int) -> list[tuple[float, KernelBatch]]:

@@ -30,9 +30,9 @@ class Command(Protocol):
 #: name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("ccld.demo", "run the embedded pipeline on a simulated job with injected faults"),
-    "up": ("ccld.up", "broker (unless --bootstrap) + worker + sink on this machine"),
-    "broker": ("ccld.broker", "run the embedded Kafka-compatible broker (Tansu)"),
-    "topics": ("ccld.topics", "create the CCL-D topics on a broker"),
+    "up": ("ccld.stack.up", "broker (unless --bootstrap) + worker + sink on this machine"),
+    "broker": ("ccld.stack.broker", "run the embedded Kafka-compatible broker (Tansu)"),
+    "topics": ("ccld.stack.topics", "create the CCL-D topics on a broker"),
     "worker": ("ccld.streams.worker", "run the Faust stream processor that emits verdicts"),
     "sink": ("ccld.sinks.cli", "archive metrics and verdicts to Parquet"),
     "archive": ("ccld.sinks.cli_archive", "inspect a Parquet archive (archive summary DIR)"),
@@ -40,7 +40,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "simulate": ("ccld.producers.simulator.cli", "run a simulated training job with injected faults"),
     "bench": ("ccld.bench", "benchmarks (bench accuracy --scenarios FILE)"),
     "run": ("ccld.producers.attach.cli", "run a command with the PyTorch attachment active"),
-    "import-fr": ("ccld.producers.flight_recorder", "analyse PyTorch Flight Recorder dumps"),
+    "import-fr": ("ccld.streams.flight_recorder.cli", "name the broken ranks from PyTorch Flight Recorder dumps"),
     "probe": ("ccld.probe.cli", "GPU probe tools (layout, compile check)"),
 }
 

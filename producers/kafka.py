@@ -4,6 +4,13 @@
 batches, encodes them (Avro single-object, columnar) and hands them to librdkafka. All
 records of one job go to one partition (the analyzer correlates communicators of a job),
 and the message key names the communicator and the Trace ID of the batch's first record.
+
+Every record ends in exactly one counter (``stats``): delivered, expired (the broker did not
+take it within ``producer_message_timeout_ms``), refused (librdkafka's queue stayed full, or no
+partition count), failed (any other delivery error, or undelivered at close), dropped by the
+bounded batcher, or spool-lost (spool full or too old); or it is still queued, in flight or
+spooled. With ``spool_dir`` set, messages the broker did not take go to a bounded on-disk spool
+(``ccld.producers.spool``) instead of being lost, and are replayed in order when it answers again.
 """
 
 from __future__ import annotations
@@ -15,17 +22,63 @@ import uuid
 import zlib
 from typing import Any
 
-from confluent_kafka import KafkaError, KafkaException, Message, Producer
+from confluent_kafka import TIMESTAMP_CREATE_TIME, KafkaError, KafkaException, Message, Producer
 
+from ccld.errors import BrokerError
 from ccld.producers.batcher import RecordBatcher
+from ccld.producers.spool import Position, Spool, SpooledMessage
 from ccld.records import KernelBatch, KernelRecord, comm_hex
 from ccld.schemas import encode_batch
+from ccld.security import kafka_config
 from ccld.settings import Settings
 
 log = logging.getLogger(__name__)
+
+
+class RepeatFilter(logging.Filter):
+    """Let one librdkafka line per facility (FAIL, ERROR, ...) through every ``every_s`` seconds.
+
+    A broker that is gone makes librdkafka log "Connection refused" at every reconnect attempt
+    (hundreds of lines per outage); the first line says it, the stats line counts the cost.
+    """
+
+    def __init__(self, every_s: float = 30.0) -> None:
+        super().__init__()
+        self.every_s = every_s
+        self._last: dict[str, float] = {}
+        self._suppressed: dict[str, int] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args if isinstance(record.args, tuple) else ()
+        key = str(args[0]) if args else record.getMessage()[:40]
+        now = time.monotonic()
+        if now - self._last.get(key, -1e18) < self.every_s:
+            self._suppressed[key] = self._suppressed.get(key, 0) + 1
+            return False
+        self._last[key] = now
+        skipped = self._suppressed.pop(key, 0)
+        if skipped:
+            record.msg = f"{record.msg} (and {skipped} similar lines in the last {self.every_s:.0f} s)"
+        return True
+
+
 #: librdkafka's own log lines (connection refused, ...) go here, never straight to the training job's stderr.
 rdkafka_log = logging.getLogger("ccld.librdkafka")
 rdkafka_log.addHandler(logging.NullHandler())
+rdkafka_log.addFilter(RepeatFilter())
+
+#: delivery errors that mean "the broker did not take it (yet)": worth spooling and replaying.
+#: Anything else (message too large, authorization, ...) would fail again: counted lost at once.
+SPOOLABLE_ERRORS = frozenset({
+    KafkaError._MSG_TIMED_OUT, KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT, KafkaError._TRANSPORT,
+    KafkaError._ALL_BROKERS_DOWN, KafkaError._TIMED_OUT, KafkaError.REQUEST_TIMED_OUT,
+    KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE, KafkaError._UNKNOWN_TOPIC,
+    KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError.NOT_ENOUGH_REPLICAS, KafkaError.NETWORK_EXCEPTION,
+})  # fmt: skip
+
+#: stats keys whose records did not reach the broker and never will (the loss counters)
+LOST_KEYS = ("expired_records", "refused_records", "error_records", "spool_lost_records",
+             "dropped_progress", "dropped_critical")
 
 
 def job_partition(job: str, partitions: int) -> int:
@@ -39,16 +92,50 @@ def batch_key(batch: KernelBatch) -> bytes:
     return f"{batch.job}/{comm_hex(batch.comm_hash)}/{first}".encode()
 
 
+def format_stats(stats: dict[str, int], producer_id: str = "") -> str:
+    """One line a person reads at exit: what was delivered, what was lost and why, what waits."""
+    lost = sum(stats.get(k, 0) for k in LOST_KEYS)
+    who = f"producer {producer_id}: " if producer_id else ""
+    return (f"{who}{stats.get('delivered_records', 0)} records delivered, {lost} lost "
+            f"(expired {stats.get('expired_records', 0)}, refused {stats.get('refused_records', 0)}, "
+            f"failed {stats.get('error_records', 0)}, "
+            f"dropped {stats.get('dropped_progress', 0) + stats.get('dropped_critical', 0)}, "
+            f"spool-lost {stats.get('spool_lost_records', 0)}); "
+            f"spooled {stats.get('spooled_records', 0)}, replayed {stats.get('replayed_records', 0)}, "
+            f"in flight {stats.get('in_flight_records', 0)}, queued {stats.get('queued', 0)}")
+
+
+class _Replay:
+    """One group of spooled messages in flight: committed only when every one was delivered."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()  # delivery reports of the group may arrive on another polling thread
+        self.through: Position | None = None
+        self.messages = 0
+        self.records = 0
+        self.stale_records = 0
+        self.waiting = 0
+        self.sealed = False  # every message of the group has been handed to librdkafka
+        self.finished = False
+        self.delivered_records = 0
+        self.failed = 0
+
+
 class MetricsProducer:
     """Ships kernel records of one process to ``settings.metrics_topic``.
 
-    Use as a context manager, or call ``close()``: it flushes what is queued. Every record
-    submitted ends up counted exactly once in ``stats``: delivered, failed (a produce error, a
-    delivery failure, or still undelivered at close), dropped by the bounded queue, or queued.
+    Use as a context manager, or call ``close()``: it flushes what is queued and logs one stats
+    line. Every record submitted ends up counted exactly once in ``stats`` (see the module doc).
     """
 
     #: how long to wait before asking the broker again for the partition count
     METADATA_RETRY_S = 2.0
+    #: spooled messages replayed per round trip at most (one while the broker is being probed)
+    REPLAY_WINDOW_MAX = 512
+    #: wait between replay attempts while the broker keeps failing, at most
+    REPLAY_BACKOFF_MAX_S = 5.0
+    #: a stats line goes to the log at most this often while records are being lost or spooled
+    STATS_LOG_INTERVAL_S = 30.0
 
     def __init__(self, settings: Settings, producer_id: str | None = None, *, background: bool = True) -> None:
         if not settings.bootstrap:
@@ -63,19 +150,51 @@ class MetricsProducer:
         )
         self._lock = threading.Lock()  # guards the batcher (taken by the training thread: kept short)
         self._send_lock = threading.Lock()  # one sender at a time, so batches of a communicator keep order
+        self._count_lock = threading.Lock()  # counters change in delivery callbacks of more than one thread
         self._stop = threading.Event()
         self._producer: Producer | None = None
         self._partitions: int | None = None
         self._metadata_tried = -1e9
         self._counters = {
             "sent_batches": 0, "sent_records": 0, "delivered_records": 0, "failed_records": 0,
-            "delivery_failures": 0, "produce_errors": 0,
+            "delivery_failures": 0, "produce_errors": 0, "expired_records": 0, "refused_records": 0,
+            "error_records": 0, "spooled_in_records": 0, "replayed_records": 0, "replay_duplicate_records": 0,
+            "spool_lost_records": 0, "recovered_records": 0,
         }
-        self._delivery_failed_records = 0  # records of messages librdkafka reported failed (or lost at close)
+        self._in_flight = 0  # records handed to librdkafka (not replays) whose delivery report is pending
+        self._spool: Spool | None = None
+        self._spool_tried = False
+        if not background:
+            self._open_spool()  # otherwise the sender thread opens it: never the training thread
+        self._outage = False  # a message was not taken: new batches go to the spool behind the older ones
+        self._purge_wanted = False
+        self._replay: _Replay | None = None
+        self._replay_window = 1
+        self._replay_backoff_s = 0.25
+        self._next_replay_s = 0.0
+        self._last_stats_log = (time.monotonic(), 0)
         self._thread: threading.Thread | None = None
         if background:
             self._thread = threading.Thread(target=self._run, name="ccld-producer", daemon=True)
             self._thread.start()
+
+    def _open_spool(self) -> None:
+        """Open (once) the spool slot; it may scan leftovers of a dead process, so never on the caller's path."""
+        if self._spool_tried or not self.settings.spool_dir:
+            return
+        self._spool_tried = True
+        try:
+            spool = Spool(self.settings.spool_dir, max_bytes=int(self.settings.spool_max_mb * 1024 * 1024),
+                          max_age_s=self.settings.spool_max_age_s)
+        except OSError as exc:
+            log.error("cannot open the spool %s (%s); records the broker does not take will be lost",
+                      self.settings.spool_dir, exc)
+            return
+        self._count(recovered_records=spool.recovered_records)
+        if spool.recovered_records:
+            log.warning("spool %s holds %d records of an earlier process; they will be replayed",
+                        spool.dir, spool.recovered_records)
+        self._spool = spool
 
     # --- the caller's side -------------------------------------------------------------------
 
@@ -88,31 +207,84 @@ class MetricsProducer:
             self._counters["produce_errors"] += 1
 
     def send_batch(self, batch: KernelBatch, timestamp_ms: int | None = None, *, block_s: float = 10.0) -> bool:
-        """Produce a prebuilt batch now (simulator, replay). Waits up to ``block_s`` for queue room."""
+        """Produce a prebuilt batch now (simulator, replay). Waits up to ``block_s`` for queue room.
+
+        True when the batch was handed on (to librdkafka or the spool); False when it was refused
+        (counted in ``refused_records``).
+        """
         with self._send_lock:
-            return self._produce(batch, timestamp_ms, block_s)
+            self._open_spool()
+            ok = self._produce(batch, timestamp_ms, block_s)
+            self._replay_step()
+            return ok
+
+    def check_broker(self, timeout_s: float | None = None) -> int:
+        """Ask the broker for the metrics topic's partitions; raise ``BrokerError`` if it does not answer.
+
+        For command-line producers (``ccld simulate``): a broker that is not there fails within
+        ``timeout_s`` with a message that says so, instead of records expiring one by one.
+        Never called on the training path.
+        """
+        timeout_s = self.settings.producer_connect_timeout_s if timeout_s is None else timeout_s
+        topic = self.settings.metrics_topic
+        try:
+            md = self._client().list_topics(topic, timeout=timeout_s)
+        except KafkaException as exc:
+            raise BrokerError(f"no Kafka broker answered at {self.settings.bootstrap} within {timeout_s:g} s "
+                              f"({exc.args[0].str() if exc.args else exc}); is it running, and is --bootstrap "
+                              f"(or CCLD_BOOTSTRAP) right?") from exc
+        meta = md.topics.get(topic)
+        if meta is None or meta.error is not None or not meta.partitions:
+            raise BrokerError(f"the broker at {self.settings.bootstrap} has no topic {topic} "
+                              f"({meta.error if meta is not None else 'missing'}); create it with `ccld topics`")
+        self._partitions = len(meta.partitions)
+        return self._partitions
 
     @property
     def stats(self) -> dict[str, int]:
         b = self._batcher.stats
         c = self._counters
+        spool = self._spool
         return {
             **c,
-            "in_flight_records": c["sent_records"] - c["delivered_records"] - self._delivery_failed_records,
+            "in_flight_records": self._in_flight,
+            "spooled_records": spool.pending_records if spool is not None else 0,
+            "lost_records": c["failed_records"] + b.dropped_progress + b.dropped_critical,
             "accepted": b.accepted,
             "dropped_progress": b.dropped_progress,
             "dropped_critical": b.dropped_critical,
             "queued": len(self._batcher),
         }
 
+    @property
+    def lost_records(self) -> int:
+        """Records that did not reach the broker and never will."""
+        return self.stats["lost_records"]
+
+    def stats_line(self) -> str:
+        return format_stats(self.stats, self.producer_id)
+
     def flush(self, timeout_s: float = 10.0) -> int:
-        """Send everything queued and wait for delivery; returns messages still undelivered."""
+        """Send everything queued (replaying the spool if the broker answers) and wait for delivery.
+
+        Returns messages still undelivered in librdkafka (spooled ones are not counted: they wait
+        on disk, see ``stats['spooled_records']``).
+        """
         deadline = time.monotonic() + timeout_s
         with self._send_lock:
+            self._open_spool()
             with self._lock:
                 batches = self._batcher.ready(time.monotonic(), force=True)
             for batch in batches:
                 self._produce(batch, None, block_s=max(deadline - time.monotonic(), 0.0))
+        if self._producer is None and self._spool is None:
+            return 0
+        while self._spool is not None and self._spool.pending_messages and time.monotonic() < deadline:
+            # The replay needs the partition count (a producer that never reached a broker lacks it).
+            self._partition_count(wait_s=min(1.0, max(deadline - time.monotonic(), 0.0)))
+            with self._send_lock:
+                self._maintain()
+            self._client().poll(0.05)
         if self._producer is None:
             return 0
         return int(self._producer.flush(max(deadline - time.monotonic(), 0.0)))
@@ -122,13 +294,28 @@ class MetricsProducer:
         if self._thread is not None:
             self._thread.join(timeout=timeout_s)
         left = self.flush(timeout_s)
-        lost = self.stats["in_flight_records"]
+        if self._producer is not None and self._spool is not None and (left or self._replay is not None):
+            # Keep, do not lose: what librdkafka still holds goes to the spool for the next process.
+            self._outage = True
+            self._producer.purge(in_queue=True, in_flight=True)
+            self._producer.poll(0.1)  # serves the purged messages' reports: they land in the spool
+            left = 0
+        lost = self._in_flight
         if left or lost:
             log.warning("metrics producer closed with %d messages (%d records) undelivered", left, lost)
-            self._counters["delivery_failures"] += left
-            self._counters["failed_records"] += lost
-            self._delivery_failed_records += lost
+            with self._count_lock:
+                self._counters["delivery_failures"] += left
+                self._counters["failed_records"] += lost
+                self._counters["error_records"] += lost
+                self._in_flight = 0
+        if self._spool is not None:
+            self._spool.close()
         self._producer = None  # librdkafka's client (and its reconnect attempts) ends with the last reference
+        line = self.stats_line()
+        if self.lost_records or self.stats["spooled_records"]:
+            log.warning("%s", line)
+        else:
+            log.info("%s", line)
 
     def __enter__(self) -> MetricsProducer:
         return self
@@ -141,16 +328,20 @@ class MetricsProducer:
     def _client(self) -> Producer:
         if self._producer is None:
             self._producer = Producer(
-                {
-                    "bootstrap.servers": self.settings.bootstrap,
-                    "client.id": f"ccld-{self.producer_id}",
-                    "linger.ms": 5,
-                    "compression.type": "lz4",
-                    "message.timeout.ms": 30_000,
-                    "queue.buffering.max.messages": 20_000,
-                    "enable.idempotence": False,
-                    "reconnect.backoff.max.ms": 10_000,  # a dead broker is retried, not hammered
-                },
+                kafka_config(
+                    self.settings,
+                    **{
+                        "client.id": f"ccld-{self.producer_id}",
+                        "linger.ms": 5,
+                        "compression.type": "lz4",
+                        "message.timeout.ms": self.settings.producer_message_timeout_ms,
+                        # A request to a frozen broker must fail with its messages, not 30 s later.
+                        "request.timeout.ms": min(self.settings.producer_message_timeout_ms, 30_000),
+                        "queue.buffering.max.messages": 20_000,
+                        "enable.idempotence": False,
+                        "reconnect.backoff.max.ms": 10_000,  # a dead broker is retried, not hammered
+                    },
+                ),
                 logger=rdkafka_log,
             )
         return self._producer
@@ -181,23 +372,71 @@ class MetricsProducer:
             time.sleep(min(0.2, max(deadline - time.monotonic(), 0.0)))
         return self._partitions
 
-    def _on_delivery(self, err: KafkaError | None, msg: Message, records: int) -> None:
-        if err is None:
-            self._counters["delivered_records"] += records
-        else:
-            self._counters["delivery_failures"] += 1
+    def _count(self, **changes: int) -> None:
+        with self._count_lock:
+            for key, n in changes.items():
+                self._counters[key] += n
+
+    def _lose(self, key: str, records: int, *, messages: int = 0) -> None:
+        """Count ``records`` as lost for the reason ``key`` (expired/refused/error/spool_lost)."""
+        with self._count_lock:
+            self._counters[key] += records
             self._counters["failed_records"] += records
-            self._delivery_failed_records += records
-            log.debug("delivery failed: %s", err)
+            self._counters["delivery_failures"] += messages
+
+    def _to_spool(self, msg: SpooledMessage) -> bool:
+        """Keep ``msg`` on disk; a full spool counts it lost."""
+        spool = self._spool
+        if spool is None:
+            return False
+        try:
+            ok = spool.append(msg)
+        except OSError as exc:
+            log.warning("cannot write the spool %s: %s", spool.dir, exc)
+            ok = False
+        if ok:
+            self._count(spooled_in_records=msg.records)
+        else:
+            self._lose("spool_lost_records", msg.records, messages=1)
+        return ok
+
+    def _on_delivery(self, err: KafkaError | None, msg: Message, records: int) -> None:
+        with self._count_lock:
+            self._in_flight -= records
+        if err is None:
+            self._count(delivered_records=records)
+            return
+        code = err.code()
+        if self._spool is not None and code in SPOOLABLE_ERRORS:
+            if not self._outage:
+                log.warning("the broker did not take a message (%s); spooling to %s until it does",
+                            err.str(), self._spool.dir)
+                self._outage = True
+                self._purge_wanted = True  # the rest of librdkafka's queue follows, in order, not piecemeal
+            ts_type, ts = msg.timestamp()
+            stamp = ts if ts_type == TIMESTAMP_CREATE_TIME else None
+            self._to_spool(SpooledMessage(key=msg.key() or b"", value=msg.value() or b"", partition=msg.partition(),
+                                          records=records, timestamp_ms=stamp))
+            return
+        self._lose("expired_records" if code == KafkaError._MSG_TIMED_OUT else "error_records", records, messages=1)
+        log.debug("delivery failed: %s", err)
 
     def _produce(self, batch: KernelBatch, timestamp_ms: int | None, block_s: float) -> bool:
+        n = batch.n
+        spool = self._spool
+        if spool is not None and (self._outage or spool.pending_messages or self._partitions is None):
+            # Behind older spooled messages (keep the order: the replay sends it when its turn
+            # comes), or no broker has told us the partition count yet (the replay picks it then).
+            partitions = self._partitions
+            return self._to_spool(SpooledMessage(
+                key=batch_key(batch), value=encode_batch(batch), records=n, timestamp_ms=timestamp_ms,
+                partition=job_partition(batch.job, partitions) if partitions is not None else -1))
         partitions = self._partition_count(wait_s=block_s)
         if partitions is None:
-            self._counters["produce_errors"] += 1
-            self._counters["failed_records"] += batch.n
+            self._count(produce_errors=1)
+            self._lose("refused_records", n)
             return False
         producer = self._client()
-        n = batch.n
         kwargs: dict[str, Any] = {
             "value": encode_batch(batch),
             "key": batch_key(batch),
@@ -210,37 +449,155 @@ class MetricsProducer:
         while True:
             try:
                 producer.produce(self.settings.metrics_topic, **kwargs)
-                self._counters["sent_batches"] += 1
-                self._counters["sent_records"] += n
+                with self._count_lock:
+                    self._counters["sent_batches"] += 1
+                    self._counters["sent_records"] += n
+                    self._in_flight += n
                 producer.poll(0)
                 return True
             except BufferError:
+                if spool is not None:  # librdkafka's queue is full: the disk takes it instead
+                    self._outage = True
+                    return self._to_spool(SpooledMessage(key=kwargs["key"], value=kwargs["value"],
+                                                         partition=kwargs["partition"], records=n,
+                                                         timestamp_ms=timestamp_ms))
                 if time.monotonic() >= deadline:
-                    self._counters["produce_errors"] += 1
-                    self._counters["failed_records"] += n
+                    self._count(produce_errors=1)
+                    self._lose("refused_records", n)
                     return False
                 producer.poll(0.05)
             except KafkaException as exc:
-                self._counters["produce_errors"] += 1
-                self._counters["failed_records"] += n
+                self._count(produce_errors=1)
+                self._lose("refused_records", n)
                 log.warning("produce failed: %s", exc)
                 return False
 
+    # --- the spool's replay -------------------------------------------------------------------
+
+    def _maintain(self) -> None:
+        """Purge after an outage began, and replay the spool (call with ``_send_lock`` held)."""
+        if self._purge_wanted and self._producer is not None:
+            self._purge_wanted = False
+            # Queued (not yet sent) messages go to the spool now, in order, ahead of newer batches.
+            self._producer.purge(in_queue=True, in_flight=False, blocking=False)
+            self._producer.poll(0)
+        self._replay_step()
+
+    def _replay_step(self) -> None:
+        spool = self._spool
+        if spool is None or self._replay is not None:
+            return
+        if not spool.pending_messages:
+            self._outage = False  # nothing waits on disk: new batches go straight to librdkafka again
+            return
+        if time.monotonic() < self._next_replay_s or self._partitions is None:
+            return
+        group = spool.peek(self._replay_window)
+        if not group:
+            return
+        producer = self._client()
+        replay = self._replay = _Replay()
+        for pos, msg in group:
+            if spool.is_stale(msg):
+                replay.stale_records += msg.records
+            else:
+                partition = msg.partition
+                if partition < 0:  # spooled before the partition count was known: the key names the job
+                    partition = job_partition(msg.key.decode(errors="replace").rsplit("/", 2)[0], self._partitions)
+                kwargs: dict[str, Any] = {
+                    "value": msg.value, "key": msg.key, "partition": partition,
+                    "on_delivery": lambda err, _m, r=msg.records: self._on_replayed(replay, err, r),
+                }
+                if msg.timestamp_ms is not None:
+                    kwargs["timestamp"] = msg.timestamp_ms
+                with replay.lock:
+                    replay.waiting += 1
+                try:
+                    producer.produce(self.settings.metrics_topic, **kwargs)
+                except (BufferError, KafkaException):
+                    with replay.lock:
+                        replay.waiting -= 1
+                    break  # the group ends here; the rest stays spooled for the next round
+            replay.through = pos
+            replay.messages += 1
+            replay.records += msg.records
+        with replay.lock:
+            replay.sealed = True
+            done = replay.waiting == 0
+        if done:
+            self._finish_replay(replay)
+        else:
+            producer.poll(0)
+
+    def _on_replayed(self, replay: _Replay, err: KafkaError | None, records: int) -> None:
+        with replay.lock:
+            replay.waiting -= 1
+            if err is None:
+                replay.delivered_records += records
+            else:
+                replay.failed += 1
+            done = replay.sealed and replay.waiting == 0
+        if done:
+            self._finish_replay(replay)
+
+    def _finish_replay(self, replay: _Replay) -> None:
+        with replay.lock:
+            if replay.finished:
+                return
+            replay.finished = True
+        spool = self._spool
+        if spool is None:  # pragma: no cover - replays exist only with a spool
+            return
+        if replay.failed or replay.through is None:
+            # Nothing committed: the whole group goes again, in order (its delivered part twice:
+            # at-least-once, the worker drops duplicate batches by producer and batch_seq).
+            self._count(replay_duplicate_records=replay.delivered_records)
+            self._replay_window = 1  # probe with one message until the broker answers
+            self._next_replay_s = time.monotonic() + self._replay_backoff_s
+            self._replay_backoff_s = min(self._replay_backoff_s * 2, self.REPLAY_BACKOFF_MAX_S)
+        else:
+            spool.commit(replay.through, replay.messages, replay.records)
+            delivered = replay.records - replay.stale_records
+            self._count(delivered_records=delivered, replayed_records=delivered)
+            if replay.stale_records:
+                self._lose("spool_lost_records", replay.stale_records)
+                log.warning("discarded %d spooled records older than %.0f s", replay.stale_records,
+                            self.settings.spool_max_age_s)
+            self._replay_window = min(self._replay_window * 4, self.REPLAY_WINDOW_MAX)
+            self._replay_backoff_s = 0.25
+            if not spool.pending_messages:
+                log.info("spool replayed; %s", self.stats_line())
+        self._replay = None
+
+    def _log_stats_now_and_then(self) -> None:
+        now = time.monotonic()
+        last_s, last_sig = self._last_stats_log
+        s = self.stats
+        sig = s["lost_records"] * 1_000_003 + s["spooled_records"]
+        if sig != last_sig and now - last_s >= self.STATS_LOG_INTERVAL_S:
+            self._last_stats_log = (now, sig)
+            log.warning("%s", format_stats(s, self.producer_id))
+
     def _run(self) -> None:
         tick = max(self.settings.producer_linger_ms / 4000.0, 0.005)
+        with self._send_lock:
+            self._open_spool()
         while not self._stop.is_set():
             try:
                 # Records wait in the bounded batcher (where the drop policy applies) until the
                 # partition count is known.
-                if self._partition_count() is not None:
+                # With a spool, batches go to disk while no broker has answered yet.
+                if self._partition_count() is not None or self._spool is not None:
                     with self._send_lock:
                         with self._lock:
                             batches = self._batcher.ready(time.monotonic())
                         for batch in batches:
                             # This thread may wait a little for librdkafka's queue; the caller never does.
                             self._produce(batch, None, block_s=1.0)
+                        self._maintain()
                 if self._producer is not None:
                     self._producer.poll(0)
+                self._log_stats_now_and_then()
             except Exception:  # keep shipping whatever happens to one batch
                 log.exception("metrics producer loop error")
                 self._counters["produce_errors"] += 1

@@ -2,7 +2,8 @@
 
 Offsets are committed manually and only for messages that are in a renamed, complete file,
 so a crash loses nothing: the next run re-reads from the last commit and rewrites the same
-file names. Undecodable messages are counted and skipped here (the worker dead-letters them).
+file names. Undecodable messages and records with impossible values are counted and skipped here
+(the worker dead-letters them).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from ccld.errors import SchemaError
 from ccld.schemas import decode_metrics, decode_verdict
+from ccld.security import kafka_config
 from ccld.settings import Settings
 from ccld.sinks.parquet import file_path, metrics_table, verdicts_table, write_atomic
 
@@ -41,21 +43,20 @@ class Archiver:
         self.root = Path(root or settings.archive_dir)
         self.group = group or settings.sink_group
         self.topics = [settings.metrics_topic, settings.verdicts_topic]
-        self.counters = {"messages": 0, "rows": 0, "files": 0, "undecodable": 0, "commit_errors": 0}
+        self.counters = {"messages": 0, "rows": 0, "files": 0, "undecodable": 0, "bad_value": 0, "commit_errors": 0}
         self._buffers: dict[tuple[str, int], _Buffer] = {}
         self.on_file: Callable[[Path, int], None] | None = None
         self.assigned = threading.Event()  # set once the group gave us partitions
 
     def _consumer(self) -> Consumer:
-        return Consumer({
-            "bootstrap.servers": self.settings.bootstrap,
+        return Consumer(kafka_config(self.settings, **{
             "group.id": self.group,
             "enable.auto.commit": False,
             "auto.offset.reset": "earliest",
             "session.timeout.ms": self.settings.session_timeout_ms,
             "heartbeat.interval.ms": self.settings.heartbeat_ms,
             "on_commit": self._on_commit,
-        })
+        }))
 
     def _on_commit(self, err: KafkaError | None, partitions: list[TopicPartition]) -> None:
         if err is not None:
@@ -94,7 +95,8 @@ class Archiver:
             item: Any = decode_metrics(value or b"") if topic == self.settings.metrics_topic else decode_verdict(
                 value or b"")
         except SchemaError as exc:
-            self.counters["undecodable"] += 1
+            # decode_metrics applies the worker's value checks too: an impossible record is never archived.
+            self.counters["bad_value" if exc.reason == "bad-value" else "undecodable"] += 1
             log.debug("skipping undecodable message %s[%d]@%d: %s", topic, partition, offset, exc)
             item = None
         buf = self._buffers.get((topic, partition))

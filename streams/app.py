@@ -4,59 +4,150 @@ At-least-once (Tansu rejects Faust's exactly-once). Each metrics partition has a
 ``PartitionProcessor``; its snapshot goes to a changelog-backed table on the same partition
 so a restarted worker resumes where the last snapshot left off, and replayed messages are
 recognised as duplicates by the analyzer and the sent-verdict memory.
+
+Nothing lost: a verdict counts as sent only once the broker acknowledged it (the delivery
+future resolved). Until then it stays pending in the processor and in every snapshot (one is
+written and acknowledged before the first send), so a broker outage or a killed worker delays a
+verdict but never loses it; the worst case is a repeat (killed between the acknowledgement and
+the next snapshot), which consumers drop by its (incident, state) key. The timer only evaluates
+and never waits for the broker, so hangs are still found while it is unreachable; a background
+``courier`` sends. Consumed events are acked (their offsets may be committed) only after a
+snapshot that covers them is on the broker, and after their dead letters are: a worker killed
+with SIGKILL re-reads, never skips, what its last snapshot had not seen.
+
+Nothing silent: every failure on input is a dead letter with a reason plus a counter, and the
+agent's loop body catches everything, so no message can stop the stream. The counters go to the
+log as one JSON line (``counters {...}``) when they change, and at shutdown.
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import faust
 
-from ccld.records import Verdict
+from ccld.records import DeadLetter, Verdict
+from ccld.security import faust_kwargs
 from ccld.settings import Settings
-from ccld.streams.processor import Output, PartitionProcessor
+from ccld.stack.topics import ensure_topics
+from ccld.streams.processor import Output, PartitionProcessor, ProcessorOptions
+from ccld.streams.recovery import read_partition, topic_id, verdict_keys_on_topic
 
 log = logging.getLogger(__name__)
 
 #: Write a partition's snapshot at most this often (seconds of wall time; more often than offsets are
-#: committed), after every verdict, and at shutdown.
+#: committed), before and after every verdict send, and at shutdown.
 SNAPSHOT_EVERY_S = 1.0
+#: Attempts to deliver one dead letter before it is counted lost (an outage is not an attempt: the
+#: producer waits for the broker inside one attempt; only errors the broker answered count).
+DEAD_LETTER_ATTEMPTS = 5
+#: Log the counters (when they changed) at most this often (seconds).
+COUNTERS_EVERY_S = 5.0
+#: Check this often (seconds) that the topics still exist and are the same topics.
+TOPIC_CHECK_EVERY_S = 2.0
+
+
+def counters_line(state: WorkerState) -> str:
+    """Every partition's counters as one JSON object (what the chaos tests and an operator read)."""
+    return json.dumps({str(p): proc.report() for p, proc in sorted(state.processors.items())}, sort_keys=True)
+
+
+def processor_options(settings: Settings) -> ProcessorOptions:
+    return ProcessorOptions(eval_every_s=settings.worker_tick_s, clock_max_skew_s=settings.worker_clock_max_skew_s,
+                            clock_active_s=settings.worker_clock_active_s,
+                            dead_letter_raw_max=settings.worker_deadletter_raw_max_bytes)
 
 
 class WorkerState:
-    """Processors by partition, plus what to snapshot when."""
+    """Processors by partition, plus what to snapshot when and which consumed events it covers."""
 
     def __init__(self, settings: Settings, table: Any) -> None:
         self.settings = settings
         self.table = table
+        self.options = processor_options(settings)
         self.processors: dict[int, PartitionProcessor] = {}
         self.last_snapshot: dict[int, float] = {}
+        # One sender per partition at a time: the agent and the timer both flush pending verdicts.
+        self.locks: dict[int, asyncio.Lock] = {}
+        # Consumed events not yet acknowledged to Faust, by partition: an event is acked (its offset
+        # may be committed) only once a snapshot that includes it is on the broker, so a worker killed
+        # at any moment resumes from a snapshot at least as new as its committed offsets.
+        self.held: dict[int, list[Any]] = {}
+        self.ack: Callable[[Any], Awaitable[Any]] | None = None
+        self.wake = asyncio.Event()  # set when verdicts are pending: the courier sends them at once
+        # The metrics topic's identity (its topic id). A broker that lost its log (an in-memory broker
+        # restarted) brings the topic back under a new id with offsets from 0 again, while the consumer
+        # goes on from its old position: the offsets below it are read once more (``backfill``).
+        self.topic_id: str | None = None
+        self.checkpoint_locks: dict[int, asyncio.Lock] = {}
 
     def processor(self, partition: int) -> PartitionProcessor:
         proc = self.processors.get(partition)
         if proc is None:
             raw = self.table.data.get(self.key(partition)) if self.table is not None else None
-            proc = PartitionProcessor.restore(partition, self.settings.analyzer, raw)
+            proc = PartitionProcessor.restore(partition, self.settings.analyzer, raw, self.options)
             if raw:
-                log.info("partition %d: resumed from a %d-byte snapshot", partition, len(raw))
+                log.info("partition %d: resumed from a %d-byte snapshot (%d verdicts pending)", partition, len(raw),
+                         len(proc.pending()))
             self.processors[partition] = proc
             self.last_snapshot[partition] = time.monotonic()
         return proc
 
+    def lock(self, partition: int) -> asyncio.Lock:
+        return self.locks.setdefault(partition, asyncio.Lock())
+
     def key(self, partition: int) -> bytes:
         return f"{self.settings.metrics_topic}:{partition}".encode()
 
+    def _due(self, partition: int, force: bool) -> PartitionProcessor | None:
+        proc = self.processors.get(partition)
+        if self.table is None or proc is None or (
+                not force and time.monotonic() - self.last_snapshot.get(partition, 0.0) < SNAPSHOT_EVERY_S):
+            return None
+        return proc
+
     def maybe_snapshot(self, partition: int, force: bool) -> None:
-        now = time.monotonic()
-        if self.table is None or (not force and now - self.last_snapshot.get(partition, 0.0) < SNAPSHOT_EVERY_S):
+        """Queue the partition's snapshot on its changelog without waiting (shutdown, revocation)."""
+        proc = self._due(partition, force)
+        if proc is not None:
+            key, value = self.key(partition), proc.snapshot()
+            self.table.data[key] = value
+            self.table.send_changelog(partition, key, value)
+            self.last_snapshot[partition] = time.monotonic()
+
+    async def checkpoint(self, partition: int, force: bool) -> None:
+        """Snapshot when due (or ``force``), wait for the broker's ack, then ack the events it covers."""
+        async with self.checkpoint_locks.setdefault(partition, asyncio.Lock()):
+            await self._checkpoint(partition, force)
+
+    async def _checkpoint(self, partition: int, force: bool) -> None:
+        proc = self._due(partition, force)
+        if proc is None:
             return
-        key, value = self.key(partition), self.processors[partition].snapshot()
-        # Written straight to the partition's changelog so the timer (outside any event) can save too.
+        key, value, upto = self.key(partition), proc.snapshot(), proc.next_offset
+        covered = [e for e in self.held.get(partition, ()) if e.message.offset < upto]
         self.table.data[key] = value
-        self.table.send_changelog(partition, key, value)
-        self.last_snapshot[partition] = now
+        self.last_snapshot[partition] = time.monotonic()
+        # Written straight to the partition's changelog (the timer, outside any event, saves too) and sent
+        # now rather than through Faust's buffer, so that awaiting the future waits for the broker's ack.
+        fut = await self.table.changelog_topic.send(key=key, value=value, partition=partition,
+                                                    key_serializer="raw", value_serializer="raw", force=True)
+        await fut  # raises if the broker refused it: then nothing is acked and a later snapshot retries
+        done = {id(e) for e in covered}
+        self.held[partition] = [e for e in self.held.get(partition, ()) if id(e) not in done]
+        if self.ack is not None:
+            for e in covered:
+                await self.ack(e)
+
+    def drop(self, partition: int) -> None:
+        """The partition went to another worker: its unacknowledged events will be re-delivered there."""
+        self.processors.pop(partition, None)
+        self.held.pop(partition, None)
 
 
 def create_app(settings: Settings, *, app_id: str | None = None) -> faust.App:
@@ -77,6 +168,10 @@ def create_app(settings: Settings, *, app_id: str | None = None) -> faust.App:
         broker_commit_interval=settings.worker_commit_interval_s,
         # Metrics messages are columnar batches of tens of KB: fetch many per round trip.
         consumer_max_fetch_size=16 * 1024 * 1024,
+        # Events are acked only after a snapshot covers them (WorkerState.checkpoint), so at shutdown or a
+        # rebalance some are unacked on purpose: do not wait for them; they are re-read (and de-duplicated).
+        stream_wait_empty=False,
+        **faust_kwargs(settings),  # TLS / SASL, the same settings every other client uses
     )
     metrics = app.topic(settings.metrics_topic, value_type=bytes, key_type=bytes,
                         value_serializer="raw", key_serializer="raw", internal=False)
@@ -90,44 +185,129 @@ def create_app(settings: Settings, *, app_id: str | None = None) -> faust.App:
     state = WorkerState(settings, table)
     app.ccld_state = state  # type: ignore[attr-defined]
 
-    async def send(proc: PartitionProcessor, out: Output) -> None:
-        for dl, raw in out.dead_letters:
-            log.warning("dead letter from %s[%d]@%d: %s: %s", dl.source_topic, dl.source_partition,
-                        dl.source_offset, dl.reason, dl.detail[:200])
-            await deadletter.send(key=dl.reason.encode(), value=raw)
-        await send_verdicts(proc, out.verdicts)
+    async def send_dead_letter(proc: PartitionProcessor, dl: DeadLetter, raw: bytes) -> None:
+        log.warning("dead letter from %s[%d]@%d: %s: %s", dl.source_topic, dl.source_partition,
+                    dl.source_offset, dl.reason, dl.detail[:200])
+        for attempt in range(1, DEAD_LETTER_ATTEMPTS + 1):
+            try:
+                # force: publish now (not attached to the event's commit); awaiting the future waits for the ack.
+                fut = await deadletter.send(key=dl.reason.encode(), value=raw, force=True)
+                await fut
+                return
+            except Exception as exc:  # noqa: BLE001 - counted, retried, never raised into the stream
+                proc.counters["dead_letter_send_failures"] = proc.counters.get("dead_letter_send_failures", 0) + 1
+                log.warning("dead letter send failed (attempt %d of %d): %s: %s", attempt, DEAD_LETTER_ATTEMPTS,
+                            type(exc).__name__, exc)
+                await asyncio.sleep(min(0.5 * 2**attempt, 8.0))
+        proc.counters["dead_letters_lost"] = proc.counters.get("dead_letters_lost", 0) + 1
+        log.error("dead letter LOST after %d attempts: %s[%d]@%d reason %s (%d raw bytes)", DEAD_LETTER_ATTEMPTS,
+                  dl.source_topic, dl.source_partition, dl.source_offset, dl.reason, len(dl.raw))
 
-    async def send_verdicts(proc: PartitionProcessor, items: list[tuple[Verdict, bytes]]) -> None:
-        for v, raw in items:
-            await verdicts.send(key=v.incident_id.encode(), value=raw)
-            proc.mark_sent(v)  # only now: a failed send is handed out again on the next evaluation
-            log.info("verdict %s", v.describe())
+    async def flush_verdicts(partition: int, proc: PartitionProcessor) -> None:
+        """Send every pending verdict of ``partition``, each marked sent only after the broker's ack."""
+        async with state.lock(partition):
+            if proc.restored_pending and proc.pending():
+                await reconcile(partition, proc)
+            items = proc.pending()
+            if not items:
+                return
+            sent: list[Verdict] = []
+            try:
+                # The pending verdicts reach the changelog before they reach the verdicts topic.
+                await state.checkpoint(partition, force=True)
+                for v, raw in items:
+                    fut = await verdicts.send(key=v.incident_id.encode(), value=raw, force=True)
+                    await fut  # resolves on the broker's acknowledgement (acks=all), raises on failure
+                    proc.mark_sent(v)
+                    sent.append(v)
+                    log.info("verdict %s", v.describe())
+            except Exception as exc:  # noqa: BLE001 - the rest stays pending; the next round tries again
+                proc.counters["verdict_send_failures"] += 1
+                log.warning("partition %d: verdict send failed, %d left pending: %s: %s", partition,
+                            len(proc.pending()), type(exc).__name__, exc)
+            if sent:
+                try:
+                    await state.checkpoint(partition, force=True)
+                except Exception as exc:  # noqa: BLE001 - a later snapshot carries it; at worst a repeat
+                    log.warning("partition %d: snapshot after verdicts failed: %s", partition, exc)
+
+    async def reconcile(partition: int, proc: PartitionProcessor) -> None:
+        """Mark sent the restored pending verdicts that are already on the verdicts topic (no repeat)."""
+        try:
+            on_topic = await asyncio.to_thread(verdict_keys_on_topic, settings)
+        except Exception as exc:  # noqa: BLE001 - then they are sent again: a repeat, never a loss
+            log.warning("partition %d: could not read the verdicts topic to reconcile: %s", partition, exc)
+            return
+        proc.restored_pending = False
+        done = [v for v, _ in proc.pending() if v.dedupe_key in on_topic]
+        for v in done:
+            proc.mark_sent(v)
+        proc.counters["verdicts_reconciled"] = proc.counters.get("verdicts_reconciled", 0) + len(done)
+        log.info("partition %d: %d restored pending verdicts were already on the topic, %d to send", partition,
+                 len(done), len(proc.pending()))
+
+    async def deliver(proc: PartitionProcessor, out: Output) -> None:
+        # Dead letters are awaited here: the event is held (and later acked) only once they are on the broker.
+        for dl, raw in out.dead_letters:
+            await send_dead_letter(proc, dl, raw)
+        if proc.pending():
+            state.wake.set()  # verdicts go out from the courier; they are in every snapshot until acknowledged
+
+    def restore_assigned() -> None:
+        # A restarted worker must send the verdicts its snapshot holds pending even if no new message
+        # ever arrives on their partition: restore every assigned partition that has a snapshot, once
+        # the table's recovery from the changelog has finished (before that its snapshot may be stale).
+        recovery = getattr(app.tables, "recovery", None)
+        if recovery is None or not recovery.completed.is_set() or recovery.in_recovery or app.rebalancing:
+            return
+        for tp in app.consumer.assignment():
+            if (tp.topic == settings.metrics_topic and tp.partition not in state.processors
+                    and state.key(tp.partition) in table.data):
+                state.processor(tp.partition)
+
+    @app.task
+    async def courier() -> None:
+        """Send pending verdicts and write due snapshots; the only place that waits for the broker besides
+        the agent itself, so an outage never stops the timer from evaluating (and finding verdicts)."""
+        while True:
+            try:
+                await asyncio.wait_for(state.wake.wait(), timeout=settings.worker_tick_s)
+            except TimeoutError:
+                pass
+            state.wake.clear()
+            restore_assigned()
+            for partition, proc in list(state.processors.items()):
+                try:
+                    await flush_verdicts(partition, proc)
+                    await state.checkpoint(partition, force=False)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:  # noqa: BLE001 - retried on the next round
+                    log.warning("partition %d: courier round failed: %s: %s", partition, type(exc).__name__, exc)
 
     @app.agent(metrics, name="ccld-analyze")
     async def analyze(stream: Any) -> None:
-        last_eval: dict[int, float] = {}
-        async for event in stream.events():
+        manual = stream.noack()  # events are acked by WorkerState.checkpoint, after the snapshot covering them
+        state.ack = manual.ack
+        async for event in manual.events():
             msg = event.message
-            proc = state.processor(msg.partition)
-            # Evaluate at most once per tick of the analyzer clock: analysis is per window, not per message.
-            ts = msg.timestamp if msg.timestamp else None
-            due = ts is None or ts - last_eval.get(msg.partition, -1e18) >= settings.worker_tick_s
             try:
-                out = proc.handle(msg.value, topic=msg.topic, offset=msg.offset, timestamp_s=ts, evaluate=due)
-            except Exception:  # a bug on one message must not stop the stream; keep it as a dead letter
-                log.exception("analyzer failed on %s[%d]@%d", msg.topic, msg.partition, msg.offset)
-                from ccld.records import DeadLetter
-                from ccld.schemas import encode_dead_letter
-
-                dl = DeadLetter(raw=bytes(msg.value or b""), reason="analyzer-error", detail="see worker log",
-                                source_topic=msg.topic, source_partition=msg.partition,
-                                source_offset=msg.offset, time_ms=int(time.time() * 1000))
-                out = Output(dead_letters=[(dl, encode_dead_letter(dl))])
-                proc.counters["dead_letters"] += 1
-            if due and ts is not None:
-                last_eval[msg.partition] = ts
-            await send(proc, out)
-            state.maybe_snapshot(msg.partition, force=bool(out.verdicts))
+                proc = state.processor(msg.partition)
+                ts = msg.timestamp if msg.timestamp else None
+                out = proc.handle(msg.value, topic=msg.topic, offset=msg.offset, timestamp_s=ts)
+                await deliver(proc, out)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # a bug on one message must not stop the stream (handle() itself never raises)
+                log.exception("worker failed on %s[%d]@%d; going on", msg.topic, msg.partition, msg.offset)
+            # Held even after a failure: an event never acked would stop every later commit of the partition.
+            state.held.setdefault(msg.partition, []).append(event)
+            try:
+                await state.checkpoint(msg.partition, force=False)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # the next checkpoint retries; until then nothing more is committed
+                log.warning("partition %d: snapshot not written: %s: %s", msg.partition, type(exc).__name__, exc)
 
     @app.on_partitions_revoked.connect
     async def on_revoked(sender: Any, /, *args: Any, signal: Any, **kwargs: Any) -> None:
@@ -136,19 +316,77 @@ def create_app(settings: Settings, *, app_id: str | None = None) -> faust.App:
         for tp in revoked:
             if tp.topic == settings.metrics_topic and tp.partition in state.processors:
                 state.maybe_snapshot(tp.partition, force=True)
-                del state.processors[tp.partition]
+                state.drop(tp.partition)
+
+    @app.timer(TOPIC_CHECK_EVERY_S)
+    async def watch_topics() -> None:
+        """Recreate lost topics; notice a recreated metrics topic and re-read it from its first offset."""
+        try:
+            found = await asyncio.to_thread(topic_id, settings)
+        except Exception as exc:  # noqa: BLE001 - the broker is unreachable: nothing to decide now
+            log.debug("topic check failed: %s", exc)
+            return
+        if found is None:
+            log.warning("topic %s is gone (broker restarted empty?): creating the topics again",
+                        settings.metrics_topic)
+            try:
+                await asyncio.to_thread(ensure_topics, settings)
+            except Exception as exc:  # noqa: BLE001 - tried again on the next check
+                log.warning("could not recreate the topics: %s", exc)
+            return
+        old, state.topic_id = state.topic_id, found
+        if old is not None and found != old:
+            log.warning("topic %s was recreated (id %s, was %s): its offsets start again", settings.metrics_topic,
+                        found, old)
+            for partition, proc in list(state.processors.items()):
+                proc.counters["topic_resets"] = proc.counters.get("topic_resets", 0) + 1
+                await backfill(partition, proc)
+
+    async def backfill(partition: int, proc: PartitionProcessor) -> None:
+        """Read the new log of ``partition`` below the highest offset handled so far, and handle it.
+
+        The consumer went on from its position in the old log, so the new log's first offsets would
+        never be read; handling them twice costs nothing (the analyzer drops batches it has seen).
+        """
+        upto = proc.next_offset
+        try:
+            messages = await asyncio.to_thread(read_partition, settings, partition, upto)
+        except Exception as exc:  # noqa: BLE001 - counted and logged: these records may be missing
+            proc.counters["backfill_failures"] = proc.counters.get("backfill_failures", 0) + 1
+            log.error("partition %d: could not re-read the recreated topic below offset %d: %s", partition, upto, exc)
+            return
+        log.warning("partition %d: re-read %d messages of the recreated topic (offsets 0 to %d)", partition,
+                    len(messages), upto - 1)
+        for i, (offset, ts, value) in enumerate(messages):
+            await deliver(proc, proc.handle(value, topic=settings.metrics_topic, offset=offset, timestamp_s=ts))
+            if i % 200 == 199:
+                await asyncio.sleep(0)  # let the agent, timer and courier run
+        proc.counters["backfilled_messages"] = proc.counters.get("backfilled_messages", 0) + len(messages)
+
+    last_report: dict[str, Any] = {"at": time.monotonic(), "line": ""}
 
     @app.timer(settings.worker_tick_s)
     async def tick() -> None:
+        if time.monotonic() - last_report["at"] >= COUNTERS_EVERY_S:
+            last_report["at"] = time.monotonic()
+            report = counters_line(state)
+            if report != last_report["line"]:
+                last_report["line"] = report
+                log.info("counters %s", report)
         for partition, proc in list(state.processors.items()):
-            items = proc.tick()
-            await send_verdicts(proc, items)
-            state.maybe_snapshot(partition, force=bool(items))
+            try:
+                # Evaluation only: nothing here waits for the broker (the courier sends), so hangs are
+                # still found, and kept pending, while the broker is unreachable.
+                if proc.tick():
+                    state.wake.set()
+            except Exception:  # the timer must survive anything one partition does
+                log.exception("tick failed on partition %d", partition)
 
     @app.on_before_shutdown.connect
     async def on_shutdown(sender: Any, /, *args: Any, signal: Any, **kwargs: Any) -> None:
         # The consumer has committed its last offsets; the producer flushes after this signal.
         for partition in list(state.processors):
             state.maybe_snapshot(partition, force=True)
+        log.info("counters %s", counters_line(state))
 
     return app

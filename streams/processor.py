@@ -1,9 +1,13 @@
-"""What the worker does with one metrics message, free of Faust: decode, analyze, dedupe.
+"""What the worker does with one metrics message, free of Faust: decode, check, analyze, dedupe.
 
-One ``PartitionProcessor`` per metrics partition owns an ``Analyzer`` (all jobs of a
-partition) and the set of verdicts already sent, so a message delivered twice (at-least-once)
-or a restart from a snapshot never sends a verdict twice. The analyzer's clock is the
-Kafka message timestamp, advanced by wall time only while the partition is quiet.
+One ``PartitionProcessor`` per metrics partition holds, for every job on the partition, an
+``Analyzer`` and that job's analyzer clock (``JobClock``: the job's message timestamps,
+checked against the consensus of the job's producers), so no producer can move the clock of
+another job. It also holds the verdicts waiting for the broker's acknowledgement and the set of
+verdicts already acknowledged: a message delivered twice (at-least-once) or a restart from a
+snapshot never sends a verdict twice, and a verdict whose send was never acknowledged is sent
+again, after a restart too. Nothing on input raises out of ``handle``: every failure becomes a
+dead letter with a reason, and a counter.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+import zlib
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -19,8 +24,10 @@ from typing import Any
 from ccld.errors import SchemaError
 from ccld.records import DeadLetter, Verdict
 from ccld.schemas import decode_metrics, encode_dead_letter, encode_verdict
+from ccld.schemas.codec import DEAD_LETTER_RAW_MAX, make_dead_letter
 from ccld.streams.analysis import Analyzer
 from ccld.streams.analysis.settings import AnalyzerSettings
+from ccld.streams.clock import JobClock
 
 log = logging.getLogger(__name__)
 
@@ -36,32 +43,91 @@ class Output:
     dead_letters: list[tuple[DeadLetter, bytes]] = field(default_factory=list)
 
 
-class PartitionProcessor:
-    """Analyzer, clock and de-duplication for one partition of the metrics topic."""
+@dataclass(frozen=True)
+class ProcessorOptions:
+    """The worker settings a processor needs (defaults: those of ``ccld.settings.Settings``)."""
 
-    def __init__(self, partition: int, settings: AnalyzerSettings, state: Mapping[str, Any] | None = None) -> None:
+    eval_every_s: float = 1.0  # evaluate at most once per this much analyzer-clock time (handle(evaluate=None))
+    clock_max_skew_s: float = 30.0  # see JobClock
+    clock_active_s: float = 120.0  # see JobClock
+    dead_letter_raw_max: int = DEAD_LETTER_RAW_MAX  # raw bytes kept in a dead letter
+
+
+@dataclass
+class JobState:
+    """One job's analyzer and analyzer clock."""
+
+    analyzer: Analyzer
+    clock: JobClock
+    last_eval: float = -1e18  # job-clock time of the last evaluation from handle()
+
+
+class PartitionProcessor:
+    """Per-job analyzers and clocks, pending verdicts and de-duplication for one partition of the metrics topic."""
+
+    def __init__(self, partition: int, settings: AnalyzerSettings, state: Mapping[str, Any] | None = None,
+                 options: ProcessorOptions | None = None) -> None:
         self.partition = partition
-        self.counters: dict[str, int] = {"messages": 0, "records": 0, "dead_letters": 0, "verdicts": 0,
-                                         "duplicate_verdicts": 0}
+        self.options = options or ProcessorOptions()
+        self.counters: dict[str, int] = {"messages": 0, "records": 0, "dead_letters": 0, "bad_value": 0,
+                                         "verdicts": 0, "duplicate_verdicts": 0, "verdict_send_failures": 0}
         self._sent: OrderedDict[str, None] = OrderedDict()
-        self._unsent: list[tuple[Verdict, bytes]] = []  # verdicts handed out but not yet confirmed sent
-        self.clock_s = 0.0  # analyzer clock: the newest message timestamp seen (seconds)
-        self._clock_wall = time.monotonic()  # when clock_s last moved
+        # Verdicts handed out but not yet acknowledged by the broker, in the order they were found.
+        self._pending: OrderedDict[str, tuple[Verdict, bytes]] = OrderedDict()
+        self.settings = settings
+        self.jobs: dict[str, JobState] = {}  # by job name, least recently fed first
         self.next_offset = -1  # offset after the last message handled
         self._resume_offset: int | None = None  # next_offset of the snapshot we resumed from
+        # Restored with pending verdicts: some may have reached the topic just before the worker died
+        # (acknowledged, not yet snapshotted as sent); the sender checks the topic before sending them.
+        self.restored_pending = False
         if state:
-            self.analyzer = Analyzer.from_state_dict(state["analyzer"], settings)
+            # Counters carry on across restarts and rebalances (replayed messages count again as messages).
+            self.counters.update({str(k): int(v) for k, v in dict(state.get("counters", {})).items()})
             self._sent.update((k, None) for k in state.get("sent", ()))
-            self.clock_s = float(state.get("clock_s", 0.0))
+            for d in state.get("pending", ()):
+                v = Verdict.from_dict(d)
+                self._pending[v.dedupe_key] = (v, encode_verdict(v))
+            self.restored_pending = bool(self._pending)
+            if "analyzer" in state and "jobs" not in state:
+                log.warning("partition %d: snapshot from before per-job clocks; analyzer state starts empty",
+                            partition)
+            restored_at = time.time()
+            for job, js in dict(state.get("jobs", {})).items():
+                j = self._new_job()
+                j.analyzer = Analyzer.from_state_dict(js["analyzer"], settings)
+                j.clock.load_state_dict(js["clock"])
+                # The downtime was not observed: a quiet job's clock resumes from now, as it did before.
+                j.clock.moved_recv = restored_at
+                self.jobs[str(job)] = j
             self._resume_offset = int(state.get("next_offset", -1))
-        else:
-            self.analyzer = Analyzer(settings)
+
+    def _new_job(self) -> JobState:
+        return JobState(Analyzer(self.settings), JobClock(max_skew_s=self.options.clock_max_skew_s,
+                                                               active_s=self.options.clock_active_s))
+
+    @property
+    def clock_s(self) -> float:
+        """The newest analyzer clock of any job on the partition (seconds; 0 before the first message)."""
+        return max((j.clock.now_s for j in self.jobs.values()), default=0.0)
+
+    def job_clock(self, job: str) -> float:
+        """The analyzer clock of ``job`` (seconds; 0 for a job not seen)."""
+        j = self.jobs.get(job)
+        return 0.0 if j is None else j.clock.now_s
 
     # --- per message ------------------------------------------------------------------------
 
-    def handle(self, raw: bytes, *, topic: str, offset: int, timestamp_s: float | None, evaluate: bool) -> Output:
+    def handle(self, raw: bytes | None, *, topic: str, offset: int, timestamp_s: float | None,
+               evaluate: bool | None = None, recv_s: float | None = None) -> Output:
+        """Decode, check and analyze one message; never raises for anything about the message.
+
+        ``evaluate`` None: evaluate when the clock moved ``eval_every_s`` since the last time.
+        ``recv_s`` is the worker's wall time at receipt (default: now).
+        """
         out = Output()
         self.counters["messages"] += 1
+        recv = time.time() if recv_s is None else recv_s
         if self._resume_offset is not None:
             # Offsets committed after the snapshot was written were never analyzed by this state:
             # say so (the analyzer re-learns from the records that follow) rather than hide it.
@@ -72,44 +138,102 @@ class PartitionProcessor:
             self._resume_offset = None
         self.next_offset = max(self.next_offset, offset + 1)
         try:
-            batch = decode_metrics(raw)
+            batch = decode_metrics(raw or b"")
         except SchemaError as exc:
-            dl = DeadLetter(raw=bytes(raw), reason=exc.reason, detail=exc.detail[:2000], source_topic=topic,
-                            source_partition=self.partition, source_offset=offset, time_ms=int(time.time() * 1000))
-            self.counters["dead_letters"] += 1
-            out.dead_letters.append((dl, encode_dead_letter(dl)))
+            if exc.reason == "bad-value":
+                self.counters["bad_value"] += 1
+            out.dead_letters.append(self.dead_letter(raw, exc.reason, exc.detail, topic=topic, offset=offset))
             return out
-        if timestamp_s is not None and timestamp_s > self.clock_s:
-            self.clock_s = timestamp_s
-            self._clock_wall = time.monotonic()
+        except Exception as exc:  # a decoder bug on odd bytes is still the message's fault: keep it, go on
+            log.exception("decoding %s[%d]@%d failed unexpectedly", topic, self.partition, offset)
+            out.dead_letters.append(self.dead_letter(raw, "decode-error", f"{type(exc).__name__}: {exc}",
+                                                     topic=topic, offset=offset))
+            return out
+        job = self.jobs.pop(batch.job, None) or self._new_job()
+        self.jobs[batch.job] = job  # re-inserted last: the least recently fed job comes first
+        producer = batch.producer or f"job:{batch.job}/{batch.incarnation}"
+        if not job.clock.observe(producer, timestamp_s, recv):
+            self.counters["clock_rejected"] = sum(j.clock.rejected for j in self.jobs.values())
+            self.counters["clock_ignored"] = sum(j.clock.ignored for j in self.jobs.values())
+        now = job.clock.now_s
         self.counters["records"] += batch.n
-        self.analyzer.ingest(batch, self.clock_s)
-        if evaluate:
-            out.verdicts = self.evaluate(self.clock_s)
+        try:
+            job.analyzer.ingest(batch, now)
+        except Exception as exc:  # an analyzer bug on one batch must not stop the partition: keep the batch
+            log.exception("analyzer failed on %s[%d]@%d", topic, self.partition, offset)
+            out.dead_letters.append(self.dead_letter(raw, "analyzer-error", f"{type(exc).__name__}: {exc}",
+                                                     topic=topic, offset=offset))
+            return out
+        due = evaluate if evaluate is not None else now - job.last_eval >= self.options.eval_every_s
+        if due:
+            job.last_eval = now
+            self._evaluate_job(batch.job, job, now)
+            out.verdicts = self.pending()
         return out
 
-    def tick(self) -> list[tuple[Verdict, bytes]]:
-        """Re-evaluate on a timer: the clock advances by the wall time the partition was quiet."""
-        if self.clock_s == 0.0:
-            return []
-        return self.evaluate(self.clock_s + (time.monotonic() - self._clock_wall))
+    def dead_letter(self, raw: bytes | None, reason: str, detail: str, *, topic: str,
+                    offset: int) -> tuple[DeadLetter, bytes]:
+        """A counted dead letter for ``raw`` (cut to ``dead_letter_raw_max`` bytes), encoded."""
+        self.counters["dead_letters"] += 1
+        dl = make_dead_letter(raw, reason, detail, source_topic=topic, source_partition=self.partition,
+                              source_offset=offset, time_ms=int(time.time() * 1000),
+                              raw_max=self.options.dead_letter_raw_max)
+        if len(dl.raw) < len(raw or b""):
+            self.counters["dead_letters_truncated"] = self.counters.get("dead_letters_truncated", 0) + 1
+        return dl, encode_dead_letter(dl)
+
+    def tick(self, recv_s: float | None = None) -> list[tuple[Verdict, bytes]]:
+        """Re-evaluate on a timer: each job's clock advances by the wall time the job was quiet."""
+        recv = time.time() if recv_s is None else recv_s
+        for name, job in list(self.jobs.items()):
+            now = job.clock.extrapolated(recv)
+            if now > 0.0:
+                self._evaluate_job(name, job, now)
+            if (now - job.clock.now_s > self.settings.job_expiry_s and not job.analyzer.jobs
+                    and not job.analyzer.book.open):
+                del self.jobs[name]  # silent past the analyzer's expiry and nothing open: forget the job
+        return self.pending()
 
     def evaluate(self, now: float) -> list[tuple[Verdict, bytes]]:
-        """New verdicts plus any whose send was not confirmed yet; call ``mark_sent`` after each send."""
-        pending = {v.dedupe_key for v, _ in self._unsent}
-        for v in self.analyzer.evaluate(now):
+        """Evaluate every job at ``now`` (tests and replays); returns every pending verdict."""
+        for name, job in list(self.jobs.items()):
+            self._evaluate_job(name, job, now)
+        return self.pending()
+
+    def _evaluate_job(self, name: str, job: JobState, now: float) -> None:
+        try:
+            found = job.analyzer.evaluate(now)
+        except Exception:  # an analyzer bug in one job must not stop the others or the timer
+            log.exception("partition %d: evaluating job %s failed", self.partition, name)
+            self.counters["analyzer_errors"] = self.counters.get("analyzer_errors", 0) + 1
+            return
+        for v in found:
             key = v.dedupe_key
-            if key in self._sent or key in pending:
+            if key in self._sent or key in self._pending:
                 self.counters["duplicate_verdicts"] += 1
                 continue
-            pending.add(key)
-            self._unsent.append((v, encode_verdict(v)))
-        return list(self._unsent)
+            self._pending[key] = (v, encode_verdict(v))
+            log.info("verdict found, pending until the broker acknowledges it: %s", v.describe())
+
+    def report(self) -> dict[str, int]:
+        """The counters plus what the analyzers kept: ``analyzed_records`` counts each record once,
+        however often at-least-once delivery or a restart replayed it."""
+        out = dict(self.counters)
+        out["analyzed_records"] = sum(int(j.analyzer.stats.get("records", 0)) for j in self.jobs.values())
+        out["duplicate_batches"] = sum(int(j.analyzer.stats.get("duplicates", 0)) for j in self.jobs.values())
+        out["jobs"] = len(self.jobs)
+        out["pending_verdicts"] = len(self._pending)
+        return out
+
+    def pending(self) -> list[tuple[Verdict, bytes]]:
+        """Verdicts found but not yet acknowledged by the broker, oldest first."""
+        return list(self._pending.values())
 
     def mark_sent(self, verdict: Verdict) -> None:
-        """The verdict reached the producer: never hand it out again (until SENT_MEMORY forgets it)."""
+        """The broker acknowledged the verdict: never hand it out again (until SENT_MEMORY forgets it)."""
         key = verdict.dedupe_key
-        self._unsent = [(v, raw) for v, raw in self._unsent if v.dedupe_key != key]
+        if self._pending.pop(key, None) is None and key in self._sent:
+            return
         self._sent[key] = None
         if len(self._sent) > SENT_MEMORY:
             self._sent.popitem(last=False)
@@ -118,16 +242,23 @@ class PartitionProcessor:
     # --- recovery -----------------------------------------------------------------------------
 
     def snapshot(self) -> bytes:
-        """Compact JSON of everything needed to resume after a restart."""
-        state = {"analyzer": self.analyzer.state_dict(), "sent": list(self._sent), "clock_s": self.clock_s,
-                 "next_offset": self.next_offset}
-        return json.dumps(state, separators=(",", ":")).encode()
+        """Everything needed to resume after a restart, the unacknowledged verdicts included: compact JSON,
+        zlib-compressed (a snapshot is one changelog message, and the broker refuses messages over ~1 MB)."""
+        state = {"jobs": {name: {"analyzer": j.analyzer.state_dict(), "clock": j.clock.state_dict()}
+                          for name, j in self.jobs.items()},
+                 "sent": list(self._sent), "pending": [v.to_dict() for v, _ in self._pending.values()],
+                 "next_offset": self.next_offset, "counters": self.counters}
+        return zlib.compress(json.dumps(state, separators=(",", ":")).encode(), 1)
 
     @classmethod
-    def restore(cls, partition: int, settings: AnalyzerSettings, raw: bytes | None) -> PartitionProcessor:
+    def restore(cls, partition: int, settings: AnalyzerSettings, raw: bytes | None,
+                options: ProcessorOptions | None = None) -> PartitionProcessor:
         if raw:
             try:
-                return cls(partition, settings, json.loads(raw))
-            except (ValueError, KeyError, TypeError) as exc:
-                log.error("partition %d: snapshot unreadable (%s); starting empty", partition, exc)
-        return cls(partition, settings)
+                # Plain JSON (written before snapshots were compressed) starts with "{"; zlib never does.
+                text = raw if raw[:1] == b"{" else zlib.decompress(raw)
+                return cls(partition, settings, json.loads(text), options)
+            except Exception as exc:  # noqa: BLE001 - any unreadable snapshot: start empty, loudly
+                log.error("partition %d: snapshot unreadable (%s: %s); starting empty", partition,
+                          type(exc).__name__, exc)
+        return cls(partition, settings, options=options)

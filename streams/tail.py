@@ -18,6 +18,7 @@ from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaError, 
 from ccld.errors import BrokerError, SchemaError
 from ccld.records import Verdict
 from ccld.schemas import decode_verdict
+from ccld.security import kafka_config
 from ccld.settings import Settings
 
 
@@ -29,12 +30,11 @@ def iter_verdicts(
     stop: Callable[[], bool] = lambda: False,
 ) -> Iterator[Verdict]:
     """Yield distinct verdicts until ``idle_timeout_s`` passes without a new one, or ``stop()``."""
-    consumer = Consumer({
-        "bootstrap.servers": settings.bootstrap,
+    consumer = Consumer(kafka_config(settings, **{
         "group.id": f"ccld-tail-{uuid.uuid4().hex[:8]}",
         "enable.auto.commit": False,
         "enable.partition.eof": False,
-    })
+    }))
     try:
         try:
             md = consumer.list_topics(settings.verdicts_topic, timeout=10)

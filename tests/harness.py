@@ -12,8 +12,8 @@ from pathlib import Path
 
 from ccld.records import KernelBatch, Verdict
 from ccld.settings import Settings
+from ccld.stack.up import child_env
 from ccld.streams.tail import iter_verdicts
-from ccld.up import child_env
 
 
 class WorkerProcess:
@@ -95,3 +95,31 @@ def raw_batches(settings: Settings, idle_s: float = 3.0) -> list[KernelBatch]:
     from ccld.schemas import decode_metrics
 
     return [decode_metrics(m) for m in raw_messages(settings, settings.metrics_topic, idle_s)]
+
+
+def impossible_batches() -> dict[str, KernelBatch]:
+    """Well-formed batches that each hold one impossible value (what the worker must dead-letter as bad-value)."""
+    import dataclasses
+
+    import numpy as np
+
+    from factories import make_kernel_record
+
+    good = KernelBatch.from_records([make_kernel_record(rank=r, comm_rank=r) for r in range(4)], producer="bad-p")
+
+    def setting(name: str, value: int, row: int = 1) -> KernelBatch:
+        col = good.columns[name].copy()
+        col[row] = value
+        return dataclasses.replace(good, columns={**good.columns, name: col})
+
+    return {
+        "rank >= world size": setting("rank", 4),
+        "world size 0": dataclasses.replace(good, world_size=0),
+        "comm_rank >= comm_size": setting("comm_rank", 4),
+        "negative op sequence": setting("op_seq", -1),
+        "int64-extreme time": setting("t_enter_ns", (1 << 63) - 1),
+        "negative time": setting("t_exit_ns", -5),
+        "unknown status": setting("status", 7),
+        "unknown op type": setting("op_type", 42),
+        "negative counter": dataclasses.replace(good, send=np.where(good.send == good.send[0, 0], -3, good.send)),
+    }

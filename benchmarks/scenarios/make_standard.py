@@ -88,6 +88,7 @@ class Profile:
     benign_tail_s: float = 60.0
     every_s: tuple[float, ...] = (40, 50, 60)
     transient_s: tuple[float, float] | None = None  # None: 0.5-3 step times
+    drift_ppm: float = 50.0  # clock drift per host, up to
 
 
 STANDARD_V1 = Profile()
@@ -107,7 +108,7 @@ WIDE = Profile(**{  # type: ignore[arg-type]
     "s2": (0.15, 0.67), "s3_compute": (1.3, 3.0), "s3_link": (0.25, 0.67), "intermittent": 0.3,
     "microbatches": (1, 2, 4, 8, 16), "layers": (1, 2, 3, 4), "layer_ms": (1.5, 12.0),
     "hidden": (1024, 2048, 4096, 8192), "pause_rate": (0.0, 0.01, 0.03, 0.05), "eval_every": (0, 0, 25, 60),
-    "transient_s": (0.02, 1.0),
+    "transient_s": (0.02, 1.0), "drift_ppm": 200.0,
 })
 
 
@@ -141,6 +142,7 @@ class Maker:
                 "duration_s": 0.0,
                 "clock_skew_s": round(r.uniform(*self.p.skew), 2),
                 "jitter": round(r.uniform(*self.p.jitter), 3),
+                "clock_drift_ppm": round(r.uniform(0.0, self.p.drift_ppm), 1),
                 "workload": {
                     "microbatches": 2 if big else r.choice(self.p.microbatches),
                     "layers": 1 if big else r.choice(self.p.layers),

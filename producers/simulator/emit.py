@@ -48,10 +48,13 @@ class Emitter:
     duration_s: float
     skew_s: F64  # per host
     producer: str
+    drift: F64 | None = None  # per host: its clock runs (1 + drift) times as fast
 
     def ns(self, t: F64, ranks: I64) -> I64:
         """True seconds -> nanoseconds on each rank's own clock."""
-        return EPOCH_NS + np.rint((t + self.skew_s[self.topo.host_of[ranks]]) * 1e9).astype(np.int64)
+        h = self.topo.host_of[ranks]
+        rate = 1.0 if self.drift is None else 1.0 + self.drift[h]
+        return EPOCH_NS + np.rint((t * rate + self.skew_s[h]) * 1e9).astype(np.int64)
 
     def window(self, ph: Phase, w0: float, w1: float) -> dict[str, npt.NDArray[Any]] | None:
         """Records of one phase sampled in ``[w0, w1)`` as columns (plus ``_comm``, ``_t``)."""
@@ -171,10 +174,10 @@ class Emitter:
 
 def emit(
     phases: list[Phase], topo: Topology, *, job: str, channels: int, interval_s: float, duration_s: float,
-    skew_s: F64, producer: str,
+    skew_s: F64, producer: str, drift: F64 | None = None,
 ) -> Iterator[tuple[float, KernelBatch]]:
     """Yield ``(delivery time, batch)`` in non-decreasing time order."""
-    em = Emitter(topo, job, channels, interval_s, duration_s, skew_s, producer)
+    em = Emitter(topo, job, channels, interval_s, duration_s, skew_s, producer, drift)
     spans = []
     for ph in phases:
         inside = ph.enter <= duration_s

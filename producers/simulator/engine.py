@@ -18,6 +18,7 @@ each rank's exit.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -100,6 +101,23 @@ class Phase:
             self.freeze = np.ones(n)
 
 
+def fired(faults: Sequence[Fault], h1: Callable[[int], bool], pending_h2: Sequence[Fault],
+          pending_h3: Sequence[Fault]) -> list[bool]:
+    """Per fault, whether it took effect: an H1 rank stopped (``h1``), an H2 or H3 no longer
+    pending; slowdowns and benign events always do."""
+    out = []
+    for f in faults:
+        if f.kind == "H1":
+            out.append(h1(f.rank))
+        elif f.kind == "H2":
+            out.append(f not in pending_h2)
+        elif f.kind == "H3":
+            out.append(f not in pending_h3)
+        else:
+            out.append(True)
+    return out
+
+
 def _full(n: int, v: int) -> I64:
     return np.full(n, v, dtype=np.int64)
 
@@ -136,17 +154,8 @@ class Engine:
         A hang can hide another: a rank already stuck behind an earlier hang never gets to stop
         on its own (H1), nor does a group that never starts its next op (H2, H3).
         """
-        out = []
-        for f in self.sc.faults:
-            if f.kind == "H1":
-                out.append(f.rank in self.h1_fired and self._absence_seen(f.rank))
-            elif f.kind == "H2":
-                out.append(f not in self.pending_h2)
-            elif f.kind == "H3":
-                out.append(f not in self.pending_h3)
-            else:
-                out.append(True)
-        return out
+        return fired(self.sc.faults, lambda r: r in self.h1_fired and self._absence_seen(r),
+                     self.pending_h2, self.pending_h3)
 
     def _absence_seen(self, rank: int) -> bool:
         """Whether some peer entered an op that ``rank`` never entered (else its stop is invisible:

@@ -26,7 +26,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ccld.probe.ring_plan import fold_columns
-from ccld.producers.simulator.engine import IN_FLIGHT, SLOT_RATE
+from ccld.producers.simulator.engine import IN_FLIGHT, SLOT_RATE, fired
 from ccld.producers.simulator.scenario import Fault, Scenario
 from ccld.producers.simulator.topology import Topology, comm_hash_of
 from ccld.records import (
@@ -150,12 +150,13 @@ class MegatronSim:
 
     def __init__(
         self, sc: Scenario, topo: Topology, *, job: str, producer: str, skew_s: F64,
-        detail_ops_per_s: float = DETAIL_OPS_PER_S,
+        detail_ops_per_s: float = DETAIL_OPS_PER_S, drift: F64 | None = None,
     ) -> None:
         if sc.workload is None:
             raise ValueError("MegatronSim needs a scenario with a workload")
         self.sc, self.topo, self.w = sc, topo, sc.workload
         self.job, self.producer, self.skew = job, producer, skew_s
+        self.drift = np.zeros(len(topo.hosts)) if drift is None else drift  # per host, fraction
         self.budget = detail_ops_per_s
         self.rng = np.random.default_rng(sc.seed)
         self.c = _comms(topo)
@@ -502,7 +503,8 @@ class MegatronSim:
         })
 
     def _ns(self, t: F64, ranks: I64) -> I64:
-        return EPOCH_NS + np.rint((t + self.skew[self.topo.host_of[ranks]]) * 1e9).astype(np.int64)
+        h = self.topo.host_of[ranks]
+        return EPOCH_NS + np.rint((t * (1.0 + self.drift[h]) + self.skew[h]) * 1e9).astype(np.int64)
 
     # -- windows out ----------------------------------------------------------------------------
     def _flush(self, upto: float) -> Iterator[tuple[float, KernelBatch]]:
@@ -748,14 +750,5 @@ class MegatronSim:
         yield from self._flush(INF)
 
     def manifested(self) -> list[bool]:
-        out = []
-        for f in self.sc.faults:
-            if f.kind == "H1":
-                out.append(f.rank in self.h1_fired)
-            elif f.kind == "H2":
-                out.append(f not in self.pending_h2)
-            elif f.kind == "H3":
-                out.append(f not in self.pending_h3)
-            else:
-                out.append(True)
-        return out
+        """Per fault of the scenario, whether it took effect in this run (after ``run``)."""
+        return fired(self.sc.faults, lambda r: r in self.h1_fired, self.pending_h2, self.pending_h3)

@@ -65,7 +65,7 @@ FAULT_FIELDS: dict[str, dict[str, Any]] = {
 
 _TOP_KEYS = frozenset(
     {"id", "seed", "ranks", "gpus_per_node", "layout", "channels", "step_time_s", "duration_s",
-     "clock_skew_s", "jitter", "sample_interval_s", "faults", "expect", "workload"}
+     "clock_skew_s", "clock_drift_ppm", "jitter", "sample_interval_s", "faults", "expect", "workload"}
 )
 
 
@@ -146,6 +146,7 @@ class Scenario:
     step_time_s: float = 2.0
     duration_s: float = 180.0
     clock_skew_s: float = 1.0
+    clock_drift_ppm: float = 0.0  # each host's clock runs fast or slow by up to this much
     jitter: float = 0.02
     sample_interval_s: float = 1.0
     faults: tuple[Fault, ...] = ()
@@ -187,6 +188,7 @@ class Scenario:
             step_time_s=_float(d, "step_time_s", 2.0, sid, lo=0.05),
             duration_s=_float(d, "duration_s", 180.0, sid, lo=1.0),
             clock_skew_s=_float(d, "clock_skew_s", 1.0, sid, lo=0.0),
+            clock_drift_ppm=_float(d, "clock_drift_ppm", 0.0, sid, lo=0.0, hi=1000.0),
             jitter=_float(d, "jitter", 0.02, sid, lo=0.0, hi=0.5),
             sample_interval_s=_float(d, "sample_interval_s", 1.0, sid, lo=0.01),
             workload=None if d.get("workload") is None else Workload.from_dict(d["workload"], sid),

@@ -28,14 +28,19 @@ def simulate(scenario: Scenario, *, job: str | None = None) -> Iterator[tuple[fl
     topo = Topology.build(scenario)
     rng = np.random.default_rng([scenario.seed, 1])
     skew = rng.uniform(-scenario.clock_skew_s, scenario.clock_skew_s, len(topo.hosts))
+    d = scenario.clock_drift_ppm * 1e-6  # its own stream: scenarios without drift keep their draws
+    n_hosts = len(topo.hosts)
+    drift = np.random.default_rng([scenario.seed, 2]).uniform(-d, d, n_hosts) if d else np.zeros(n_hosts)
     if scenario.workload is not None:
-        yield from MegatronSim(scenario, topo, job=job or scenario.id, producer=f"sim:{scenario.id}", skew_s=skew).run()
+        yield from MegatronSim(
+            scenario, topo, job=job or scenario.id, producer=f"sim:{scenario.id}", skew_s=skew, drift=drift
+        ).run()
         return
     phases = run_engine(scenario, topo)
     log.debug("scenario %s: %d phases modelled in %.3f s", scenario.id, len(phases), time.perf_counter() - t0)
     yield from emit(
         phases, topo, job=job or scenario.id, channels=scenario.channels, interval_s=scenario.sample_interval_s,
-        duration_s=scenario.duration_s, skew_s=skew, producer=f"sim:{scenario.id}",
+        duration_s=scenario.duration_s, skew_s=skew, producer=f"sim:{scenario.id}", drift=drift,
     )
 
 

@@ -18,7 +18,7 @@ import numpy as np
 from ccld.errors import RecordError
 from ccld.records import KernelBatch, Verdict
 from ccld.streams.analysis.hangs import CommDiag, diagnose
-from ccld.streams.analysis.incidents import Candidate, IncidentBook
+from ccld.streams.analysis.incidents import KIND_RANK, Candidate, IncidentBook
 from ccld.streams.analysis.jobview import JobAnalysis, hang_candidate, slow_candidate
 from ccld.streams.analysis.settings import AnalyzerSettings
 from ccld.streams.analysis.waitfor import resolve
@@ -116,14 +116,14 @@ class Analyzer:
         verdicts: list[Verdict] = []
         cands: list[Candidate] = []
         # slowdowns
-        seen_roots: set[tuple[int, ...]] = set()
+        best: dict[str, Candidate] = {}  # per incident key, the most specific class (S3 over S2 over S1)
         for bi in ja.slow.alarmed(touched).tolist():
             for f in ja.slow.findings(js, bi):
                 c = slow_candidate(ja, f)
-                if c.root_cause_ranks in seen_roots:
-                    continue
-                seen_roots.add(c.root_cause_ranks)
-                cands.append(c)
+                held = best.get(c.match_key)
+                if held is None or KIND_RANK[c.kind] > KIND_RANK[held.kind]:
+                    best[c.match_key] = c
+        cands.extend(best.values())
         # hangs
         stalled = np.flatnonzero((js.c_inside > 0) & (now - js.c_progress_now >= s.wait_edge_min_s))
         diags: dict[int, CommDiag] = {}

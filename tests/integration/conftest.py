@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from ccld.broker import EmbeddedBroker, wait_until_answers
 from ccld.records import Verdict
 from ccld.settings import Settings
-from ccld.topics import ensure_topics
+from ccld.stack.broker import EmbeddedBroker, wait_until_answers
+from ccld.stack.topics import ensure_topics
 from harness import WorkerProcess, collect_verdicts
 
 

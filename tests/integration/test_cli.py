@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from ccld.broker import free_port
 from ccld.producers.kafka import MetricsProducer
 from ccld.producers.simulator.scenario import Scenario
 from ccld.producers.simulator.sim import simulate
 from ccld.settings import Settings
+from ccld.stack.broker import free_port
 from harness import WorkerProcess
 
 pytestmark = pytest.mark.integration
@@ -95,8 +95,8 @@ def test_verdicts_json_lines_with_timeout(ccld_settings: Settings, running_worke
 
 
 def test_worker_exits_on_sigterm_even_when_its_broker_is_gone(tmp_path: Path) -> None:
-    from ccld.broker import EmbeddedBroker
-    from ccld.topics import ensure_topics
+    from ccld.stack.broker import EmbeddedBroker
+    from ccld.stack.topics import ensure_topics
 
     broker = EmbeddedBroker(0).start()
     try:
@@ -111,3 +111,13 @@ def test_worker_exits_on_sigterm_even_when_its_broker_is_gone(tmp_path: Path) ->
     code = worker.stop(signal.SIGTERM, timeout_s=30)
     assert time.monotonic() - t0 < 15, worker.log()
     assert code in (0, 1), worker.log()
+
+
+def test_simulate_without_a_broker_fails_within_its_connect_timeout() -> None:
+    scenario = json.dumps({"id": "nobroker", "seed": 1, "ranks": 8, "step_time_s": 0.5, "duration_s": 5})
+    t0 = time.monotonic()
+    proc = ccld("simulate", scenario, "--bootstrap", f"127.0.0.1:{free_port()}", "--set",
+                "producer_connect_timeout_s=2")
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 2 and "no Kafka broker answered" in out, out
+    assert time.monotonic() - t0 < 30, "simulate did not give up on a missing broker in bounded time"

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
 
-from ccld.broker import free_port
 from ccld.producers.kafka import MetricsProducer
 from ccld.records import Status
 from ccld.settings import Settings
+from ccld.stack.broker import free_port
 from factories import make_kernel_record
 from harness import raw_batches
 
@@ -31,7 +32,7 @@ def test_submitted_records_arrive_batched_per_communicator(ccld_settings: Settin
 def accounted(stats: dict[str, int]) -> int:
     """Every submitted record is in exactly one of these."""
     return (stats["delivered_records"] + stats["failed_records"] + stats["in_flight_records"] + stats["queued"]
-            + stats["dropped_progress"] + stats["dropped_critical"])
+            + stats["spooled_records"] + stats["dropped_progress"] + stats["dropped_critical"])
 
 
 def test_dead_broker_costs_only_counted_drops() -> None:
@@ -57,3 +58,34 @@ def test_every_record_delivered_is_counted(ccld_settings: Settings) -> None:
         for i in range(1234):
             p.submit(make_kernel_record(op_seq=i))
     assert p.stats["delivered_records"] == 1234 and accounted(p.stats) == 1234, p.stats
+
+
+def test_dead_broker_counts_losses_by_reason() -> None:
+    s = Settings.load({}, bootstrap=f"127.0.0.1:{free_port()}", producer_linger_ms=10)
+    p = MetricsProducer(s, background=False)
+    for i in range(50):
+        p.submit(make_kernel_record(op_seq=i))
+    p.close(timeout_s=1)
+    stats = p.stats
+    assert stats["lost_records"] == 50 == stats["refused_records"], p.stats_line()
+    assert "0 records delivered, 50 lost (expired 0, refused 50" in p.stats_line()
+
+
+def test_spool_keeps_what_a_missing_broker_never_took_and_the_next_producer_replays_it(
+    ccld_settings: Settings, tmp_path: Path
+) -> None:
+    spool = str(tmp_path / "spool")
+    dead = ccld_settings.replace(bootstrap=f"127.0.0.1:{free_port()}", spool_dir=spool, producer_linger_ms=10)
+    first = MetricsProducer(dead, producer_id="p-first")
+    for i in range(500):
+        first.submit(make_kernel_record(op_seq=i))
+    first.close(timeout_s=1.5)
+    assert first.stats["lost_records"] == 0 and first.stats["spooled_records"] == 500, first.stats_line()
+    assert accounted(first.stats) == 500, first.stats
+
+    second = MetricsProducer(ccld_settings.replace(spool_dir=spool), producer_id="p-second")
+    second.close(timeout_s=20)
+    assert second.stats["recovered_records"] == 500 and second.stats["replayed_records"] == 500, second.stats_line()
+    batches = raw_batches(ccld_settings)
+    assert sorted(int(x) for b in batches for x in b.columns["op_seq"]) == list(range(500))
+    assert {b.producer for b in batches} == {"p-first"}

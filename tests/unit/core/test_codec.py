@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from ccld.errors import SchemaError
-from ccld.records import AnomalyKind, KernelBatch, Link, Verdict, VerdictState
+from ccld.records import AnomalyKind, KernelBatch, Link, Verdict, VerdictState, batch_value_problems
 from ccld.schemas import (
     codec,
     decode,
@@ -22,6 +22,7 @@ from ccld.schemas import (
     load_schema,
 )
 from factories import make_kernel_record
+from harness import impossible_batches
 
 SCHEMAS = Path(codec.__file__).parent
 
@@ -163,3 +164,47 @@ def test_concat_keeps_rows_and_remaps_hosts() -> None:
     assert [r.host for r in both.records()] == ["h1", "h2", "h1"]
     assert both.records()[0].send_counts == (1, 0) and both.records()[1:] == b.records()
     assert decode_metrics(encode_batch(both)).records() == both.records()
+
+
+# --- impossible values (issue 11): one pure check, applied by decode_metrics for the worker and the sink ---------
+
+
+@pytest.mark.parametrize("name", sorted(impossible_batches()))
+def test_each_impossible_value_is_named_and_refused_as_bad_value(name: str) -> None:
+    batch = impossible_batches()[name]
+    assert batch_value_problems(batch), f"{name} passed the value checks"
+    data = encode_batch(batch)
+    with pytest.raises(SchemaError) as err:
+        decode_metrics(data)
+    assert err.value.reason == "bad-value" and "bad-p#0" in err.value.detail
+    assert decode_metrics(data, check_values=False).n == batch.n  # still readable for forensics
+
+
+def test_simulated_and_factory_records_have_no_impossible_values() -> None:
+    from ccld.producers.simulator.scenario import Scenario
+    from ccld.producers.simulator.sim import simulate
+
+    sc = Scenario.from_dict({"id": "v", "seed": 1, "ranks": 16, "layout": {"tp": 8, "pp": 1, "dp": 2},
+                             "channels": 2, "step_time_s": 1.0, "duration_s": 40.0, "clock_skew_s": 2.0,
+                             "faults": [{"kind": "H3", "rank": 3, "peer": 4, "onset_s": 20.0}],
+                             "expect": [{"kind": "H3", "rank": 3}]})
+    assert [p for _, b in simulate(sc) for p in batch_value_problems(b)] == []
+    assert batch_value_problems(KernelBatch.from_records([make_kernel_record(t_enter_ns=-1, t_exit_ns=-1)])) == []
+
+
+def test_a_single_record_beyond_the_world_is_bad_value() -> None:
+    with pytest.raises(SchemaError) as err:
+        decode_metrics(encode("KernelRecord", make_kernel_record(rank=9, world_size=4).to_dict()))
+    assert err.value.reason == "bad-value" and "rank outside [0, world_size=4)" in err.value.detail
+
+
+def test_dead_letters_keep_at_most_raw_max_bytes_and_say_the_size() -> None:
+    small = codec.make_dead_letter(b"abc", "bad-marker", "d", source_topic="t", source_partition=1, source_offset=2,
+                                   time_ms=3)
+    assert (small.raw, small.detail) == (b"abc", "d")
+    big = codec.make_dead_letter(bytes(100_000), "corrupt-body", "d", source_topic="t", source_partition=1,
+                                 source_offset=2, time_ms=3, raw_max=10)
+    assert big.raw == bytes(10) and big.detail == "raw truncated to 10 of 100000 bytes; d"
+    assert len(codec.encode_dead_letter(codec.make_dead_letter(bytes(5 << 20), "x", "d", source_topic="t",
+                                                                source_partition=0, source_offset=0, time_ms=0))) \
+        < codec.DEAD_LETTER_RAW_MAX + 512

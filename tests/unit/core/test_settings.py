@@ -52,7 +52,11 @@ def test_every_compose_ccld_variable_is_a_setting() -> None:
     assert used, "docker-compose.yml sets no CCLD_* variable"
     unknown = used - known_env_vars()
     assert not unknown, f"docker-compose.yml sets variables the settings object does not know: {sorted(unknown)}"
-    Settings.load(dict.fromkeys(used, "1") | {"CCLD_ANALYZER_ALPHA": "0.4", "CCLD_ANALYZER_BETA": "0.6"}
-                  | {k: "x" for k in used if k in {"CCLD_BOOTSTRAP", "CCLD_JOB", "CCLD_TOPIC_PREFIX",
-                                                   "CCLD_ARCHIVE_DIR", "CCLD_WORKER_APP_ID", "CCLD_SINK_GROUP"}}
-                  | {k: "INFO" for k in used if k == "CCLD_LOG_LEVEL"})
+    realistic = {"CCLD_ANALYZER_ALPHA": "0.4", "CCLD_ANALYZER_BETA": "0.6", "CCLD_LOG_LEVEL": "INFO",
+                 "CCLD_SECURITY_PROTOCOL": "SASL_SSL", "CCLD_SASL_MECHANISM": "SCRAM-SHA-512",
+                 "CCLD_SSL_CERTIFICATE_LOCATION": "", "CCLD_SSL_KEY_LOCATION": ""}
+    strings = {"CCLD_BOOTSTRAP", "CCLD_JOB", "CCLD_TOPIC_PREFIX", "CCLD_ARCHIVE_DIR", "CCLD_WORKER_APP_ID",
+               "CCLD_SINK_GROUP", "CCLD_SASL_USERNAME", "CCLD_SASL_PASSWORD", "CCLD_SSL_CA_LOCATION",
+               "CCLD_KAFKA_CONFIG_FILE", "CCLD_SPOOL_DIR"}
+    Settings.load(dict.fromkeys(used, "1") | {k: "x" for k in used if k in strings}
+                  | {k: v for k, v in realistic.items() if k in used})

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[3]
-CODE = ["ccld", "schemas", "probe", "producers", "streams", "sinks"]
+CODE = ["ccld", "schemas", "probe", "producers", "streams", "sinks", "stack"]
 
 
 def tool(name: str) -> str:

@@ -6,8 +6,8 @@ import socket
 
 import pytest
 
-from ccld.broker import EmbeddedBroker, tansu_binary
 from ccld.errors import BrokerError
+from ccld.stack.broker import EmbeddedBroker, tansu_binary
 
 
 def test_missing_binary_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -27,7 +27,7 @@ def test_busy_port_is_refused_before_starting_anything() -> None:
 
 def test_entering_a_started_pipeline_does_not_start_it_again(monkeypatch: pytest.MonkeyPatch) -> None:
     from ccld.settings import Settings
-    from ccld.up import Pipeline
+    from ccld.stack.up import Pipeline
 
     starts = []
     p = Pipeline(Settings.load({}, bootstrap="127.0.0.1:1"))

@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
+import zlib
+
+import pytest
+
 from ccld.producers.simulator.scenario import Scenario
 from ccld.producers.simulator.sim import simulate
-from ccld.schemas import encode_batch
+from ccld.schemas import decode_dead_letter, encode_batch
+from ccld.schemas.codec import load_schema
 from ccld.streams.analysis import AnalyzerSettings
-from ccld.streams.processor import PartitionProcessor
+from ccld.streams.processor import PartitionProcessor, ProcessorOptions
+from harness import impossible_batches
 
 SCENARIO = Scenario.from_dict({
     "id": "proc-h1", "seed": 3, "ranks": 16, "layout": {"tp": 8, "pp": 1, "dp": 2}, "channels": 2,
@@ -84,3 +91,89 @@ def test_restored_processor_reports_offsets_it_never_analyzed() -> None:
     again = PartitionProcessor.restore(0, AnalyzerSettings(), proc.snapshot())
     feed(again, MESSAGES[8:12], first_offset=8)  # a replay from before the snapshot is fine
     assert "skipped_by_restart" not in again.counters
+
+
+# --- issue 11: nothing lost, nothing silent ------------------------------------------------------------
+
+
+def test_a_verdict_stays_pending_until_acknowledged_and_survives_a_restart() -> None:
+    proc = PartitionProcessor(0, AnalyzerSettings())
+    found = None
+    for i, (t, raw) in enumerate(MESSAGES):
+        res = proc.handle(raw, topic="m", offset=i, timestamp_s=t, evaluate=True)
+        if res.verdicts:
+            found = res.verdicts[0][0]  # sent, but the broker never acknowledged it
+            break
+    assert found is not None
+    restored = PartitionProcessor.restore(0, AnalyzerSettings(), proc.snapshot())
+    assert [v for v, _ in restored.pending()] == [found], "an unacknowledged verdict was lost by the restart"
+    assert restored.restored_pending and not proc.restored_pending  # the worker checks the topic before resending
+    restored.mark_sent(found)
+    again = PartitionProcessor.restore(0, AnalyzerSettings(), restored.snapshot())
+    assert again.pending() == [] and all(v != found for v, _ in again.evaluate(MESSAGES[-1][0]))
+    assert again.counters["verdicts"] == 1, "counters carry on across restarts"
+
+
+def test_an_oversized_undecodable_message_is_a_truncated_dead_letter() -> None:
+    proc = PartitionProcessor(2, AnalyzerSettings(), options=ProcessorOptions(dead_letter_raw_max=1024))
+    big = load_schema("KernelBatch").header + bytes(5 * 1024 * 1024)
+    (dl, encoded), = proc.handle(big, topic="m", offset=7, timestamp_s=1.0).dead_letters
+    assert (dl.reason, dl.source_topic, dl.source_partition, dl.source_offset) == ("corrupt-body", "m", 2, 7)
+    assert dl.raw == big[:1024] and f"raw truncated to 1024 of {len(big)} bytes" in dl.detail
+    assert len(encoded) < 4096 and decode_dead_letter(encoded) == dl
+    assert (proc.counters["dead_letters"], proc.counters["dead_letters_truncated"]) == (1, 1)
+
+
+def test_nothing_on_input_raises_out_of_handle() -> None:
+    proc = PartitionProcessor(0, AnalyzerSettings())
+    assert proc.handle(None, topic="m", offset=0, timestamp_s=None).dead_letters[0][0].reason == "bad-marker"
+
+    def broken(*args: object) -> None:
+        raise RuntimeError("analyzer bug")
+
+    proc.handle(MESSAGES[0][1], topic="m", offset=1, timestamp_s=MESSAGES[0][0])  # the job exists now
+    proc.jobs["proc-h1"].analyzer.ingest = broken
+    (dl, _), = proc.handle(MESSAGES[1][1], topic="m", offset=2, timestamp_s=MESSAGES[1][0]).dead_letters
+    assert (dl.reason, dl.source_offset) == ("analyzer-error", 2) and "analyzer bug" in dl.detail
+    assert proc.counters["dead_letters"] == 2
+
+
+@pytest.mark.parametrize("name", sorted(impossible_batches()))
+def test_impossible_values_are_bad_value_dead_letters_and_never_analyzed(name: str) -> None:
+    proc = PartitionProcessor(0, AnalyzerSettings())
+    out = proc.handle(encode_batch(impossible_batches()[name]), topic="m", offset=3, timestamp_s=5.0)
+    (dl, _), = out.dead_letters
+    assert dl.reason == "bad-value" and dl.detail, dl
+    assert (proc.counters["bad_value"], proc.counters["records"], proc.jobs) == (1, 0, {})
+    assert proc.clock_s == 0.0, "a dead letter moved the clock"
+
+
+def test_a_skewed_job_does_not_move_another_jobs_clock() -> None:
+    proc = PartitionProcessor(0, AnalyzerSettings())
+    other = [(t, encode_batch(dataclasses.replace(b, job="other", producer="other-p"))) for t, b in simulate(SCENARIO)]
+    for i, ((t, raw), (_, raw2)) in enumerate(zip(MESSAGES[:40], other[:40], strict=True)):
+        proc.handle(raw, topic="m", offset=2 * i, timestamp_s=t, evaluate=False, recv_s=1000.0 + i)
+        proc.handle(raw2, topic="m", offset=2 * i + 1, timestamp_s=t + 3600.0, evaluate=False, recv_s=1000.0 + i)
+    assert proc.job_clock("proc-h1") == MESSAGES[39][0]
+    assert proc.job_clock("other") == MESSAGES[39][0] + 3600.0
+    assert proc.counters.get("clock_rejected", 0) == 0  # each job's only producer is its own consensus
+
+
+def test_evaluation_follows_the_jobs_clock_when_not_told() -> None:
+    proc = PartitionProcessor(0, AnalyzerSettings(), options=ProcessorOptions(eval_every_s=10.0))
+    for i, (t, raw) in enumerate(MESSAGES):
+        proc.handle(raw, topic="m", offset=i, timestamp_s=t)
+    span = MESSAGES[-1][0] - MESSAGES[0][0]
+    # once per 10 s of the job's clock, however many messages arrived in between
+    assert proc.jobs["proc-h1"].analyzer.stats["evaluations"] in (int(span // 10), int(span // 10) + 1)
+
+
+def test_snapshots_are_compressed_and_plain_json_ones_still_restore() -> None:
+    proc = PartitionProcessor(0, AnalyzerSettings())
+    feed(proc, MESSAGES[:60])
+    snap = proc.snapshot()
+    plain = zlib.decompress(snap)
+    assert plain.startswith(b"{") and len(snap) < len(plain) / 2
+    for raw in (snap, plain):
+        back = PartitionProcessor.restore(0, AnalyzerSettings(), raw)
+        assert back.job_clock("proc-h1") == proc.job_clock("proc-h1") and back.counters == proc.counters

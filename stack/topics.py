@@ -1,0 +1,65 @@
+"""Create the CCL-D topics explicitly (brokers that auto-create would pick the wrong partition count)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+from confluent_kafka import KafkaException
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from ccld.errors import BrokerError
+from ccld.security import kafka_config
+from ccld.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+def topic_specs(settings: Settings) -> dict[str, int]:
+    """Topic name -> partition count."""
+    return {
+        settings.metrics_topic: settings.metrics_partitions,
+        settings.verdicts_topic: settings.verdicts_partitions,
+        settings.deadletter_topic: settings.deadletter_partitions,
+    }
+
+
+def ensure_topics(settings: Settings, timeout_s: float = 15.0) -> dict[str, int]:
+    """Create missing topics; returns name -> partitions as the broker reports them."""
+    admin = AdminClient(kafka_config(settings))
+    specs = topic_specs(settings)
+    try:
+        existing = admin.list_topics(timeout=timeout_s).topics
+    except KafkaException as exc:
+        raise BrokerError(f"cannot reach Kafka at {settings.bootstrap}: {exc}") from exc
+    missing = [
+        NewTopic(name, num_partitions=n, replication_factor=settings.replication_factor)
+        for name, n in specs.items()
+        if name not in existing
+    ]
+    if missing:
+        for name, fut in admin.create_topics(missing, operation_timeout=timeout_s).items():
+            try:
+                fut.result(timeout=timeout_s)
+                log.info("created topic %s", name)
+            except KafkaException as exc:
+                if "TOPIC_ALREADY_EXISTS" not in str(exc):
+                    raise BrokerError(f"cannot create topic {name}: {exc}") from exc
+    md = admin.list_topics(timeout=timeout_s).topics
+    out = {name: len(md[name].partitions) for name in specs if name in md}
+    for name, want in specs.items():
+        if out.get(name, 0) != want:
+            log.warning("topic %s has %s partitions, settings ask for %d", name, out.get(name), want)
+    return out
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.description = "Create the metrics, verdicts and dead-letter topics (idempotent)."
+
+
+def main(args: argparse.Namespace, settings: Settings) -> int:
+    if not settings.bootstrap:
+        raise BrokerError("ccld topics needs --bootstrap (or CCLD_BOOTSTRAP)")
+    for name, n in ensure_topics(settings).items():
+        print(f"{name}: {n} partitions")
+    return 0

@@ -1,0 +1,216 @@
+"""`ccld up`: the whole pipeline on one machine: broker (unless --bootstrap), worker and sink, supervised.
+
+The worker and the sink run as child processes (Faust wants its own event loop and signal
+handlers). A child that dies is restarted with backoff (``stack.supervise.Backoff``) and the
+restart is logged; a dead embedded broker is restarted on the same port, its topics are
+recreated and the children restarted against it (the memory broker lost every message, offset
+and group). Ctrl-C or SIGTERM stops the children first, then the broker.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import TracebackType
+
+from ccld.errors import BrokerError
+from ccld.security import kafka_config
+from ccld.settings import Settings
+from ccld.stack.broker import EmbeddedBroker, wait_until_answers
+from ccld.stack.signals import stop_on_sigterm
+from ccld.stack.supervise import Backoff
+from ccld.stack.topics import ensure_topics
+
+log = logging.getLogger(__name__)
+
+__all__ = ["Pipeline", "child_env", "configure", "main", "stop_on_sigterm"]
+
+
+def child_env(settings: Settings) -> dict[str, str]:
+    """The environment that hands every one of our settings to a child (it reads CCLD_* like we do)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CCLD_") or k == "CCLD_TEST_BOOTSTRAP"}
+    env.update(settings.to_env())
+    return env
+
+
+class Pipeline:
+    """Broker + worker + sink, started together and stopped together; ``supervise()`` restarts the dead."""
+
+    def __init__(self, settings: Settings, *, port: int = 0, log_dir: Path | None = None,
+                 backoff: Callable[[], Backoff] = Backoff) -> None:
+        self.settings = settings
+        self.port = port
+        self.log_dir = log_dir
+        self.broker: EmbeddedBroker | None = None
+        self.children: dict[str, subprocess.Popen[bytes]] = {}
+        self.started = False
+        self._backoff_factory = backoff
+        self.backoff: dict[str, Backoff] = {}  # "broker", "worker", "sink"
+
+    def start(self, *, worker: bool = True, sink: bool = True) -> Pipeline:
+        try:
+            if not self.settings.bootstrap:
+                self.broker = EmbeddedBroker(self.port).start()
+                self.settings = self.settings.replace(bootstrap=self.broker.bootstrap)
+                self._backoff("broker").started(time.monotonic())
+            else:
+                wait_until_answers(self.settings.bootstrap, config=kafka_config(self.settings))
+            ensure_topics(self.settings)
+            if worker:
+                self._spawn("worker")
+            if sink:
+                self._spawn("sink")
+        except BaseException:
+            self.stop()  # never leave a broker or a child behind a failed start
+            raise
+        self.started = True
+        return self
+
+    def _backoff(self, name: str) -> Backoff:
+        return self.backoff.setdefault(name, self._backoff_factory())
+
+    def _spawn(self, command: str) -> None:
+        old = self.children.get(command)
+        if old is not None and old.poll() is None:
+            raise RuntimeError(f"{command} is already running (pid {old.pid})")
+        out: int = subprocess.DEVNULL
+        if self.log_dir is not None:
+            self.log_dir.mkdir(parents=True, exist_ok=True)
+            out = os.open(self.log_dir / f"{command}.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            self.children[command] = subprocess.Popen(
+                [sys.executable, "-P", "-m", "ccld.cli", command], env=child_env(self.settings),
+                stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+            )
+        finally:
+            if out != subprocess.DEVNULL:
+                os.close(out)  # the child has its own copy; a restarted child must not leak ours
+        self._backoff(command).started(time.monotonic())
+
+    def dead_children(self) -> list[str]:
+        return [name for name, p in self.children.items() if p.poll() is not None]
+
+    # --- supervision ---------------------------------------------------------------------------
+
+    def supervise(self, now: float | None = None) -> list[str]:
+        """One round: restart a dead broker (then the children) or dead children whose backoff is over.
+
+        Returns one line per thing it saw or did, for the person watching; each is logged too.
+        """
+        now = time.monotonic() if now is None else now
+        events: list[str] = []
+        if self.broker is not None and not self.broker.running:
+            events += self._restart_broker(now)
+            if self.broker is not None and not self.broker.running:
+                return events  # children wait for their broker
+        for name in sorted(self.children):
+            proc = self.children[name]
+            code = proc.poll()
+            if code is None:
+                continue
+            b = self._backoff(name)
+            if b.started_at is not None:  # first time we see this death
+                delay = b.crashed(now)
+                events.append(f"{name} exited with code {code}; restarting in {delay:.0f} s "
+                              f"(restart {b.restarts + 1}; log: {self._log_hint(name)})")
+            if b.due(now):
+                self._spawn(name)
+                b.restarted(now)
+                events.append(f"{name} restarted (pid {self.children[name].pid}, restart {b.restarts})")
+        for line in events:
+            log.warning("%s", line)
+        return events
+
+    def _restart_broker(self, now: float) -> list[str]:
+        broker = self.broker
+        if broker is None:
+            return []
+        b = self._backoff("broker")
+        events: list[str] = []
+        if b.started_at is not None:
+            delay = b.crashed(now)
+            events.append(f"the embedded broker on {broker.bootstrap} exited; restarting it in {delay:.0f} s "
+                          f"(the memory broker lost every topic, message, offset and group)")
+        if not b.due(now):
+            return events
+        try:
+            broker.start()
+            ensure_topics(self.settings)
+        except BrokerError as exc:
+            broker.stop()
+            b.started(now)
+            b.crashed(now)
+            events.append(f"the embedded broker did not restart: {exc}; next try in {b.delay_s:.0f} s")
+            return events
+        b.restarted(now)
+        events.append(f"the embedded broker is back on {broker.bootstrap} (restart {b.restarts}); "
+                      f"topics recreated; restarting worker and sink against the empty broker")
+        # Their consumer groups, offsets and changelogs were in the lost broker: start them clean.
+        self._stop_children(timeout_s=5.0)
+        for name in sorted(self.children):
+            self._spawn(name)
+        return events
+
+    def _log_hint(self, name: str) -> str:
+        return str(self.log_dir / f"{name}.log") if self.log_dir is not None else "not kept"
+
+    # --- stopping ----------------------------------------------------------------------------
+
+    def _stop_children(self, timeout_s: float) -> None:
+        for p in self.children.values():
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        for name, p in self.children.items():
+            try:
+                p.wait(max(deadline - time.monotonic(), 0.1))
+            except subprocess.TimeoutExpired:
+                log.warning("%s did not stop in time; killing it", name)
+                p.kill()
+                p.wait()
+
+    def stop(self, timeout_s: float = 15.0) -> None:
+        self._stop_children(timeout_s)
+        self.children.clear()
+        if self.broker is not None:
+            self.broker.stop()
+            self.broker = None
+        self.started = False
+
+    def __enter__(self) -> Pipeline:
+        # `with Pipeline(...).start(sink=False)` is started already: entering must not start twice.
+        return self if self.started else self.start()
+
+    def __exit__(self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
+        self.stop()
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--port", type=int, default=9092, help="embedded broker port (0 picks a free one)")
+    parser.add_argument("--logs", type=Path, default=Path("ccld-logs"), help="where worker.log and sink.log go")
+
+
+def main(args: argparse.Namespace, settings: Settings) -> int:
+    pipeline = Pipeline(settings, port=args.port, log_dir=args.logs)
+    stop_on_sigterm()
+    try:
+        pipeline.start()
+        print(f"bootstrap: {pipeline.settings.bootstrap}", flush=True)
+        print(f"worker and sink running (logs in {args.logs}/); archive in {settings.archive_dir}/; "
+              f"a dead worker, sink or broker is restarted; Ctrl-C stops everything", flush=True)
+        while True:
+            for line in pipeline.supervise():
+                print(f"ccld up: {line}", file=sys.stderr, flush=True)
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        print("stopping...", flush=True)
+        return 0
+    finally:
+        pipeline.stop()

@@ -1,0 +1,115 @@
+"""The analyzer clock of one job: its messages' timestamps, but never one producer's alone.
+
+Time on the analyzer's clock is what decides a hang ("nothing moved for 20 s"), so it must
+not jump because one producer's clock is wrong. Every job has its own clock (so no producer
+moves another job's), and within a job every producer (the batch's ``producer`` id) is
+followed separately: its newest timestamp and the worker's wall time when that arrived.
+Extrapolated by the worker's wall time, that gives each producer's estimate of "now"; the
+**consensus** is the median of the estimates of the producers heard from recently (with an
+even count, the middle estimate nearer to the worker's own wall clock). A timestamp more than
+``max_skew_s`` ahead of the consensus does not move the clock: the clock moves to the consensus
+instead, and the message is counted as ``clock_rejected``.
+
+With a single producer the consensus is that producer, so the simulator and ``ccld bench
+--through-kafka`` (one producer stamping simulated time, which runs far faster than the wall
+clock and jumps between scenarios) keep driving the clock exactly as before. A producer that
+is the first and only one a job has sets the clock until others arrive: there is nothing to
+compare it with.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+#: A message timestamp further than this ahead of the worker's own wall clock is never a time (s).
+MAX_FUTURE_S = 86_400.0
+#: Producers remembered per job at most (the ones heard from longest ago are forgotten first).
+MAX_PRODUCERS = 1024
+
+
+@dataclass
+class _Producer:
+    newest_ts: float  # the producer's newest message timestamp (s)
+    newest_recv: float  # worker wall time when newest_ts arrived
+    last_recv: float  # worker wall time of the producer's latest message
+
+    def estimate(self, recv: float) -> float:
+        return self.newest_ts + max(0.0, recv - self.newest_recv)
+
+
+class JobClock:
+    """Monotone analyzer clock of one job, fed with (producer, timestamp, receive time)."""
+
+    def __init__(self, *, max_skew_s: float = 30.0, active_s: float = 120.0) -> None:
+        self.max_skew_s = max_skew_s
+        self.active_s = active_s
+        self.now_s = 0.0  # the clock: seconds, never goes back
+        self.moved_recv = 0.0  # worker wall time when now_s last moved (the timer extrapolates from it)
+        self.rejected = 0  # timestamps too far ahead of the consensus (clamped)
+        self.ignored = 0  # missing, non-positive, non-finite or absurdly-future timestamps
+        self._producers: dict[str, _Producer] = {}
+
+    def observe(self, producer: str, ts: float | None, recv: float) -> bool:
+        """Take one message's timestamp (s) received at worker wall time ``recv``; False if it was not trusted."""
+        if ts is None or not math.isfinite(ts) or ts <= 0.0 or ts > recv + MAX_FUTURE_S:
+            self.ignored += 1
+            return False
+        p = self._producers.pop(producer, None)  # re-inserted last: dict order is least recently heard first
+        if p is None:
+            p = _Producer(ts, recv, recv)
+        elif ts >= p.newest_ts:
+            p.newest_ts, p.newest_recv = ts, recv
+        p.last_recv = recv
+        self._producers[producer] = p
+        self._forget(recv)
+        consensus = self.consensus(recv)
+        if ts > consensus + self.max_skew_s:
+            self.rejected += 1
+            self._advance(consensus, recv)
+            return False
+        self._advance(ts, recv)
+        return True
+
+    def consensus(self, recv: float) -> float:
+        """Median estimate of "now" of the producers heard from within ``active_s`` of ``recv``."""
+        est = sorted(p.estimate(recv) for p in self._producers.values() if recv - p.last_recv <= self.active_s)
+        if not est:
+            return self.now_s
+        mid = len(est) // 2
+        if len(est) % 2:
+            return est[mid]
+        # Two halves that disagree: side with the one nearer to the worker's own clock, which no producer can move.
+        lo, hi = est[mid - 1], est[mid]
+        return lo if abs(lo - recv) <= abs(hi - recv) else hi
+
+    def extrapolated(self, recv: float) -> float:
+        """The clock advanced by the wall time since it last moved (for evaluations while the job is quiet)."""
+        if self.now_s == 0.0:
+            return 0.0
+        return self.now_s + max(0.0, recv - self.moved_recv)
+
+    def _advance(self, ts: float, recv: float) -> None:
+        if ts > self.now_s:
+            self.now_s = ts
+            self.moved_recv = recv
+
+    def _forget(self, recv: float) -> None:
+        while len(self._producers) > MAX_PRODUCERS:
+            del self._producers[next(iter(self._producers))]
+        # Producers silent for ten activity windows no longer matter even as tie-breakers.
+        for name in [n for n, p in self._producers.items() if recv - p.last_recv > 10 * self.active_s]:
+            del self._producers[name]
+
+    # --- snapshot -----------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"now_s": self.now_s, "moved_recv": self.moved_recv,
+                "producers": {n: [p.newest_ts, p.newest_recv, p.last_recv] for n, p in self._producers.items()}}
+
+    def load_state_dict(self, d: dict[str, Any]) -> None:
+        self.now_s = float(d.get("now_s", 0.0))
+        self.moved_recv = float(d.get("moved_recv", 0.0))
+        self._producers = {str(n): _Producer(float(v[0]), float(v[1]), float(v[2]))
+                           for n, v in dict(d.get("producers", {})).items()}

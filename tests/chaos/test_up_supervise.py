@@ -1,0 +1,151 @@
+"""`ccld up` keeps the pipeline alive: a killed worker or broker comes back; SIGTERM still stops everything.
+
+Real processes only: `ccld up` with its embedded broker, worker and sink; faults are kill -9.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from confluent_kafka.admin import AdminClient
+
+from ccld.stack.broker import EmbeddedBroker, free_port, port_is_free
+
+pytestmark = [pytest.mark.slow, pytest.mark.integration]
+
+
+def children_of(pid: int) -> dict[int, str]:
+    """pid -> command line of the direct children of ``pid`` (from /proc: no psutil needed)."""
+    out: dict[int, str] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+            if ppid == pid:
+                out[int(entry.name)] = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except (OSError, ValueError, IndexError):
+            continue
+    return out
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie (exited, not yet reaped) is not alive
+        return (Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]) != "Z"
+    except OSError:
+        return False
+
+
+class Lines:
+    """Lines of a pipe, read in a thread so a test can wait for one with a deadline."""
+
+    def __init__(self, stream: object) -> None:
+        self.q: queue.Queue[str] = queue.Queue()
+        self.seen: list[str] = []
+        threading.Thread(target=self._pump, args=(stream,), daemon=True).start()
+
+    def _pump(self, stream: object) -> None:
+        for line in stream:  # type: ignore[attr-defined]
+            self.q.put(line)
+
+    def wait_for(self, text: str, timeout_s: float) -> str:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                line = self.q.get(timeout=0.2)
+            except queue.Empty:
+                continue
+            self.seen.append(line)
+            if text in line:
+                return line
+        raise AssertionError(f"no line with {text!r} within {timeout_s} s; saw:\n{''.join(self.seen)}")
+
+
+def leave_time_wait(port: int) -> None:
+    """Leave a TIME_WAIT socket on ``port``, as a stopped broker does (the listener's side closed first)."""
+    with socket.socket() as listener:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", port))
+        listener.listen()
+        client = socket.create_connection(("127.0.0.1", port), timeout=5)
+        served, _ = listener.accept()
+        served.close()  # the server side closes first: its (port, client) pair goes to TIME_WAIT
+        time.sleep(0.1)
+        client.close()
+    time.sleep(0.2)
+
+
+def test_broker_restarts_on_its_own_port_at_once() -> None:
+    port = free_port()
+    leave_time_wait(port)
+    with socket.socket() as s:  # the precondition: without SO_REUSEADDR the port looks busy for a minute
+        with pytest.raises(OSError):
+            s.bind(("127.0.0.1", port))
+    assert port_is_free(port)
+    b = EmbeddedBroker(port)
+    try:
+        b.start(timeout_s=10)
+        AdminClient({"bootstrap.servers": b.bootstrap}).list_topics(timeout=5)
+        b.stop()
+        assert port_is_free(port), "a stopped broker's port looked busy"
+        b.start(timeout_s=10)  # and once more, right after its own stop
+        assert b.running
+    finally:
+        b.stop()
+
+
+def test_up_restarts_a_killed_worker_and_broker_and_stops_cleanly(tmp_path: Path) -> None:
+    tag = uuid.uuid4().hex[:8]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CCLD_")}
+    env.update({"CCLD_TOPIC_PREFIX": f"u{tag}.", "CCLD_WORKER_APP_ID": f"up-{tag}", "CCLD_SINK_GROUP": f"sink-{tag}",
+                "CCLD_ARCHIVE_DIR": str(tmp_path / "archive")})
+    port = free_port()
+    up = subprocess.Popen([sys.executable, "-P", "-m", "ccld.cli", "up", "--port", str(port), "--logs",
+                           str(tmp_path / "logs")], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True, start_new_session=True)
+    out, err = Lines(up.stdout), Lines(up.stderr)
+    seen: set[int] = set()
+    try:
+        out.wait_for("Ctrl-C stops everything", 30)
+        kids = children_of(up.pid)
+        seen |= set(kids)
+        worker = next(pid for pid, cmd in kids.items() if cmd.endswith("ccld.cli worker "))
+        broker = next(pid for pid, cmd in kids.items() if "tansu" in cmd)
+
+        os.kill(worker, signal.SIGKILL)
+        err.wait_for("worker exited with code -9", 15)
+        err.wait_for("worker restarted", 15)
+        assert up.poll() is None and alive(broker), "ccld up fell over with its worker"
+        seen |= set(children_of(up.pid))
+
+        os.kill(broker, signal.SIGKILL)
+        err.wait_for("the embedded broker is back", 20)
+        assert up.poll() is None
+        topics = AdminClient({"bootstrap.servers": f"127.0.0.1:{port}"}).list_topics(timeout=10).topics
+        assert f"u{tag}.metrics" in topics, "topics were not recreated on the restarted broker"
+        seen |= set(children_of(up.pid))
+    finally:
+        up.send_signal(signal.SIGTERM)
+        try:
+            up.wait(40)
+        except subprocess.TimeoutExpired:
+            os.killpg(up.pid, signal.SIGKILL)
+            raise
+    assert up.returncode == 0
+    left = [pid for pid in seen | set(children_of(up.pid)) if alive(pid)]
+    assert not left, f"ccld up left processes behind: {left}"

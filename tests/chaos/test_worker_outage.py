@@ -1,0 +1,95 @@
+"""The worker across broker outages: a frozen broker (SIGSTOP) and a killed one restarted empty on its port.
+
+A real Tansu broker per test and a real ``ccld worker`` process; the verdicts topic is read raw
+(duplicates included), because "exactly once on the topic" is what is being tested.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections import Counter
+
+import pytest
+from chaoslib import (
+    ChaosBroker,
+    committed,
+    produce,
+    raw_verdicts,
+    record_result,
+    scenario_batches,
+    wait_for,
+    worker_counters,
+)
+
+from ccld.settings import Settings
+from ccld.stack.topics import ensure_topics
+from harness import WorkerProcess, collect_verdicts
+
+pytestmark = [pytest.mark.slow, pytest.mark.integration]
+
+
+def test_a_verdict_found_while_the_broker_is_frozen_arrives_exactly_once(
+    chaos_broker: ChaosBroker, chaos_settings: Settings, chaos_worker: WorkerProcess
+) -> None:
+    s = chaos_settings
+    # Rank 5 never enters the op of t=20 s; records stop at 23 s, so the hang (20 s of stall) is found by
+    # the worker's timer about 17 s later, while the broker is frozen, and can only be sent after the thaw.
+    before = [x for x in scenario_batches("frozen-h1", {"kind": "H1", "rank": 5, "onset_s": 20.0}, 60.0)
+              if x[0] < 23.0]
+    worker = chaos_worker.start()
+    sent = produce(s, before)
+    assert wait_for(lambda: committed(s) >= len(before), 30), worker.log()
+    assert not raw_verdicts(s, idle_s=0.5), "the hang was reported before the outage: the test proves nothing"
+    chaos_broker.freeze()
+    t0 = time.monotonic()
+    try:
+        found = wait_for(lambda: "verdict found, pending" in worker.log_path.read_text(errors="replace"), 40)
+        time.sleep(3)  # the send waits on the frozen broker
+        frozen_s = time.monotonic() - t0
+    finally:
+        chaos_broker.thaw()
+    assert found, f"no verdict was found during the outage:\n{worker.log()}"
+    got = collect_verdicts(s, 40, until=lambda vs: any(5 in v.root_cause_ranks for v in vs))
+    assert any(v.kind.value == "H1" and 5 in v.root_cause_ranks for v in got), worker.log()
+    time.sleep(2)  # time for a duplicate to show up
+    raw = raw_verdicts(s)
+    per_key = Counter((v.incident_id, v.state.value) for v in raw)
+    assert per_key and all(n == 1 for n in per_key.values()), f"duplicated verdicts: {per_key}"
+    assert worker.stop() == 0
+    c = worker_counters(worker)
+    assert c.get("analyzed_records") == sent, c
+    record_result("broker frozen (SIGSTOP) while a verdict is due", f"SIGSTOP {frozen_s:.0f} s, then SIGCONT",
+                  produced=sent, delivered=c.get("analyzed_records", 0), verdicts_expected=1,
+                  verdicts_received=len(per_key), verdicts_raw=len(raw))
+
+
+def test_broker_killed_and_restarted_empty_the_worker_goes_on(
+    chaos_broker: ChaosBroker, chaos_settings: Settings, chaos_worker: WorkerProcess
+) -> None:
+    s = chaos_settings
+    healthy = scenario_batches("killed-a", None, 20.0)
+    worker = chaos_worker.start()
+    sent_before = produce(s, healthy)
+    assert wait_for(lambda: committed(s) >= len(healthy), 30), worker.log()
+    chaos_broker.kill()
+    time.sleep(2)
+    t0 = time.monotonic()
+    chaos_broker.restart()
+    ensure_topics(s)  # the broker keeps topics in memory only: an operator (or `ccld up`) recreates them
+    hung = scenario_batches("killed-b", {"kind": "H1", "rank": 3, "onset_s": 15.0}, 50.0)
+    sent_after = produce(s, hung)
+    got = collect_verdicts(s, 50, until=lambda vs: any(3 in v.root_cause_ranks for v in vs))
+    recovered_s = time.monotonic() - t0
+    assert any(v.kind.value == "H1" and 3 in v.root_cause_ranks and v.job == "killed-b" for v in got), worker.log()
+    time.sleep(2)
+    raw = raw_verdicts(s)
+    per_key = Counter((v.incident_id, v.state.value) for v in raw)
+    assert all(n == 1 for n in per_key.values()), f"duplicated verdicts: {per_key}"
+    assert worker.stop(signal.SIGTERM) == 0
+    c = worker_counters(worker)
+    assert c.get("analyzed_records") == sent_before + sent_after, c
+    record_result("broker killed, restarted empty on its port", f"SIGKILL, restart after 2 s, topics recreated; "
+                  f"first verdict {recovered_s:.0f} s after the restart", produced=sent_before + sent_after,
+                  delivered=c.get("analyzed_records", 0), verdicts_expected=1, verdicts_received=len(per_key),
+                  verdicts_raw=len(raw))

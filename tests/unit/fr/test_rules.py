@@ -1,0 +1,215 @@
+"""`ccld import-fr` rules on small hand-made dumps: one test per rule of the Flight Recorder format."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+from frdumps import done, dump, op, write
+
+from ccld.cli import main as ccld_main
+from ccld.records import AnomalyKind, Verdict
+from ccld.streams.flight_recorder.cli import ImportResult, analyse
+from ccld.streams.flight_recorder.model import normalise_op
+
+W4 = {"0": [0, 1, 2, 3]}
+
+
+def run(tmp_path: Path, dumps: dict[int, dict[str, Any]], fmt: str = "json", **kw: Any) -> ImportResult:
+    return analyse(write(tmp_path / "dumps", dumps, fmt=fmt), **kw)
+
+
+def verdicts(result: ImportResult) -> list[Verdict]:
+    assert result.diagnosis is not None
+    return result.diagnosis.verdicts
+
+
+def only(result: ImportResult) -> Verdict:
+    vs = verdicts(result)
+    assert len(vs) == 1, [v.describe() for v in vs]
+    return vs[0]
+
+
+# ---- a missing entry: completed when seq <= last completed, never entered only when seq > last enqueued
+def test_active_only_dump_missing_entry_is_completed_not_never_entered(tmp_path: Path) -> None:
+    # ranks 1-3 completed #5 (their entries are gone from an active-only dump) and wait in #6;
+    # rank 0 still has #5 open: it stalled inside #5 (rank-local H3), no one "never entered"
+    blocked6 = [op("0", 6)]
+    dumps = {0: dump(0, W4, [op("0", 5), op("0", 6)], {"0": (6, 4)})}
+    dumps |= {r: dump(r, W4, blocked6, {"0": (6, 5)}) for r in (1, 2, 3)}
+    v = only(run(tmp_path, dumps))
+    assert (v.kind, v.root_cause_ranks, v.details["fr_seq_id"], v.op_seq) == (AnomalyKind.H3, (0,), "5", 5)
+    assert v.affected_ranks == (1, 2, 3) and "completed it" in v.evidence and v.link is None
+
+
+def test_empty_dump_of_a_live_rank_that_never_enqueued(tmp_path: Path) -> None:
+    # rank 2's active-only dump is empty: it completed #4 and never enqueued #5, which the others wait in
+    dumps = {r: dump(r, W4, [op("0", 5)], {"0": (5, 4)}) for r in (0, 1, 3)}
+    dumps[2] = dump(2, W4, [], {"0": (4, 4)})
+    v = only(run(tmp_path, dumps))
+    assert (v.kind, v.root_cause_ranks, v.details["fr_seq_id"], v.affected_ranks) == (
+        AnomalyKind.H1,
+        (2,),
+        "5",
+        (0, 1, 3),
+    )
+    assert "never enqueued" in v.evidence and "#4" in v.evidence
+
+
+def test_a_dump_that_knows_nothing_is_not_read_as_never_entered(tmp_path: Path) -> None:
+    dumps = {r: dump(r, W4, [op("0", 5)], {"0": (5, 4)}) for r in (0, 1, 3)}
+    dumps[2] = {"version": "2.10", "pg_config": {}, "pg_status": {}, "entries": []}
+    v = only(run(tmp_path, dumps))
+    assert v.root_cause_ranks == (2,) and "no entries and no pg_status" in v.evidence
+    assert "never enqueued" not in v.evidence and v.confidence < 0.9
+
+
+def test_pg_status_is_keyed_by_local_pg_id_not_by_group_name(tmp_path: Path) -> None:
+    # groups "0" (world) and "7" ({0,1}); rank 1's dump is empty: its local pg 1 is group "7"
+    groups = {"0": [0, 1, 2, 3], "7": [0, 1]}
+    dumps = {0: dump(0, groups, [op("7", 3)], {"0": (9, 9), "7": (3, 2)})}
+    dumps[1] = dump(1, groups, [], {"0": (9, 9), "7": (2, 2)})
+    dumps |= {r: dump(r, groups, [], {"0": (9, 9)}) for r in (2, 3)}
+    assert dumps[1]["pg_status"].keys() == {"0", "1"}  # keyed by local id
+    v = only(run(tmp_path, dumps))
+    assert (v.kind, v.root_cause_ranks, v.details["fr_seq_id"]) == (AnomalyKind.H1, (1,), "3")
+
+
+# ---- a rank is blocked at its oldest unfinished entry
+def test_oldest_unfinished_entry_blocks_later_ones_are_queued(tmp_path: Path) -> None:
+    groups = {"0": [0, 1, 2, 3], "1": [0, 1], "2": [0, 2]}
+    # rank 0: dp op #3 of group 2 (older) then tp op #8 of group 1, both open: it is blocked in group 2
+    dumps = {0: dump(0, groups, [op("2", 3), op("1", 8)], {"2": (3, 2), "1": (8, 7), "0": (4, 4)})}
+    dumps[1] = dump(1, groups, [op("1", 8)], {"1": (8, 7), "0": (4, 4)})
+    dumps[2] = dump(2, groups, [], {"2": (2, 2), "0": (4, 4)})  # never enqueued dp #3
+    dumps[3] = dump(3, groups, [], {"0": (4, 4)})
+    result = run(tmp_path, dumps)
+    assert result.dumps is not None and result.diagnosis is not None
+    assert [o.group for o in result.dumps.ranks[0].blocking] == ["2"]
+    v = only(result)
+    assert (v.kind, v.root_cause_ranks, v.affected_ranks) == (AnomalyKind.H1, (2,), (0, 1))
+    # rank 0 waits only in its blocking op: no edge from rank 0 in group 1
+    assert {(e.src, e.group) for e in result.diagnosis.edges if e.src == 0} == {(0, "2")}
+
+
+# ---- p2p: per-rank counters, group-local peers, never paired, never "never entered"
+def test_p2p_gives_an_edge_to_the_peer_in_global_ranks_and_is_never_paired(tmp_path: Path) -> None:
+    groups = {"0": [0, 1, 2, 3], "5": [1, 3]}
+    # rank 1 waits in "send 0->1" of group 5 (peer: global rank 3); its p2p_seq_id 4 and rank 3's
+    # recv p2p_seq_id 9 mean nothing to each other. Rank 3 has no open op.
+    dumps = {1: dump(1, groups, [op("5", 0, "send 0->1", p2p_seq=4)], {"0": (2, 2)})}
+    dumps[3] = dump(3, groups, [op("5", 0, "recv 1<-0", p2p_seq=9, state="completed", retired=True)], {"0": (2, 2)})
+    dumps |= {r: dump(r, groups, [], {"0": (2, 2)}) for r in (0, 2)}
+    result = run(tmp_path, dumps)
+    assert result.diagnosis is not None
+    assert [(e.src, e.dst, e.why) for e in result.diagnosis.edges] == [(1, 3, "p2p")]
+    v = only(result)
+    assert v.root_cause_ranks == (3,) and v.affected_ranks == (1,)
+    text = v.evidence.lower()
+    assert "never" not in text and "matched" not in text and "pair" not in text
+
+
+def test_p2p_deadlock_between_two_senders_is_one_incident(tmp_path: Path) -> None:
+    groups = {"0": [0, 1], "1": [0, 1]}
+    dumps = {
+        0: dump(0, groups, [op("1", 0, "send 0->1", p2p_seq=1)]),
+        1: dump(1, groups, [op("1", 0, "send 1->0", p2p_seq=1)]),
+    }
+    v = only(run(tmp_path, dumps))
+    assert v.kind is AnomalyKind.H2 and v.root_cause_ranks == () and v.affected_ranks == (0, 1)
+
+
+# ---- variable-size ops differ between ranks on purpose
+def test_all_to_all_sizes_differ_without_an_h2(tmp_path: Path) -> None:
+    dumps = {
+        r: dump(r, W4, done("0", 4) + [op("0", 5, "all_to_all", numel=100 + 37 * r, out_numel=90 + r)])
+        for r in range(4)
+    }
+    v = only(run(tmp_path, dumps))
+    assert v.kind is AnomalyKind.H3 and v.root_cause_ranks == () and v.mismatch_field is None
+
+
+def test_all_reduce_count_mismatch_is_an_h2_on_the_minority(tmp_path: Path) -> None:
+    dumps = {r: dump(r, W4, done("0", 4) + [op("0", 5, numel=512 if r == 1 else 1024)]) for r in range(4)}
+    v = only(run(tmp_path, dumps))
+    assert (v.kind, v.root_cause_ranks, v.mismatch_field) == (AnomalyKind.H2, (1,), "count")
+
+
+# ---- op names
+def test_all_gather_base_and_friends_are_known() -> None:
+    for name, canon in [("nccl:_all_gather_base", "all_gather"), ("gloo:all_gather", "all_gather"),
+                        ("nccl:_reduce_scatter_base", "reduce_scatter"), ("nccl:coalesced", "coalesced"),
+                        ("nccl:all_gather_into_tensor_coalesced", "all_gather"), ("nccl:send 0->1", "send"),
+                        ("nccl:ALLGATHER_coalesced", "all_gather"), ("gloo:all_to_all", "all_to_all")]:  # fmt: skip
+        assert normalise_op(name)[0::2] == (canon, True), name
+    assert normalise_op("nccl:frobnicate")[2] is False
+
+
+def test_unknown_op_names_are_counted_listed_and_still_analysed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    dumps = {r: dump(r, W4, [op("0", 5, "frobnicate")], {"0": (5, 4)}) for r in (0, 1, 3)}
+    dumps[2] = dump(2, W4, [op("0", 4, "frobnicate", state="completed", retired=True)], {"0": (4, 4)})
+    result = run(tmp_path, dumps)
+    assert result.dumps is not None and result.dumps.unknown_ops == {"nccl:frobnicate": 4}
+    assert only(result).root_cause_ranks == (2,)  # the unknown op still orders the ranks
+    assert ccld_main(["import-fr", str(tmp_path / "dumps")]) == 0
+    assert "4 entries with unknown operation names" in capsys.readouterr().err
+
+
+# ---- no invented facts
+_DURATION = re.compile(r"\b\d+(\.\d+)?\s*(s|ms|seconds?)\b")
+
+
+@pytest.mark.parametrize("timing", [False, True])
+def test_no_duration_or_counter_is_claimed(tmp_path: Path, timing: bool) -> None:
+    extra = {"time_discovered_started_ns": 5, "state": "started"} if timing else {}
+    dumps = {r: dump(r, W4, [dict(op("0", 5), **extra)], {"0": (5, 4)}) for r in (0, 1, 3)}
+    dumps[2] = dump(2, W4, [], {"0": (4, 4)})
+    v = only(run(tmp_path, dumps))
+    assert not _DURATION.search(v.evidence) and "frozen" not in v.evidence
+    assert "no dump time" in v.evidence and v.onset_time == 0.0 and v.details["clock"] == "none"
+    assert v.link is None and v.channel is None
+
+
+# ---- missing dumps, gloo
+def test_a_rank_without_a_dump_that_others_wait_on_is_the_root(tmp_path: Path) -> None:
+    dumps = {r: dump(r, W4, [op("0", 5)], {"0": (5, 4)}) for r in (0, 1, 3)}
+    result = run(tmp_path, dumps, fmt="pickle")
+    v = only(result)
+    assert v.root_cause_ranks == (2,) and "wrote no dump" in v.evidence and "whether it entered" in v.evidence
+
+
+def test_gloo_peers_finished_an_op_without_the_rank_that_left(tmp_path: Path) -> None:
+    # gloo retires a failed op: ranks 0,1,3 "finished" #5, which rank 2 never enqueued
+    dumps = {r: dump(r, W4, done("0", 5, backend="gloo"), {"0": (5, 5)}, gloo=True) for r in (0, 1, 3)}
+    dumps[2] = dump(2, W4, done("0", 4, backend="gloo"), {"0": (4, 4)}, gloo=True)
+    v = only(run(tmp_path, dumps, fmt="json.gz"))
+    assert (v.kind, v.root_cause_ranks, v.op_seq) == (AnomalyKind.H1, (2,), 5) and "failed without rank 2" in v.evidence
+
+
+def test_gloo_snapshot_of_a_running_job_is_no_hang(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    dumps = {r: dump(r, W4, done("0", 4, backend="gloo") + [op("0", 5, backend="gloo")], {"0": (5, 4)}, gloo=True)
+             for r in range(4)}  # fmt: skip
+    result = run(tmp_path, dumps)
+    assert verdicts(result) == [] and result.diagnosis is not None and result.diagnosis.live
+    assert ccld_main(["import-fr", str(tmp_path / "dumps"), "--json"]) == 0
+    out, err = capsys.readouterr()
+    assert out == "" and "running job" in err
+
+
+def test_json_output_one_verdict_per_line_and_bad_files_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    dumps = {r: dump(r, W4, [op("0", 5)], {"0": (5, 4)}) for r in (0, 1, 3)}
+    d = write(tmp_path / "dumps", dumps)
+    (d / "nccl_trace_rank_2.json").write_text("not a dump")
+    (d / "README.md").write_text("notes")
+    assert ccld_main(["import-fr", str(d), "--json"]) == 1
+    out, err = capsys.readouterr()
+    [line] = out.splitlines()
+    assert json.loads(line)["root_cause_ranks"] == [2]
+    assert "nccl_trace_rank_2.json" in err and "missing: 2" in err and "skipped" in err and "README.md" in err
