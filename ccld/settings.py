@@ -45,7 +45,7 @@ class AnalyzerSettings:
     hang_max_s: float = 900.0  # learned tolerances never push a hang threshold beyond this
     pause_tolerance: float = 1.5  # a stall recurring like a benign pause seen before waits this x longer
     pause_memory: int = 8  # benign pauses remembered per communicator
-    cadence_ops: int = 32  # recent ops per communicator learned as a signature pattern (H2 without majority)
+    cadence_ops: int = 64  # recent ops per communicator learned as a signature pattern (H2 without majority)
     wait_edge_min_s: float = 2.0  # a communicator counts as waiting (wait-for edge) after this stall
 
     # --- slowness

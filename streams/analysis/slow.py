@@ -215,13 +215,22 @@ class SlowDetector:
                 nn = self.b_n[lb]
                 rate = 1.0 / np.minimum(nn + 1, s.baseline_ops)
                 t0, t1 = ops.tmin[li], ops.tmax[li]
+                np.maximum.at(js.c_maxop_s, ops.cid[li], t1)
+                # robust: once a few ops are known, one outlier (a GC pause, the pipeline filling in
+                # the warm-up, which is learned but never judged) moves the baseline and its
+                # deviation by at most a few deviations, so the job's real noise sets the margin
+                bmin, bmax = self.b_min[lb], self.b_max[lb]
+                known = nn >= 3
+                cap1 = np.maximum(3.0 * self.b_dev[lb], (s.slow_factor - 1) * bmax)
+                cap0 = np.maximum(3.0 * self.b_devmin[lb], (s.slow_factor - 1) * bmin)
+                t1 = np.where(known, np.clip(t1, bmax - cap1, bmax + cap1), t1)
+                t0 = np.where(known, np.clip(t0, bmin - cap0, bmin + cap0), t0)
                 self.b_dev[lb] += rate * (np.abs(t1 - self.b_max[lb]) * (nn > 0) - self.b_dev[lb])
                 self.b_devmin[lb] += rate * (np.abs(t0 - self.b_min[lb]) * (nn > 0) - self.b_devmin[lb])
                 self.b_min[lb] += rate * (t0 - self.b_min[lb])
                 self.b_max[lb] += rate * (t1 - self.b_max[lb])
                 self.b_spr[lb] += rate * ((t1 - t0) - self.b_spr[lb])
                 self.b_n[lb] = nn + 1
-                np.maximum.at(js.c_maxop_s, ops.cid[li], t1)
         return np.unique(b)
 
     def alarmed(self, touched: I64) -> I64:
@@ -254,6 +263,10 @@ class SlowDetector:
         comp = sum(bool(self.w_lslow[bi, j]) for j in idx) >= need
         if not comm and not comp:  # no component stands out alone: the paper's boundaries decide
             comm, comp = p < s.beta, p > s.alpha
+        # the paper's boundaries also reveal a component that the job's noise hides from the
+        # per-op test: most of the excess is late arrival (P >= beta), or none of it is (P <= alpha)
+        comp = comp or p >= s.beta
+        comm = comm or p <= s.alpha
         cid = int(self.b_cid[bi])
         lateness = _median([float(self.w_spr[bi, j]) for j in idx])
         late: int | None = None  # comm rank of the late arriver that computed slowly
