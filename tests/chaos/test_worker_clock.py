@@ -13,6 +13,11 @@ import re
 import time
 
 import pytest
+
+from ccld.records import KernelBatch
+from ccld.settings import Settings
+from ccld.streams.analysis import AnalyzerSettings
+from ccld.streams.analysis.analyzer import analyze_batches
 from chaoslib import (
     committed,
     produce_stamped,
@@ -22,11 +27,6 @@ from chaoslib import (
     wait_for,
     worker_counters,
 )
-
-from ccld.records import KernelBatch
-from ccld.settings import Settings
-from ccld.streams.analysis import AnalyzerSettings
-from ccld.streams.analysis.analyzer import analyze_batches
 from harness import WorkerProcess, collect_verdicts
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]

@@ -10,12 +10,12 @@ import os
 from collections import Counter
 
 import pytest
-from chaoslib import produce, produce_raw, raw_verdicts, record_result, scenario_batches, worker_counters
 
 from ccld.records import KernelBatch
 from ccld.schemas import decode_dead_letter, encode, encode_batch
 from ccld.schemas.codec import load_schema
 from ccld.settings import Settings
+from chaoslib import produce, produce_raw, raw_verdicts, record_result, scenario_batches, worker_counters
 from factories import make_kernel_record
 from harness import WorkerProcess, collect_verdicts, impossible_batches, raw_messages
 

@@ -11,6 +11,9 @@ import time
 from collections import Counter
 
 import pytest
+
+from ccld.settings import Settings
+from ccld.stack.topics import ensure_topics
 from chaoslib import (
     ChaosBroker,
     committed,
@@ -21,9 +24,6 @@ from chaoslib import (
     wait_for,
     worker_counters,
 )
-
-from ccld.settings import Settings
-from ccld.stack.topics import ensure_topics
 from harness import WorkerProcess, collect_verdicts
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
