@@ -56,7 +56,7 @@ class AnalyzerSettings:
     slow_window_ops: int = 5  # window of recent ops per signature the repeated counting looks at
     slow_resolve_ops: int = 6  # consecutive normal ops that resolve a slow incident
     baseline_min_ops: int = 6  # healthy ops per signature learned before slowness is judged
-    baseline_warmup_s: float = 1.0  # ... and a communicator's first second (pipeline fill) is never judged
+    baseline_warmup_s: float = 10.0  # ... and a communicator's first seconds (pipeline fill) are never judged
     baseline_ops: int = 32  # horizon (ops) of the moving baseline per signature (it follows the training phase)
     culprit_share: float = 0.6  # the late arriver / backlog rank must be the same in this share of slow ops
     culprit_gap_share: float = 0.5  # late arriver computed >= this share of its lateness longer than peers, else victim

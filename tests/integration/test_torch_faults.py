@@ -204,9 +204,11 @@ def test_a_dead_broker_costs_the_job_nothing(tmp_path: Path) -> None:
 # ---------------------------------------------------------------- real broker + worker
 @pytest.fixture
 def fast(ccld_settings: Settings, request: pytest.FixtureRequest) -> Settings:
-    """Test settings: a unique job, hang thresholds short enough for a test."""
+    """Test settings: a unique job, hang thresholds and the slow warm-up short enough for a test
+    (these jobs live 40 s; a fault starts a second or two in, inside the default 10-s warm-up)."""
     return ccld_settings.replace(
         job=f"torch-{request.node.name[:40]}",
+        analyzer_baseline_warmup_s=1.0,
         analyzer_hang_min_s=5.0,
         analyzer_h2_min_s=4.0,
         analyzer_h3_min_s=5.0,
