@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -118,6 +119,47 @@ def fired(faults: Sequence[Fault], h1: Callable[[int], bool], pending_h2: Sequen
     return out
 
 
+class FaultBook:
+    """The faults of a scenario as both timing models apply them (mixed into each engine).
+
+    H1 ranks stop at their onset; S1/S3 slow a rank's compute while active; a transient delays one
+    compute once; H2, H3 and transients leave their pending lists once they fired.
+    """
+
+    def _init_faults(self, sc: Scenario, n: int) -> None:
+        self.h1_onset = np.full(n, INF)
+        for f in sc.faults:
+            if f.kind == "H1":
+                self.h1_onset[f.rank] = min(self.h1_onset[f.rank], f.onset_s)
+        self.h1_fired: set[int] = set()
+        self.compute_faults = [f for f in sc.faults if f.kind in ("S1", "S3")]
+        self.link_faults = [f for f in sc.faults if f.kind in ("S2", "S3", "H3")]
+        self.pending_h2 = [f for f in sc.faults if f.kind == "H2"]
+        self.pending_h3 = [f for f in sc.faults if f.kind == "H3"]
+        self.pending_transient = [f for f in sc.faults if f.kind == "transient"]
+        self.checkpoints: list[list[Any]] = [[f, f.onset_s] for f in sc.faults if f.kind == "checkpoint"]
+
+    def _stop(self, ranks: I64, enter: F64) -> F64:
+        """H1: a rank whose next op would start at or after its onset never enters it."""
+        stop = enter >= self.h1_onset[ranks]
+        if stop.any():
+            self.h1_fired.update(ranks[stop & np.isfinite(enter)].tolist())
+        return np.where(stop, INF, enter)
+
+    def _faulty_compute(self, ranks: I64, begin: F64, c: F64) -> F64:
+        """Compute times ``c`` of ``ranks`` starting at ``begin``, with the slow and delayed ones applied."""
+        for f in self.compute_faults:
+            hit = (ranks == f.rank) & f.active(begin)
+            if hit.any():
+                c = np.where(hit, c * (f.factor if f.kind == "S1" else f.compute_factor), c)
+        for f in list(self.pending_transient):
+            hit = (ranks == f.rank) & (begin >= f.onset_s) & np.isfinite(begin)
+            if hit.any():
+                c = np.where(hit, c + f.delay_s, c)
+                self.pending_transient.remove(f)
+        return c
+
+
 def _full(n: int, v: int) -> I64:
     return np.full(n, v, dtype=np.int64)
 
@@ -127,26 +169,16 @@ def op_slots(dur_s: float) -> int:
     return max(IN_FLIGHT * 2, int(round(dur_s * SLOT_RATE)))
 
 
-class Engine:
+class Engine(FaultBook):
     """Runs the timing model of one scenario; ``run()`` returns every phase in creation order."""
 
     def __init__(self, sc: Scenario, topo: Topology) -> None:
         self.sc, self.topo, self.timing = sc, topo, Timing.of(sc)
         self.rng = np.random.default_rng(sc.seed)
         self.free = self.rng.uniform(0.0, 0.05, topo.n)  # when each rank is ready for its next step
-        self.h1_onset = np.full(topo.n, INF)
-        for f in sc.faults:
-            if f.kind == "H1":
-                self.h1_onset[f.rank] = min(self.h1_onset[f.rank], f.onset_s)
-        self.compute_faults = [f for f in sc.faults if f.kind in ("S1", "S3")]
-        self.link_faults = [f for f in sc.faults if f.kind in ("S2", "S3", "H3")]
-        self.pending_h2 = [f for f in sc.faults if f.kind == "H2"]
-        self.pending_h3 = [f for f in sc.faults if f.kind == "H3"]
-        self.pending_transient = [f for f in sc.faults if f.kind == "transient"]
-        self.checkpoints = [[f, f.onset_s] for f in sc.faults if f.kind == "checkpoint"]
+        self._init_faults(sc, topo.n)
         self.seq: dict[str, int] = {}
         self.out: list[Phase] = []
-        self.h1_fired: set[int] = set()
 
     def manifested(self) -> list[bool]:
         """Per fault of the scenario, whether it took effect in this run (after ``run``).
@@ -175,25 +207,9 @@ class Engine:
         self.seq[key] = s + 1
         return s
 
-    def _stop(self, ranks: I64, enter: F64) -> F64:
-        """H1: a rank whose next collective would start at or after its onset never enters it."""
-        stop = enter >= self.h1_onset[ranks]
-        if stop.any():
-            self.h1_fired.update(ranks[stop & np.isfinite(enter)].tolist())
-        return np.where(stop, INF, enter)
-
     def _compute(self, ranks: I64, begin: F64, step_factor: float) -> F64:
         c = self.timing.compute_s * step_factor * (1.0 + self.sc.jitter / 4 * self.rng.standard_normal(ranks.shape[0]))
-        c = np.maximum(c, 0.1 * self.timing.compute_s)
-        for f in self.compute_faults:
-            hit = (ranks == f.rank) & f.active(begin)
-            c = np.where(hit, c * (f.factor if f.kind == "S1" else f.compute_factor), c)
-        for f in list(self.pending_transient):
-            hit = (ranks == f.rank) & (begin >= f.onset_s) & np.isfinite(begin)
-            if hit.any():
-                c = np.where(hit, c + f.delay_s, c)
-                self.pending_transient.remove(f)
-        return c
+        return self._faulty_compute(ranks, begin, np.maximum(c, 0.1 * self.timing.compute_s))
 
     def _h2_target(self, f: Fault) -> tuple[str, OpType]:
         """Which phase an inconsistent call lands in: this step's first data-parallel op for an

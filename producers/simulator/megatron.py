@@ -26,7 +26,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ccld.probe.ring_plan import fold_columns
-from ccld.producers.simulator.engine import IN_FLIGHT, SLOT_RATE, fired
+from ccld.producers.simulator.engine import IN_FLIGHT, SLOT_RATE, FaultBook, fired
 from ccld.producers.simulator.scenario import Fault, Scenario
 from ccld.producers.simulator.topology import Topology, comm_hash_of
 from ccld.records import (
@@ -133,19 +133,11 @@ class _Layout:
     crank: I64
     gi: I64  # member index of each rank in its group's communicator
     cid_g: I64  # communicator of each group
+    has_rank0: bool  # rank 0 takes part (its ops are counted for the ops/s figure)
     cache: dict[str, Any] = field(default_factory=dict)  # sampling decisions, buffers, next sampling instant
 
-    @property
-    def lockstep(self) -> bool:
-        """Every group of the layout is its own communicator, advanced together: one sequence number."""
-        return True
 
-    @property
-    def has_rank0(self) -> bool:
-        return bool(self.ranks[0] == 0) or bool((self.ranks == 0).any())
-
-
-class MegatronSim:
+class MegatronSim(FaultBook):
     """Plays one scenario with a ``workload`` and yields ``(delivery time, batch)`` in time order."""
 
     def __init__(
@@ -175,7 +167,6 @@ class MegatronSim:
         self.m_sl = np.zeros(nm, dtype=np.int64)
         self.m_rl = np.zeros(nm, dtype=np.int64)
         self.m_fr = np.ones(nm)
-        self.m_special = np.zeros(nm, dtype=bool)
         self.m_probewin = np.full(nm, -1, dtype=np.int64)  # interval of the member's last in-flight sample
         self.next_inst = np.zeros(nm, dtype=np.int64)
         n_c = len(self.c.hashes)
@@ -188,18 +179,7 @@ class MegatronSim:
         dt = sc.sample_interval_s
         self.dt = dt
         self.n_inst = int(math.floor(sc.duration_s / dt + 1e-9)) + 1  # instants 0, dt, ... <= duration
-        # faults
-        self.h1_onset = np.full(n, INF)
-        for f in sc.faults:
-            if f.kind == "H1":
-                self.h1_onset[f.rank] = min(self.h1_onset[f.rank], f.onset_s)
-        self.h1_fired: set[int] = set()
-        self.compute_faults = [f for f in sc.faults if f.kind in ("S1", "S3")]
-        self.link_faults = [f for f in sc.faults if f.kind in ("S2", "S3", "H3")]
-        self.pending_h2 = [f for f in sc.faults if f.kind == "H2"]
-        self.pending_h3 = [f for f in sc.faults if f.kind == "H3"]
-        self.pending_transient = [f for f in sc.faults if f.kind == "transient"]
-        self.checkpoints = [[f, f.onset_s] for f in sc.faults if f.kind == "checkpoint"]
+        self._init_faults(sc, n)
         self.ops_per_rank = 0  # collectives rank 0 issued (for the workload's ops/s figure)
         self.train = True
         self.inc = 0  # incarnation: a restart starts a new one
@@ -215,12 +195,6 @@ class MegatronSim:
         self.sizes = np.diff(np.append(self.c.off, nm))
 
     # -- time and noise ------------------------------------------------------------------------
-    def _stop(self, ranks: I64, enter: F64) -> F64:
-        stop = enter >= self.h1_onset[ranks]
-        if stop.any():
-            self.h1_fired.update(ranks[stop & np.isfinite(enter)].tolist())
-        return np.where(stop, INF, enter)
-
     def _t4(self, n: int) -> F64:
         """``n`` heavy-tailed (Student t, 4 degrees of freedom) noise values, drawn in bulk."""
         if self._tpos + n > self._tbuf.shape[0]:
@@ -241,17 +215,7 @@ class MegatronSim:
     def _compute(self, ranks: I64, begin: F64, base_s: float, step_factor: float) -> F64:
         jit = self.sc.jitter
         c = base_s * step_factor * (1.0 + jit / 4 * self._t4(ranks.shape[0]))
-        c = np.maximum(c, 0.2 * base_s)
-        for f in self.compute_faults:
-            hit = (ranks == f.rank) & f.active(begin)
-            if hit.any():
-                c = np.where(hit, c * (f.factor if f.kind == "S1" else f.compute_factor), c)
-        for f in list(self.pending_transient):
-            hit = (ranks == f.rank) & (begin >= f.onset_s) & np.isfinite(begin)
-            if hit.any():
-                c = np.where(hit, c + f.delay_s, c)
-                self.pending_transient.remove(f)
-        return begin + c
+        return begin + self._faulty_compute(ranks, begin, np.maximum(c, 0.2 * base_s))
 
     # -- one collective on many groups at once ---------------------------------------------------
     def _layout(self, key: tuple[Any, ...], ranks: I64, cids: I64, crank: I64, groups: int) -> _Layout:
@@ -259,7 +223,8 @@ class MegatronSim:
         lay = self._layouts.get(key)
         if lay is None:
             size = ranks.shape[0] // groups
-            lay = _Layout(ranks, cids, crank, self.c.off[cids] + crank, cids.reshape(groups, size)[:, 0].copy())
+            lay = _Layout(ranks, cids, crank, self.c.off[cids] + crank, cids.reshape(groups, size)[:, 0].copy(),
+                          bool((ranks == 0).any()))
             self._layouts[key] = lay
         return lay
 
@@ -430,7 +395,7 @@ class MegatronSim:
             ib = lay.cache["ib"] = np.empty((enter.shape[0], 2), dtype=np.int64)
         fb[:, _F_ENTER], fb[:, _F_EXIT], fb[:, _F_START], fb[:, _F_DUR] = enter, exit_, start, dur
         fb[:, _F_PREV] = self.last_exit[lay.ranks]
-        ib[:, _I_SEQ] = seq_g[0] if lay.lockstep else np.repeat(seq_g, size)
+        ib[:, _I_SEQ] = seq_g[0]  # the groups of a layout run in lockstep: one sequence number (see _sampled)
         ib[:, _I_TMPL] = tmpl
         self.mf[gi] = fb if allok else fb[ok]
         self.mi[gi] = ib if allok else ib[ok]
@@ -681,7 +646,6 @@ class MegatronSim:
         self.mi[members, _I_SEQ] = -1
         self.mf[members, _F_EXIT] = -INF
         self.m_probewin[members] = -1
-        self.m_special[members] = False
         self.m_sl[members], self.m_rl[members], self.m_fr[members] = 0, 0, 1.0
         for lay in self._layouts.values():
             lay.cache.clear()

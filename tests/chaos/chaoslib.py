@@ -167,22 +167,3 @@ def record_result(fault: str, injected: str, *, produced: int, delivered: int, v
            "verdicts_received": verdicts_received, "duplicated": verdicts_raw - verdicts_received, **extra}
     with Path(path).open("a") as f:
         f.write(json.dumps(row) + "\n")
-
-
-def produce_stamped(settings: Settings, messages: list[tuple[float, KernelBatch]]) -> int:
-    """Send ``(timestamp_s, batch)`` pairs in order with one confluent producer; returns records acked."""
-    acked = [0]
-
-    def counter(n: int) -> Callable[[Any, Any], None]:
-        def on_delivery(err: Any, msg: Any) -> None:
-            if err is None:
-                acked[0] += n
-        return on_delivery
-
-    p = Producer({"bootstrap.servers": settings.bootstrap, "linger.ms": 5})
-    for ts, b in messages:
-        p.produce(settings.metrics_topic, encode_batch(b), partition=0, timestamp=int(ts * 1000),
-                  on_delivery=counter(b.n))
-        p.poll(0)
-    assert p.flush(30) == 0, "the broker did not take every batch"
-    return acked[0]

@@ -8,6 +8,7 @@ disturbs nobody else, and its own topics and app id. Nothing is mocked: the work
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import uuid
@@ -17,12 +18,25 @@ from pathlib import Path
 import pytest
 
 from ccld.settings import Settings
+from ccld.stack.broker import EmbeddedBroker
 from ccld.stack.topics import ensure_topics
 from harness import WorkerProcess
 
 sys.path.insert(0, str(Path(__file__).parent))  # chaoslib, importable by the tests of this folder
 
 from chaoslib import ChaosBroker  # noqa: E402
+
+
+@pytest.fixture
+def broker() -> Iterator[EmbeddedBroker]:
+    """A plain embedded broker of the test's own, for the producer-side tests (they freeze it by pid)."""
+    b = EmbeddedBroker(0).start()
+    try:
+        yield b
+    finally:
+        if b.pid is not None:
+            os.kill(b.pid, signal.SIGCONT)  # a frozen broker ignores SIGTERM until it runs again
+        b.stop()
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ import os
 import signal
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -29,17 +29,6 @@ RECORDS = 4000
 RUN_S = 9.0
 OUTAGE_AT_S = 2.0
 OUTAGE_S = 5.0
-
-
-@pytest.fixture
-def broker() -> Iterator[EmbeddedBroker]:
-    b = EmbeddedBroker(0).start()
-    try:
-        yield b
-    finally:
-        if b.pid is not None:
-            os.kill(b.pid, signal.SIGCONT)  # a frozen broker ignores SIGTERM until it runs again
-        b.stop()
 
 
 def settings_for(broker: EmbeddedBroker, **changes: object) -> Settings:

@@ -12,7 +12,6 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -26,17 +25,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
 SCENARIO = json.dumps({"id": "chaos-sim", "seed": 3, "ranks": 8, "gpus_per_node": 8, "step_time_s": 0.25,
                        "duration_s": 12, "faults": [], "expect": []})
-
-
-@pytest.fixture
-def broker() -> Iterator[EmbeddedBroker]:
-    b = EmbeddedBroker(0).start()
-    try:
-        yield b
-    finally:
-        if b.pid is not None:
-            os.kill(b.pid, signal.SIGCONT)
-        b.stop()
 
 
 def simulate(bootstrap: str, prefix: str, *extra: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:

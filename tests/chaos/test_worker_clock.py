@@ -20,7 +20,7 @@ from ccld.streams.analysis import AnalyzerSettings
 from ccld.streams.analysis.analyzer import analyze_batches
 from chaoslib import (
     committed,
-    produce_stamped,
+    produce,
     raw_verdicts,
     record_result,
     scenario_batches,
@@ -65,7 +65,7 @@ def test_a_producer_an_hour_ahead_changes_no_other_jobs_onset_or_stall(
     (want,) = [v for v in honest if v.state.value == "open" and 5 in v.root_cause_ranks]
 
     worker = chaos_worker.start()
-    sent = produce_stamped(s, [(ts, x) for ts, _, x in messages])
+    sent = produce(s, [(ts, x) for ts, _, x in messages])  # stamped with their own times
     got = collect_verdicts(s, 45, until=lambda vs: any(5 in v.root_cause_ranks for v in vs))
     opened = [v for v in got if v.state.value == "open" and v.job == "skew-a"]
     assert [(v.kind.value, v.root_cause_ranks) for v in opened] == [("H1", (5,))], worker.log()
