@@ -338,30 +338,46 @@ def create_app(settings: Settings, *, app_id: str | None = None) -> faust.App:
         if old is not None and found != old:
             log.warning("topic %s was recreated (id %s, was %s): its offsets start again", settings.metrics_topic,
                         found, old)
-            for partition, proc in list(state.processors.items()):
+        # Judged per processor, not per change seen: a partition restored from a snapshot taken before its
+        # re-read finished (a rebalance in the middle of it) still names the old topic and is re-read now.
+        for partition, proc in list(state.processors.items()):
+            if proc.topic_id is None:
+                proc.topic_id = found
+            elif proc.topic_id != found:
                 proc.counters["topic_resets"] = proc.counters.get("topic_resets", 0) + 1
-                await backfill(partition, proc)
+                await backfill(partition, proc, found)
 
-    async def backfill(partition: int, proc: PartitionProcessor) -> None:
+    async def backfill(partition: int, proc: PartitionProcessor, topic: str) -> None:
         """Read the new log of ``partition`` below the highest offset handled so far, and handle it.
 
         The consumer went on from its position in the old log, so the new log's first offsets would
-        never be read; handling them twice costs nothing (the analyzer drops batches it has seen).
+        never be read; handling them twice costs nothing (the analyzer drops batches it has seen). The
+        processor is marked as counting in the new topic only once all of it is handled and snapshotted:
+        if the partition moves to another worker half way, that worker's restored state re-reads it.
         """
         upto = proc.next_offset
         try:
             messages = await asyncio.to_thread(read_partition, settings, partition, upto)
-        except Exception as exc:  # noqa: BLE001 - counted and logged: these records may be missing
+        except Exception as exc:  # noqa: BLE001 - counted and logged, tried again on the next check
             proc.counters["backfill_failures"] = proc.counters.get("backfill_failures", 0) + 1
             log.error("partition %d: could not re-read the recreated topic below offset %d: %s", partition, upto, exc)
             return
-        log.warning("partition %d: re-read %d messages of the recreated topic (offsets 0 to %d)", partition,
+        log.warning("partition %d: re-reading %d messages of the recreated topic (offsets 0 to %d)", partition,
                     len(messages), upto - 1)
         for i, (offset, ts, value) in enumerate(messages):
+            if state.processors.get(partition) is not proc:
+                log.warning("partition %d: revoked while re-reading the recreated topic; its next owner re-reads it",
+                            partition)
+                return
             await deliver(proc, proc.handle(value, topic=settings.metrics_topic, offset=offset, timestamp_s=ts))
             if i % 200 == 199:
                 await asyncio.sleep(0)  # let the agent, timer and courier run
         proc.counters["backfilled_messages"] = proc.counters.get("backfilled_messages", 0) + len(messages)
+        proc.topic_id = topic
+        try:
+            await state.checkpoint(partition, force=True)
+        except Exception as exc:  # noqa: BLE001 - the courier's next snapshot carries it
+            log.warning("partition %d: snapshot after the re-read failed: %s", partition, exc)
 
     last_report: dict[str, Any] = {"at": time.monotonic(), "line": ""}
 

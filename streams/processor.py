@@ -77,6 +77,9 @@ class PartitionProcessor:
         self.settings = settings
         self.jobs: dict[str, JobState] = {}  # by job name, least recently fed first
         self.next_offset = -1  # offset after the last message handled
+        # The identity of the metrics topic that ``next_offset`` counts in (None until the worker learns
+        # it): a snapshot taken before a recreated topic was re-read still names the old one.
+        self.topic_id: str | None = None
         self._resume_offset: int | None = None  # next_offset of the snapshot we resumed from
         # Restored with pending verdicts: some may have reached the topic just before the worker died
         # (acknowledged, not yet snapshotted as sent); the sender checks the topic before sending them.
@@ -100,7 +103,8 @@ class PartitionProcessor:
                 # The downtime was not observed: a quiet job's clock resumes from now, as it did before.
                 j.clock.moved_recv = restored_at
                 self.jobs[str(job)] = j
-            self._resume_offset = int(state.get("next_offset", -1))
+            self._resume_offset = self.next_offset = int(state.get("next_offset", -1))
+            self.topic_id = state.get("topic_id")
 
     def _new_job(self) -> JobState:
         return JobState(Analyzer(self.settings), JobClock(max_skew_s=self.options.clock_max_skew_s,
@@ -247,7 +251,7 @@ class PartitionProcessor:
         state = {"jobs": {name: {"analyzer": j.analyzer.state_dict(), "clock": j.clock.state_dict()}
                           for name, j in self.jobs.items()},
                  "sent": list(self._sent), "pending": [v.to_dict() for v, _ in self._pending.values()],
-                 "next_offset": self.next_offset, "counters": self.counters}
+                 "next_offset": self.next_offset, "topic_id": self.topic_id, "counters": self.counters}
         return zlib.compress(json.dumps(state, separators=(",", ":")).encode(), 1)
 
     @classmethod

@@ -52,6 +52,15 @@ def test_snapshot_restore_and_replay_from_an_older_offset_sends_nothing_twice() 
     assert not set(after) & set(before), "a verdict sent before the restart was sent again"
 
 
+def test_the_topic_identity_survives_a_snapshot_so_an_unfinished_re_read_is_redone() -> None:
+    proc = PartitionProcessor(0, AnalyzerSettings())
+    feed(proc, MESSAGES[:10])
+    proc.topic_id = "old-topic"  # the re-read of a recreated topic had not finished when this was saved
+    restored = PartitionProcessor.restore(0, AnalyzerSettings(), proc.snapshot())
+    assert (restored.topic_id, restored.next_offset) == ("old-topic", 10)  # what to re-read
+    assert PartitionProcessor.restore(0, AnalyzerSettings(), None).topic_id is None
+
+
 def test_undecodable_message_is_a_dead_letter_with_its_origin() -> None:
     proc = PartitionProcessor(3, AnalyzerSettings())
     out = proc.handle(b"\xc3\x01garbage!", topic="m", offset=42, timestamp_s=1.0, evaluate=True)
