@@ -18,7 +18,7 @@ import time
 import uuid
 
 from ccld.producers.kafka import MetricsProducer
-from ccld.schemas import decode_metrics
+from ccld.schemas.codec import decode_metrics
 from ccld.settings import Settings
 from ccld.stack.broker import EmbeddedBroker
 from ccld.stack.topics import ensure_topics

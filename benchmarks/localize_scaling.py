@@ -29,7 +29,8 @@ from typing import Any
 import numpy as np
 
 from ccld.records import BATCH_COLUMNS, DType, KernelBatch, OpType, Status
-from ccld.streams.analysis import Analyzer, AnalyzerSettings
+from ccld.settings import AnalyzerSettings
+from ccld.streams.analysis.analyzer import Analyzer
 from ccld.streams.analysis.hangs import diagnose
 from ccld.streams.analysis.jobview import JobAnalysis
 from ccld.streams.analysis.waitfor import resolve

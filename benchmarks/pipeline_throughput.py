@@ -30,7 +30,7 @@ from ccld.producers.kafka import MetricsProducer
 from ccld.producers.simulator.scenario import Scenario
 from ccld.producers.simulator.sim import simulate
 from ccld.records import KernelBatch
-from ccld.schemas import decode_metrics
+from ccld.schemas.codec import decode_metrics
 from ccld.settings import Settings
 from ccld.stack.broker import EmbeddedBroker
 from ccld.stack.topics import ensure_topics

@@ -29,7 +29,7 @@ class Command(Protocol):
 
 #: name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
-    "demo": ("ccld.demo", "run the embedded pipeline on a simulated job with injected faults"),
+    "demo": ("ccld.stack.demo", "run the embedded pipeline on a simulated job with injected faults"),
     "up": ("ccld.stack.up", "broker (unless --bootstrap) + worker + sink on this machine"),
     "broker": ("ccld.stack.broker", "run the embedded Kafka-compatible broker (Tansu)"),
     "topics": ("ccld.stack.topics", "create the CCL-D topics on a broker"),
@@ -38,7 +38,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "archive": ("ccld.sinks.cli_archive", "inspect a Parquet archive (archive summary DIR)"),
     "verdicts": ("ccld.streams.tail", "tail the verdicts topic"),
     "simulate": ("ccld.producers.simulator.cli", "run a simulated training job with injected faults"),
-    "bench": ("ccld.bench", "benchmarks (bench accuracy --scenarios FILE)"),
+    "bench": ("ccld.stack.bench", "benchmarks (bench accuracy --scenarios FILE)"),
     "run": ("ccld.producers.attach.cli", "run a command with the PyTorch attachment active"),
     "import-fr": ("ccld.streams.flight_recorder.cli", "name the broken ranks from PyTorch Flight Recorder dumps"),
     "probe": ("ccld.probe.cli", "GPU probe tools (layout, compile check)"),

@@ -51,15 +51,18 @@ class AnalyzerSettings:
     # --- slowness
     slow_factor: float = 1.3  # an op is slow when its time exceeds slow_factor x the learned baseline
     slow_min_excess_s: float = 1e-5  # ... and exceeds the baseline by at least this much (s; ops last 50 us and up)
-    slow_mad_k: float = 6.0  # ... and by this many mean absolute deviations of the baseline
+    slow_mad_k: float = 6.0  # ... and by this many median absolute deviations of the baseline
     slow_min_ops: int = 3  # "repeated counting": slow ops (of the window) before a slow verdict
     slow_window_ops: int = 5  # window of recent ops per signature the repeated counting looks at
     slow_resolve_ops: int = 6  # consecutive normal ops that resolve a slow incident
+    slow_confirm_s: float = 3.0  # a window must stay alarmed this long (job time) before a slow verdict
+    slow_link_wait_s: float = 10.0  # wait this long for a counter sample to name a slow link, then report without
     baseline_min_ops: int = 6  # healthy ops per signature learned before slowness is judged
     baseline_warmup_s: float = 10.0  # ... and a communicator's first seconds (pipeline fill) are never judged
-    baseline_ops: int = 32  # horizon (ops) of the moving baseline per signature (it follows the training phase)
+    baseline_ops: int = 32  # recent healthy ops per signature whose medians are its baseline (follows the phase)
     culprit_share: float = 0.6  # the late arriver / backlog rank must be the same in this share of slow ops
     culprit_gap_share: float = 0.5  # late arriver computed >= this share of its lateness longer than peers, else victim
+    culprit_gap_ratio: float = 0.15  # ... and >= this fraction of its peers' own compute gap (else it is jitter)
 
     # --- bookkeeping
     finalize_timeout_s: float = 10.0  # an op missing some DONE records is closed after this long

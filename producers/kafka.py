@@ -28,7 +28,7 @@ from ccld.errors import BrokerError
 from ccld.producers.batcher import RecordBatcher
 from ccld.producers.spool import Position, Spool, SpooledMessage
 from ccld.records import KernelBatch, KernelRecord, comm_hex
-from ccld.schemas import encode_batch
+from ccld.schemas.codec import encode_batch
 from ccld.security import kafka_config
 from ccld.settings import Settings
 

@@ -19,7 +19,7 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from ccld.errors import SchemaError
-from ccld.schemas import decode_metrics, decode_verdict
+from ccld.schemas.codec import decode_metrics, decode_verdict
 from ccld.security import kafka_config
 from ccld.settings import Settings
 from ccld.sinks.parquet import file_path, metrics_table, verdicts_table, write_atomic

@@ -144,6 +144,10 @@ class WorkerState:
             for e in covered:
                 await self.ack(e)
 
+    def owns(self, partition: int, proc: PartitionProcessor) -> bool:
+        """Whether ``proc`` is still this worker's processor of ``partition`` (not revoked meanwhile)."""
+        return self.processors.get(partition) is proc
+
     def drop(self, partition: int) -> None:
         """The partition went to another worker: its unacknowledged events will be re-delivered there."""
         self.processors.pop(partition, None)
@@ -365,7 +369,7 @@ def create_app(settings: Settings, *, app_id: str | None = None) -> faust.App:
         log.warning("partition %d: re-reading %d messages of the recreated topic (offsets 0 to %d)", partition,
                     len(messages), upto - 1)
         for i, (offset, ts, value) in enumerate(messages):
-            if state.processors.get(partition) is not proc:
+            if not state.owns(partition, proc):
                 log.warning("partition %d: revoked while re-reading the recreated topic; its next owner re-reads it",
                             partition)
                 return

@@ -23,9 +23,8 @@ from typing import Any
 
 from ccld.errors import SchemaError
 from ccld.records import DeadLetter, Verdict
-from ccld.schemas import decode_metrics, encode_dead_letter, encode_verdict
-from ccld.schemas.codec import DEAD_LETTER_RAW_MAX, make_dead_letter
-from ccld.streams.analysis import Analyzer
+from ccld.schemas.codec import DEAD_LETTER_RAW_MAX, decode_metrics, encode_dead_letter, encode_verdict, make_dead_letter
+from ccld.streams.analysis.analyzer import Analyzer
 from ccld.streams.analysis.settings import AnalyzerSettings
 from ccld.streams.clock import JobClock
 

@@ -70,7 +70,7 @@ def verdict_keys_on_topic(settings: Settings, idle_s: float = 1.5) -> set[str]:
     from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
     from ccld.errors import SchemaError
-    from ccld.schemas import decode_verdict
+    from ccld.schemas.codec import decode_verdict
 
     c = Consumer(kafka_config(settings, **{"group.id": f"{settings.worker_app_id}-reconcile",
                                            "enable.auto.commit": False}))

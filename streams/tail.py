@@ -17,7 +17,7 @@ from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaError, 
 
 from ccld.errors import BrokerError, SchemaError
 from ccld.records import Verdict
-from ccld.schemas import decode_verdict
+from ccld.schemas.codec import decode_verdict
 from ccld.security import kafka_config
 from ccld.settings import Settings
 

@@ -92,7 +92,7 @@ def raw_messages(settings: Settings, topic: str, idle_s: float = 3.0) -> list[by
 
 def raw_batches(settings: Settings, idle_s: float = 3.0) -> list[KernelBatch]:
     """Every metrics batch on ``settings.metrics_topic``, decoded."""
-    from ccld.schemas import decode_metrics
+    from ccld.schemas.codec import decode_metrics
 
     return [decode_metrics(m) for m in raw_messages(settings, settings.metrics_topic, idle_s)]
 

@@ -115,12 +115,13 @@ class IncidentBook:
 
     def report(self, c: Candidate, now: float) -> list[Verdict]:
         """Feed one detection; returns the OPEN or UPDATE verdict it causes, if any."""
+        self._adopt_blind(c)
         inc = self.open.get(c.match_key)
         if inc is not None:
             n = len(c.affected_ranks)
             grew = n >= max(inc.affected_n * 1.25, inc.affected_n + 1)
             # a more specific class (a link named, a mismatch seen) replaces a less specific one at once
-            better = KIND_RANK[c.kind] > KIND_RANK[inc.last.kind]
+            better = KIND_RANK[c.kind] > KIND_RANK[inc.last.kind] or (c.link is not None and inc.last.link is None)
             if better or (grew and KIND_RANK[c.kind] == KIND_RANK[inc.last.kind]
                           and now - inc.last_report >= self.update_min_interval_s):
                 upd = replace(
@@ -141,6 +142,16 @@ class IncidentBook:
             return []  # emitted before a restart: adopt it silently
         self._remember(iid, "open")
         return [c.verdict(iid, VerdictState.OPEN, now)]
+
+    def _adopt_blind(self, c: Candidate) -> None:
+        """A slow link named at last takes over the open incident that reported its communicator slow
+        with the link unknown (no counter sample had caught it yet): one incident, updated, not two."""
+        if c.family != "slow" or c.link is None or c.match_key in self.open:
+            return
+        blind = replace(c, root_cause_ranks=()).match_key
+        inc = self.open.get(blind)
+        if inc is not None and inc.first.communicator == c.communicator:
+            self.open[c.match_key] = self.open.pop(blind)
 
     def resolve(self, match_key: str, now: float, evidence: str) -> list[Verdict]:
         inc = self.open.pop(match_key, None)

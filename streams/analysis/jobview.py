@@ -197,6 +197,13 @@ def hang_candidate(ja: JobAnalysis, root: HangRoot, stall: float, now: float) ->
     )
 
 
+def _no_link(f: SlowFinding) -> str:
+    if f.link_unobserved:
+        return (f"no counter poll caught one of these {dur(f.tmin_s)} ops in flight, so the slow link cannot be "
+                "named yet")
+    return "this source reports no per-channel send/recv counters, so the slow link cannot be named"
+
+
 def slow_candidate(ja: JobAnalysis, f: SlowFinding) -> Candidate:
     js = ja.js
     op = OpType(f.op_type).name.lower() if f.op_type in OpType._value2member_map_ else f"op{f.op_type}"
@@ -220,14 +227,13 @@ def slow_candidate(ja: JobAnalysis, f: SlowFinding) -> Candidate:
         # mixed on one rank: it computes slowly *and* its outgoing link is slow; both are named
         roots = (f.culprit,) if f.link is None else (f.link[0], f.link[1])
         ev = f"mixed slowdown on rank {f.culprit}: {late}; and the communication is slow too: {comm}"
-        ev += f"; {backlog}" if f.link else " (this source has no per-channel counters: the link cannot be named)"
+        ev += f"; {backlog}" if f.link else f" ({_no_link(f)})"
         ev += f"; P={f.p:.2f}"
     else:
         ev = f"{op} took {dur(f.tmin_s)}-{dur(f.tmax_s)} on every rank (baseline {dur(f.base_s)}) in {n_of}"
         if f.culprit < 0:  # comm-slow without counters: the class is known, the link is not
             roots = ()
-            ev += (": the communication itself is slow; this source reports no per-channel send/recv counters, "
-                   f"so the slow link cannot be named; P={f.p:.2f}")
+            ev += f": the communication itself is slow; {_no_link(f)}; P={f.p:.2f}"
         else:
             roots = (f.culprit,) if f.link is None else (f.link[0], f.link[1])
             ev += f"; {backlog}; P={f.p:.2f}"

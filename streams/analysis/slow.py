@@ -2,10 +2,11 @@
 
 For every (communicator, op signature) the detector learns the healthy shortest kernel time
 ``b_min`` (pure communication: the last arriver does not wait), longest ``b_max`` and the
-arrival spread ``b_spr``, all on each rank's own clock (durations only). A completed op is slow
+arrival spread ``b_spr``, all on each rank's own clock (durations only), as medians of the last
+healthy ops with their median absolute deviations. A completed op is slow
 when its time exceeds ``slow_factor`` x the baseline by a statistically clear margin. A slow
 verdict needs ``slow_min_ops`` slow ops among the last ``slow_window_ops`` (repeated counting,
-so a blip never alerts) with the same culprit in most of them.
+so a blip never alerts) with the same culprit in most of them, for ``slow_confirm_s``.
 
 P = (T_max - T_min - b_spr) / (T_max - b_max): the paper's (T_max - T_min)/(T_max - T_base)
 with the healthy arrival spread taken out of both, so normal jitter does not pull a comm-slow
@@ -15,6 +16,7 @@ op towards P = 1. Late arriver (comp-slow): P ~ 1; everybody slow (comm-slow): P
 from __future__ import annotations
 
 import functools
+import warnings
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
@@ -30,6 +32,10 @@ I64 = npt.NDArray[np.int64]
 F64 = npt.NDArray[np.float64]
 
 A = TypeVar("A", bound=npt.NDArray[Any])
+
+#: Slowness is measured from this quantile of the recent healthy ops: rare outliers (a GC pause)
+#: stay above it, recurring schedule positions stay below it.
+HIGH_Q = 0.9
 
 RING_OPS = frozenset({int(OpType.ALL_REDUCE), int(OpType.ALL_GATHER), int(OpType.REDUCE_SCATTER)})
 P2P_OPS = frozenset({int(OpType.SEND), int(OpType.RECV)})
@@ -58,6 +64,7 @@ class SlowFinding:
     base_min_s: float  # healthy kernel time of the last arriver (pure communication)
     onset_now: float
     affected: tuple[int, ...]
+    link_unobserved: bool = False  # counters exist, but no poll caught a slow op in flight
 
 
 class SlowDetector:
@@ -76,6 +83,11 @@ class SlowDetector:
         zi = np.zeros(0, dtype=np.int64)
         self.b_cid, self.b_sig, self.b_n, self.b_pos, self.b_okrun = zi, zi, zi, zi, zi
         self.b_min, self.b_max, self.b_spr, self.b_dev, self.b_devmin = z, z, z, z, z
+        self.b_since = z  # job time the window became alarmed (nan: not alarmed)
+        self.b_hmax, self.b_hmin, self.b_hspr = z, z, z  # the top of the healthy range (HIGH_Q quantile)
+        h = max(1, settings.baseline_ops)
+        self.h_max = np.zeros((0, h))  # the recent healthy ops' times (nan: not yet), a ring per baseline
+        self.h_min = np.zeros((0, h))
         w = self.w
         self.w_slow = np.zeros((0, w), dtype=bool)
         self.w_cslow = np.zeros((0, w), dtype=bool)  # the communication part was slow
@@ -139,6 +151,9 @@ class SlowDetector:
         self.b_n, self.b_pos, self.b_okrun = g(self.b_n), g(self.b_pos), g(self.b_okrun)
         self.b_min, self.b_max, self.b_spr = g(self.b_min), g(self.b_max), g(self.b_spr)
         self.b_dev, self.b_devmin = g(self.b_dev), g(self.b_devmin)
+        self.b_since = g(self.b_since, np.nan)
+        self.b_hmax, self.b_hmin, self.b_hspr = g(self.b_hmax), g(self.b_hmin), g(self.b_hspr)
+        self.h_max, self.h_min = g(self.h_max, np.nan), g(self.h_min, np.nan)
         self.w_slow = g(self.w_slow, False)
         self.w_cslow, self.w_lslow = g(self.w_cslow, False), g(self.w_lslow, False)
         self.w_late, self.w_lagr, self.w_seq = g(self.w_late, -1), g(self.w_lagr, -1), g(self.w_seq, -1)
@@ -184,9 +199,12 @@ class SlowDetector:
             # two components, judged apart: the communication itself took longer (the last arriver's
             # own kernel time, which has no waiting in it, grew) and someone arrived late (the spread
             # between first and last arrival grew); either makes the op slow
-            c_slow = warm & ((tmin - bmin) > thr_min)
-            l_slow = warm & ((spread - bspr) > thr_max)
-            slow = warm & (((tmax - bmax) > thr_max) | c_slow | l_slow)
+            # measured from the top of the healthy range (its 90th percentile), not its middle: an op
+            # signature that recurs at several schedule positions (a pipeline send waits 0, 8 or
+            # 16 ms depending on the microbatch) has several healthy modes, all of them normal
+            c_slow = warm & ((tmin - self.b_hmin[bi]) > thr_min)
+            l_slow = warm & ((spread - self.b_hspr[bi]) > thr_max)
+            slow = warm & (((tmax - self.b_hmax[bi]) > thr_max) | c_slow | l_slow)
             den = np.maximum(tmax - bmax, 1e-9)
             p = np.clip((spread - bspr) / den, 0.0, 1.0)
             pos = self.b_pos[bi]
@@ -212,33 +230,55 @@ class SlowDetector:
             learn = ~slow
             li, lb = i[learn], bi[learn]
             if lb.size:
-                nn = self.b_n[lb]
-                rate = 1.0 / np.minimum(nn + 1, s.baseline_ops)
-                t0, t1 = ops.tmin[li], ops.tmax[li]
-                np.maximum.at(js.c_maxop_s, ops.cid[li], t1)
-                # robust: once a few ops are known, one outlier (a GC pause, the pipeline filling in
-                # the warm-up, which is learned but never judged) moves the baseline and its
-                # deviation by at most a few deviations, so the job's real noise sets the margin
-                bmin, bmax = self.b_min[lb], self.b_max[lb]
-                known = nn >= 3
-                cap1 = np.maximum(3.0 * self.b_dev[lb], (s.slow_factor - 1) * bmax)
-                cap0 = np.maximum(3.0 * self.b_devmin[lb], (s.slow_factor - 1) * bmin)
-                t1 = np.where(known, np.clip(t1, bmax - cap1, bmax + cap1), t1)
-                t0 = np.where(known, np.clip(t0, bmin - cap0, bmin + cap0), t0)
-                self.b_dev[lb] += rate * (np.abs(t1 - self.b_max[lb]) * (nn > 0) - self.b_dev[lb])
-                self.b_devmin[lb] += rate * (np.abs(t0 - self.b_min[lb]) * (nn > 0) - self.b_devmin[lb])
-                self.b_min[lb] += rate * (t0 - self.b_min[lb])
-                self.b_max[lb] += rate * (t1 - self.b_max[lb])
-                self.b_spr[lb] += rate * ((t1 - t0) - self.b_spr[lb])
-                self.b_n[lb] = nn + 1
+                np.maximum.at(js.c_maxop_s, ops.cid[li], ops.tmax[li])
+                slot = self.b_n[lb] % self.h_max.shape[1]
+                self.h_max[lb, slot] = ops.tmax[li]
+                self.h_min[lb, slot] = ops.tmin[li]
+                self.b_n[lb] += 1
+                self._relearn(lb)
         return np.unique(b)
 
+    def _relearn(self, lb: I64) -> None:
+        """Baselines of ``lb`` from their recent healthy ops: medians, and median absolute deviations.
+
+        Medians, not running means: a first op that took a second (NCCL set-up, a compile), or a GC
+        pause on one rank of sixteen every few steps, moves a median not at all, while each one
+        would lift a mean and its deviation, and with them the slow threshold, until a real 2x
+        slowdown fits inside the noise band. The window follows a job's phases within
+        ``baseline_ops`` ops.
+        """
+        hx, hn = self.h_max[lb], self.h_min[lb]
+        with np.errstate(all="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # rows still filling hold nan
+            bmax, bmin = np.nanmedian(hx, axis=1), np.nanmedian(hn, axis=1)
+            self.b_max[lb], self.b_min[lb] = bmax, bmin
+            self.b_spr[lb] = np.nanmedian(hx - hn, axis=1)
+            self.b_dev[lb] = np.nanmedian(np.abs(hx - bmax[:, None]), axis=1)
+            self.b_devmin[lb] = np.nanmedian(np.abs(hn - bmin[:, None]), axis=1)
+            self.b_hmax[lb] = np.nanquantile(hx, HIGH_Q, axis=1)
+            self.b_hmin[lb] = np.nanquantile(hn, HIGH_Q, axis=1)
+            self.b_hspr[lb] = np.nanquantile(hx - hn, HIGH_Q, axis=1)
+
     def alarmed(self, touched: I64) -> I64:
-        """Baselines (of ``touched``) whose window holds enough slow ops."""
+        """Baselines (of ``touched``) whose window has held enough slow ops for ``slow_confirm_s``.
+
+        Time is the job's own (the newest op of the window), so a burst of late ops that is over
+        within seconds (an evaluation phase, a few GC pauses in a row) never alerts, while any
+        slowdown that lasts does, ``slow_confirm_s`` later.
+        """
         if touched.size == 0:
             return touched
-        cnt = self.w_slow[touched].sum(axis=1)
-        return touched[cnt >= self.s.slow_min_ops]
+        hit = self.w_slow[touched].sum(axis=1) >= self.s.slow_min_ops
+        newest = self.w_now[touched].max(axis=1)
+        since = self.b_since[touched]
+        since = np.where(hit, np.where(np.isnan(since), newest, since), np.nan)
+        self.b_since[touched] = since
+        return touched[hit & (newest - since >= self.s.slow_confirm_s)]
+
+    def alarmed_for(self, bi: int) -> float:
+        """How long (job time) the window of ``bi`` has been alarmed; 0 when it is not."""
+        since = float(self.b_since[bi])
+        return 0.0 if np.isnan(since) else float(self.w_now[bi].max()) - since
 
     def findings(self, js: JobState, bi: int) -> list[SlowFinding]:
         """The slow findings of one alarmed baseline: none without a consistent culprit, one for a
@@ -278,10 +318,15 @@ class SlowDetector:
                 late_share = votes.count(cr) / n_slow
                 # victims are not culprits: the late rank must have computed longer than its peers
                 extra = _median([float(self.w_lgap[bi, j] - self.w_ogap[bi, j]) for j in idx])
-                if late_share >= s.culprit_share and extra >= max(s.culprit_gap_share * lateness, s.slow_min_excess_s):
+                ogap = _median([float(self.w_ogap[bi, j]) for j in idx])
+                # ... by a clear share of what its peers computed: a rank that computed 8 % longer than
+                # its peers is jitter, whatever the lateness it caused on a us-scale op
+                if late_share >= s.culprit_share and extra >= max(
+                        s.culprit_gap_share * lateness, s.culprit_gap_ratio * ogap, s.slow_min_excess_s):
                     late = cr
-        link_src: int | None = None  # comm rank whose send backlog builds (-1: source without counters)
+        link_src: int | None = None  # comm rank whose send backlog builds (-1: not observable)
         link_share = 1.0
+        unobserved = False  # a counter source that never caught the backlog (else: no counters at all)
         if comm:
             votes = [int(self.w_lagr[bi, j]) for j in idx if self.w_lagr[bi, j] >= 0]
             if votes:
@@ -297,11 +342,15 @@ class SlowDetector:
                 # torch.distributed on gloo, Flight Recorder: every rank slowed together, which says
                 # comm-slow, but no backlog can name the link
                 link_src = -1
-            elif late is not None:
-                # a counter source without a sample inside a slow op yet: the link is not observable
-                # yet, so wait rather than report the late arriver alone and change the class later
+            elif self.alarmed_for(bi) >= s.slow_link_wait_s:
+                # a counter source whose polls never caught one of these ops in flight (us-scale ops
+                # between 100-ms polls): the class is known, the link is not; say so rather than stay silent
+                link_src, unobserved = -1, True
+            else:
+                # no sample inside a slow op yet: wait for one rather than report the late arriver
+                # alone (or nothing about the link) and change the class later
                 return []
-        mk = functools.partial(self._finding, js=js, bi=bi, idx=idx, p=p, lateness=lateness)
+        mk = functools.partial(self._finding, js=js, bi=bi, idx=idx, p=p, lateness=lateness, unobserved=unobserved)
         if late is not None and link_src is not None and link_src in (late, -1):
             return [mk(AnomalyKind.S3, late, late_share, link=link_src >= 0)]
         out = []
@@ -324,7 +373,7 @@ class SlowDetector:
 
     def _finding(
         self, kind: AnomalyKind, crank: int, share: float, *, link: bool, js: JobState, bi: int, idx: list[int],
-        p: float, lateness: float,
+        p: float, lateness: float, unobserved: bool,
     ) -> SlowFinding:
         cid = int(self.b_cid[bi])
         sl = js.members_of(cid)
@@ -363,6 +412,7 @@ class SlowDetector:
             base_min_s=float(self.b_min[bi]),
             onset_now=float(self.w_now[bi, first]),
             affected=tuple(granks[(granks >= 0) & (granks != culprit)].tolist()),
+            link_unobserved=unobserved,
         )
 
     def resolved(self, bi: int) -> bool:

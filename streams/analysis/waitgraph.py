@@ -1,21 +1,26 @@
 """Rank-level wait-for graph: which ranks wait on which, and which ranks are the roots.
 
-A pure function over plain data, shared by the Flight Recorder import and (later) the live
-analyzer. The input maps a rank to the ranks it waits on (from its blocking operation: the
-members of the collective that have not reached it, the peer of a blocked send or recv). The
-roots are the sinks of the graph: a rank that waits on nobody and that somebody waits on.
+Pure functions over plain data, shared by the Flight Recorder import and the live analyzer
+(``waitfor``). The input maps a rank to the ranks it waits on (from its blocking operation:
+the members of the collective that have not reached it, the peer of a blocked send or recv).
+The roots are the sinks of the graph: a rank that waits on nobody and that somebody waits on.
 Waiting is transitive, so several ranks can form a cycle (two ranks each blocked on the
 other, or every member of a collective that everyone entered and nobody finishes); a cycle
 with no way out is a root *set*: a terminal strongly connected component. Every other rank
-that reaches a root is its victim.
+that reaches a root is its victim. Nodes are plain ints: the live analyzer puts each stalled
+op between its ranks as a node of its own (a negative id), which keeps a communicator's edges
+to one per member and leaves which rank reaches which unchanged.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass
+from typing import TypeVar
 
-__all__ = ["RootSet", "root_sets", "strongly_connected", "victims_of"]
+K = TypeVar("K", bound=Hashable)
+
+__all__ = ["RootSet", "root_sets", "strongly_connected", "terminal_components", "victims_by", "victims_of"]
 
 
 @dataclass(frozen=True)
@@ -29,15 +34,18 @@ class RootSet:
 
 def _normalise(waits: Mapping[int, Iterable[int]]) -> dict[int, frozenset[int]]:
     edges = {r: frozenset(w) for r, w in waits.items()}
-    for targets in list(edges.values()):
-        for t in targets:
-            edges.setdefault(t, frozenset())
+    none: frozenset[int] = frozenset()
+    for t in frozenset().union(*edges.values()).difference(edges):
+        edges[t] = none
     return edges
 
 
 def strongly_connected(waits: Mapping[int, Iterable[int]]) -> list[frozenset[int]]:
     """Strongly connected components (Tarjan, iterative: a 10,000-rank chain must not hit the recursion limit)."""
-    edges = _normalise(waits)
+    return _components(_normalise(waits))
+
+
+def _components(edges: Mapping[int, frozenset[int]]) -> list[frozenset[int]]:
     index: dict[int, int] = {}
     low: dict[int, int] = {}
     on_stack: set[int] = set()
@@ -81,13 +89,26 @@ def strongly_connected(waits: Mapping[int, Iterable[int]]) -> list[frozenset[int
     return out
 
 
-def victims_of(waits: Mapping[int, Iterable[int]], targets: Iterable[int]) -> frozenset[int]:
-    """Every rank that reaches one of ``targets`` through wait-for edges (the targets excluded)."""
-    edges = _normalise(waits)
+def _reverse(edges: Mapping[int, frozenset[int]]) -> dict[int, set[int]]:
     reverse: dict[int, set[int]] = {r: set() for r in edges}
     for r, ws in edges.items():
         for w in ws:
             reverse[w].add(r)
+    return reverse
+
+
+def victims_of(waits: Mapping[int, Iterable[int]], targets: Iterable[int]) -> frozenset[int]:
+    """Every rank that reaches one of ``targets`` through wait-for edges (the targets excluded)."""
+    return _victims(_reverse(_normalise(waits)), targets)
+
+
+def victims_by(waits: Mapping[int, Iterable[int]], groups: Mapping[K, Iterable[int]]) -> dict[K, frozenset[int]]:
+    """``victims_of`` each group of targets, with the reverse graph built once."""
+    reverse = _reverse(_normalise(waits))
+    return {k: _victims(reverse, targets) for k, targets in groups.items()}
+
+
+def _victims(reverse: Mapping[int, set[int]], targets: Iterable[int]) -> frozenset[int]:
     goal = set(targets)
     seen: set[int] = set()
     todo = [t for t in goal if t in reverse]
@@ -100,6 +121,24 @@ def victims_of(waits: Mapping[int, Iterable[int]], targets: Iterable[int]) -> fr
     return frozenset(seen)
 
 
+def terminal_components(waits: Mapping[int, Iterable[int]]) -> list[frozenset[int]]:
+    """The strongly connected components that wait on nothing outside themselves: sinks and closed cycles.
+
+    Cheaper than ``root_sets`` where many sinks share their victims (a communicator with
+    hundreds of missing ranks): it computes no victims; ``victims_of`` a group of them does.
+    """
+    return _terminal(_normalise(waits))
+
+
+def _terminal(edges: Mapping[int, frozenset[int]]) -> list[frozenset[int]]:
+    comp_of: dict[int, frozenset[int]] = {}
+    comps = _components(edges)
+    for comp in comps:
+        for r in comp:
+            comp_of[r] = comp
+    return [comp for comp in comps if all(comp_of[w] is comp for r in comp for w in edges[r])]
+
+
 def root_sets(waits: Mapping[int, Iterable[int]]) -> list[RootSet]:
     """The roots of a wait-for graph, most victims first (ties: lowest rank first).
 
@@ -108,18 +147,11 @@ def root_sets(waits: Mapping[int, Iterable[int]]) -> list[RootSet]:
     rank that waits on nobody and that nobody waits on is idle, not a root.
     """
     edges = _normalise(waits)
-    comp_of: dict[int, frozenset[int]] = {}
-    comps = strongly_connected(edges)
-    for comp in comps:
-        for r in comp:
-            comp_of[r] = comp
+    reverse = _reverse(edges)  # once: a job with many sinks must not rebuild it per sink
     out = []
-    for comp in comps:
-        leaves = any(comp_of[w] is not comp for r in comp for w in edges[r])
-        if leaves:
-            continue
+    for comp in _terminal(edges):
         cyclic = len(comp) > 1 or any(r in edges[r] for r in comp)
-        victims = victims_of(edges, comp)
+        victims = _victims(reverse, comp)
         if victims or cyclic:
             out.append(RootSet(comp, victims, cyclic))
     out.sort(key=lambda s: (-len(s.victims), min(s.ranks)))

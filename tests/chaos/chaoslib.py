@@ -17,7 +17,7 @@ from confluent_kafka import Producer
 from ccld.producers.simulator.scenario import Scenario
 from ccld.producers.simulator.sim import simulate
 from ccld.records import KernelBatch, Verdict
-from ccld.schemas import decode_verdict, encode_batch
+from ccld.schemas.codec import decode_verdict, encode_batch
 from ccld.settings import Settings
 from ccld.stack.broker import EmbeddedBroker, tansu_binary, wait_until_answers
 from harness import WorkerProcess, raw_messages

@@ -15,8 +15,7 @@ import time
 import pytest
 
 from ccld.records import KernelBatch
-from ccld.settings import Settings
-from ccld.streams.analysis import AnalyzerSettings
+from ccld.settings import AnalyzerSettings, Settings
 from ccld.streams.analysis.analyzer import analyze_batches
 from chaoslib import (
     committed,

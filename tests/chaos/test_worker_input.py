@@ -12,8 +12,7 @@ from collections import Counter
 import pytest
 
 from ccld.records import KernelBatch
-from ccld.schemas import decode_dead_letter, encode, encode_batch
-from ccld.schemas.codec import load_schema
+from ccld.schemas.codec import decode_dead_letter, encode, encode_batch, load_schema
 from ccld.settings import Settings
 from chaoslib import produce, produce_raw, raw_verdicts, record_result, scenario_batches, worker_counters
 from factories import make_kernel_record

@@ -17,7 +17,7 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from ccld.records import AnomalyKind, Verdict, VerdictState
-from ccld.schemas import encode_verdict
+from ccld.schemas.codec import encode_verdict
 from ccld.settings import Settings
 from chaoslib import produce, raw_verdicts, record_result, scenario_batches, wait_for, worker_counters
 from harness import WorkerProcess, collect_verdicts

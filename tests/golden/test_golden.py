@@ -8,40 +8,24 @@ only ever sees the simulated records, never the scenario's faults or expectation
 
 from __future__ import annotations
 
-import importlib
 import json
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from ccld.bench import incidents, onset_of
-from ccld.producers.simulator import Scenario, simulate
-from ccld.producers.simulator.scenario import Expectation
+from ccld.producers.simulator.scenario import Expectation, Scenario
+from ccld.producers.simulator.sim import simulate
+from ccld.stack.bench import incidents, onset_of
+from ccld.streams.analysis.analyzer import analyze_batches
 
 HERE = Path(__file__).parent
 CASES = sorted(p.name for p in HERE.iterdir() if (p / "scenario.json").is_file())
-
-
-def _analyze_batches() -> Any:
-    try:
-        mod = importlib.import_module("ccld.streams.analysis")
-    except ImportError:
-        return None
-    return getattr(mod, "analyze_batches", None)
-
-
-analyze_batches = _analyze_batches()
-needs_analyzer = pytest.mark.skipif(
-    analyze_batches is None, reason="ccld.streams.analysis.analyze_batches does not exist yet (analyzer not merged)"
-)
 
 
 def test_there_are_golden_cases() -> None:
     assert len(CASES) >= 6
 
 
-@needs_analyzer
 @pytest.mark.parametrize("case", CASES)
 def test_golden(case: str) -> None:
     sc = Scenario.from_dict(json.loads((HERE / case / "scenario.json").read_text()))

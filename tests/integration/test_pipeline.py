@@ -17,7 +17,7 @@ from ccld.producers.kafka import MetricsProducer
 from ccld.producers.simulator.scenario import Scenario
 from ccld.producers.simulator.sim import simulate
 from ccld.records import KernelBatch
-from ccld.schemas import decode_dead_letter, decode_verdict, encode, encode_batch
+from ccld.schemas.codec import decode_dead_letter, decode_verdict, encode, encode_batch
 from ccld.settings import Settings
 from ccld.sinks.archiver import Archiver
 from ccld.sinks.parquet import scan

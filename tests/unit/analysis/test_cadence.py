@@ -9,7 +9,7 @@ import pytest
 from analysis_factories import Comm, Probe, batches_by_tick
 
 from ccld.records import AnomalyKind, DType, KernelRecord, OpType, Status, VerdictState
-from ccld.streams.analysis import Analyzer, analyze_batches
+from ccld.streams.analysis.analyzer import Analyzer, analyze_batches
 from ccld.streams.analysis.cadence import Cadence
 
 RS, AG = OpType.REDUCE_SCATTER, OpType.ALL_GATHER

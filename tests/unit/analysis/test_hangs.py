@@ -6,7 +6,8 @@ import pytest
 from analysis_factories import Comm, Probe, batches_by_tick, healthy_steps
 
 from ccld.records import AnomalyKind, DType, KernelRecord, Link, OpType, Status, VerdictState
-from ccld.streams.analysis import Analyzer, AnalyzerSettings, analyze_batches
+from ccld.settings import AnalyzerSettings
+from ccld.streams.analysis.analyzer import Analyzer, analyze_batches
 
 
 def stuck(probe: Probe, comm: Comm, i: int, seq: int, t_enter: float, until: float, send: int = 0,

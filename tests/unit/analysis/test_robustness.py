@@ -10,7 +10,8 @@ from analysis_factories import Comm, Probe, batches_by_tick, healthy_steps
 from test_hangs import stuck
 
 from ccld.records import AnomalyKind, KernelBatch, KernelRecord, OpType, VerdictState
-from ccld.streams.analysis import Analyzer, AnalyzerSettings, analyze_batches
+from ccld.settings import AnalyzerSettings
+from ccld.streams.analysis.analyzer import Analyzer, analyze_batches
 
 
 def h1_records(probe: Probe) -> list[tuple[float, KernelRecord]]:

@@ -5,7 +5,8 @@ from __future__ import annotations
 from analysis_factories import Comm, Probe, batches_by_tick, healthy_steps
 
 from ccld.records import AnomalyKind, Link, VerdictState
-from ccld.streams.analysis import AnalyzerSettings, analyze_batches
+from ccld.settings import AnalyzerSettings
+from ccld.streams.analysis.analyzer import analyze_batches
 
 
 def opens(recs: list, settings: AnalyzerSettings | None = None) -> list:  # type: ignore[type-arg]
@@ -93,3 +94,73 @@ def test_a_victim_that_waited_elsewhere_is_not_blamed() -> None:
         recs += probe.ring_op(y, ey, 0.1)
     vs = opens(recs)
     assert [(v.kind, v.root_cause_ranks) for v in vs] == [(AnomalyKind.S1, (1,))]
+
+
+def test_lateness_within_the_compute_jitter_is_not_a_slow_rank() -> None:
+    """Rank 6 arrives 0.1 s late at a 20-ms op after 1.8 s of compute: 5x the op, but 6 % of what its
+    peers computed, which is jitter; 0.5 s (28 %) is a slow rank."""
+    for late_s, expect in ((0.1, []), (0.5, [(AnomalyKind.S1, (6,))])):
+        probe = Probe()
+        tp = Comm(0x5A, tuple(range(8)))
+        recs = healthy_steps(probe, tp, 40, dur=0.02, late={6: late_s}, from_step=20)
+        assert [(v.kind, v.root_cause_ranks) for v in opens(recs)] == expect, late_s
+
+
+def test_pauses_while_learning_do_not_hide_a_later_slowdown() -> None:
+    """Every tenth step one rank or another stalls 1 s (GC, data loader), the first step included: the
+    learned baseline must not grow with those outliers until a rank 0.3 s late on every op fits inside."""
+    probe = Probe()
+    tp = Comm(0x5B, tuple(range(8)))
+    recs = []
+    for k in range(60):
+        late = {k % 7: 1.0} if k % 10 == 0 else {}
+        if k >= 35:
+            late[6] = late.get(6, 0.0) + 0.3
+        recs += healthy_steps(probe, tp, 1, t0=2.0 * k, dur=0.02, late=late)
+    vs = opens(recs)
+    assert [(v.kind, v.root_cause_ranks) for v in vs] == [(AnomalyKind.S1, (6,))], [v.evidence for v in vs]
+
+
+def test_a_burst_shorter_than_the_confirmation_time_is_not_reported() -> None:
+    probe = Probe()
+    tp = Comm(0x5C, tuple(range(8)))
+    recs = healthy_steps(probe, tp, 60, step_s=0.5, dur=0.02)
+    recs += healthy_steps(probe, tp, 4, step_s=0.5, t0=30.0, dur=0.02, late={2: 0.4})  # 2 s of late arrivals
+    recs += healthy_steps(probe, tp, 40, step_s=0.5, t0=32.0, dur=0.02)
+    assert opens(recs) == []
+    assert [v.root_cause_ranks for v in opens(recs, AnalyzerSettings(slow_confirm_s=0.0))] == [(2,)]
+
+
+def test_a_slow_link_no_poll_caught_is_reported_unnamed_then_named_in_the_same_incident() -> None:
+    """Counters exist, but no in-flight sample landed inside a slow op: after ``slow_link_wait_s``
+    the communicator is reported comm-slow with the link unknown; once a sample shows the backlog,
+    the same incident names the link."""
+    probe = Probe()
+    tp = Comm(0x5D, tuple(range(8)))
+    recs = healthy_steps(probe, tp, 20)
+    recs += healthy_steps(probe, tp, 15, t0=40.0, slow=4.0)  # no sample inside the slow ops
+    recs += healthy_steps(probe, tp, 10, t0=70.0, slow=4.0, lag_rank=3)
+    vs = [v for v in analyze_batches(batches_by_tick(recs)) if v.state != VerdictState.RESOLVED]
+    assert [(v.state, v.kind, v.root_cause_ranks, v.link) for v in vs] == [
+        (VerdictState.OPEN, AnomalyKind.S2, (), None),
+        (VerdictState.UPDATE, AnomalyKind.S2, (3, 4), Link(3, 4)),
+    ]
+    assert vs[0].incident_id == vs[1].incident_id
+    assert "no counter poll caught" in vs[0].evidence
+    assert vs[0].detected_time - 41.0 >= AnalyzerSettings().slow_link_wait_s
+
+
+def test_an_op_that_waits_by_schedule_position_is_not_slow() -> None:
+    """A pipeline send waits ~0 or 300 ms depending on its microbatch (the 1F1B schedule: four in ten
+    wait): the waits recur, so both are normal, although most sends barely wait; a rank that adds
+    0.6 s to every send is slow."""
+    probe = Probe()
+    pp = Comm(0x5E, (0, 1))
+    recs = []
+    for k in range(120):
+        base = 1.0 + 1.0 * k
+        wait = 0.3 + 0.001 * (k % 3) if k % 10 < 4 else 0.001 * (k % 4)
+        recs += probe.ring_op(pp, [base, base + wait + (0.6 if k >= 80 else 0.0)], 0.005)
+    vs = opens(recs)
+    assert [(v.kind, v.root_cause_ranks) for v in vs] == [(AnomalyKind.S1, (1,))]
+    assert vs[0].detected_time > 1.0 + 80

@@ -11,16 +11,8 @@ import pytest
 
 from ccld.errors import SchemaError
 from ccld.records import AnomalyKind, KernelBatch, Link, Verdict, VerdictState, batch_value_problems
-from ccld.schemas import (
-    codec,
-    decode,
-    decode_metrics,
-    decode_verdict,
-    encode,
-    encode_batch,
-    encode_verdict,
-    load_schema,
-)
+from ccld.schemas import codec
+from ccld.schemas.codec import decode, decode_metrics, decode_verdict, encode, encode_batch, encode_verdict, load_schema
 from factories import make_kernel_record
 from harness import impossible_batches
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ccld.records import KernelBatch
-from ccld.schemas import encode_batch
+from ccld.schemas.codec import encode_batch
 from ccld.settings import Settings
 from ccld.sinks.archiver import Archiver
 from factories import make_kernel_record

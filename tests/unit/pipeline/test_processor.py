@@ -9,9 +9,8 @@ import pytest
 
 from ccld.producers.simulator.scenario import Scenario
 from ccld.producers.simulator.sim import simulate
-from ccld.schemas import decode_dead_letter, encode_batch
-from ccld.schemas.codec import load_schema
-from ccld.streams.analysis import AnalyzerSettings
+from ccld.schemas.codec import decode_dead_letter, encode_batch, load_schema
+from ccld.settings import AnalyzerSettings
 from ccld.streams.processor import PartitionProcessor, ProcessorOptions
 from harness import impossible_batches
 

@@ -48,7 +48,7 @@ def test_zero_devices(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_ring_and_markers_need_a_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "cupy", None)
-    from ccld.probe import launch_marker
+    from ccld.probe.markers import launch_marker
     from ccld.probe.ring import RingGroup
 
     with pytest.raises(GpuUnavailableError):

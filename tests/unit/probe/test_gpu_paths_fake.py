@@ -38,7 +38,8 @@ def test_markers_write_the_frame(fake_cupy: types.ModuleType) -> None:
 
 
 def test_launch_marker_entry_point(fake_cupy: types.ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
-    from ccld.probe import launch_marker, markers
+    from ccld.probe import markers
+    from ccld.probe.markers import launch_marker
 
     monkeypatch.setattr(markers, "_session", None)
     t = gpu_scenarios.trace(0)

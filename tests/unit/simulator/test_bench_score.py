@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from ccld.bench import incidents, plot_confusion, score
-from ccld.producers.simulator import Scenario
+from ccld.producers.simulator.scenario import Scenario
 from ccld.records import AnomalyKind, Verdict, VerdictState
+from ccld.stack.bench import incidents, plot_confusion, score
 
 
 def sc(sid: str, expect: list[tuple[str, int]], faults: list[dict[str, Any]] | None = None) -> Scenario:

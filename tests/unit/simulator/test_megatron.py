@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 
 from ccld.errors import ScenarioError
-from ccld.producers.simulator import Scenario, simulate
 from ccld.producers.simulator.megatron import EPOCH_NS, MegatronSim
+from ccld.producers.simulator.scenario import Scenario
+from ccld.producers.simulator.sim import simulate
 from ccld.producers.simulator.topology import Topology
 from ccld.records import KernelBatch, Status
 

@@ -7,8 +7,9 @@ from typing import Any
 
 import numpy as np
 
-from ccld.producers.simulator import Scenario, simulate
 from ccld.producers.simulator.engine import IN_FLIGHT
+from ccld.producers.simulator.scenario import Scenario
+from ccld.producers.simulator.sim import simulate
 from ccld.records import DType, KernelRecord, OpType, Status
 
 Key = tuple[int, int, int]  # comm, rank, op_seq
@@ -165,8 +166,8 @@ class FakeProducer:
 
 
 def test_publish_stamps_each_batch_with_its_simulated_delivery_time() -> None:
-    from ccld.bench import _Shifted
-    from ccld.producers.simulator import publish
+    from ccld.producers.simulator.publish import publish
+    from ccld.stack.bench import _Shifted
 
     sc = Scenario.from_dict({"id": "p", "ranks": 8, "duration_s": 15})
     fake = FakeProducer()

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from ccld.cli import main
-from ccld.producers.simulator import load_scenarios
+from ccld.producers.simulator.scenario import load_scenarios
 
 ROOT = Path(__file__).resolve().parents[3]
 SUITES = ROOT / "benchmarks" / "scenarios"

@@ -225,8 +225,8 @@ def plot_confusion(conf: Mapping[str, Any], path: Path) -> None:
 # --------------------------------------------------------------------------------------------
 def analyze_in_process(sc: Scenario, settings: Settings | None = None) -> list[Verdict]:
     """simulate -> analyze_batches, on the simulated clock; the analyzer never sees ``expect``."""
-    from ccld.producers.simulator import simulate
-    from ccld.streams.analysis import analyze_batches
+    from ccld.producers.simulator.sim import simulate
+    from ccld.streams.analysis.analyzer import analyze_batches
 
     analyzer = None if settings is None else settings.analyzer
     return list(analyze_batches(simulate(sc), settings=analyzer, tick_s=1.0))
