@@ -16,7 +16,6 @@ op towards P = 1. Late arriver (comp-slow): P ~ 1; everybody slow (comm-slow): P
 from __future__ import annotations
 
 import functools
-import warnings
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
@@ -248,16 +247,16 @@ class SlowDetector:
         ``baseline_ops`` ops.
         """
         hx, hn = self.h_max[lb], self.h_min[lb]
-        with np.errstate(all="ignore"), warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)  # rows still filling hold nan
-            bmax, bmin = np.nanmedian(hx, axis=1), np.nanmedian(hn, axis=1)
-            self.b_max[lb], self.b_min[lb] = bmax, bmin
-            self.b_spr[lb] = np.nanmedian(hx - hn, axis=1)
-            self.b_dev[lb] = np.nanmedian(np.abs(hx - bmax[:, None]), axis=1)
-            self.b_devmin[lb] = np.nanmedian(np.abs(hn - bmin[:, None]), axis=1)
-            self.b_hmax[lb] = np.nanquantile(hx, HIGH_Q, axis=1)
-            self.b_hmin[lb] = np.nanquantile(hn, HIGH_Q, axis=1)
-            self.b_hspr[lb] = np.nanquantile(hx - hn, HIGH_Q, axis=1)
+        k = np.minimum(self.b_n[lb], hx.shape[1])  # filled entries per row (nan sorts last)
+        sx, sn, ss = np.sort(hx, axis=1), np.sort(hn, axis=1), np.sort(hx - hn, axis=1)
+        bmax, bmin = _quantile(sx, k, 0.5), _quantile(sn, k, 0.5)
+        self.b_max[lb], self.b_min[lb] = bmax, bmin
+        self.b_spr[lb] = _quantile(ss, k, 0.5)
+        self.b_dev[lb] = _quantile(np.sort(np.abs(hx - bmax[:, None]), axis=1), k, 0.5)
+        self.b_devmin[lb] = _quantile(np.sort(np.abs(hn - bmin[:, None]), axis=1), k, 0.5)
+        self.b_hmax[lb] = _quantile(sx, k, HIGH_Q)
+        self.b_hmin[lb] = _quantile(sn, k, HIGH_Q)
+        self.b_hspr[lb] = _quantile(ss, k, HIGH_Q)
 
     def alarmed(self, touched: I64) -> I64:
         """Baselines (of ``touched``) whose window has held enough slow ops for ``slow_confirm_s``.
@@ -417,6 +416,17 @@ class SlowDetector:
 
     def resolved(self, bi: int) -> bool:
         return int(self.b_okrun[bi]) >= self.s.slow_resolve_ops
+
+
+def _quantile(sorted_rows: F64, k: I64, q: float) -> F64:
+    """The ``q`` quantile of the first ``k[i]`` values of each sorted row (linear interpolation, as
+    numpy's default); 0 for an empty row. ``nanquantile`` goes row by row in Python: 20x slower here."""
+    pos = q * np.maximum(k - 1, 0)
+    lo = np.floor(pos).astype(np.int64)
+    hi = np.minimum(lo + 1, np.maximum(k - 1, 0))
+    rows = np.arange(sorted_rows.shape[0])
+    a, b = sorted_rows[rows, lo], sorted_rows[rows, hi]
+    return np.where(k > 0, a + (pos - lo) * (b - a), 0.0)
 
 
 def _median(v: list[float]) -> float:
