@@ -1,11 +1,24 @@
-"""Per-call overhead of the torch.distributed attachment: attached vs not, same script, medians.
+"""Overhead of the torch.distributed attachment per source: attached vs not, same script, medians.
 
-One gloo rank (world size 1, in process) calls small collectives in alternating blocks, with and
-without ``ccld.producers.attach.attach()``, and times every call with ``perf_counter_ns``.
+One gloo rank (world size 1, in process). Two parts:
+
+- per call: small collectives in alternating blocks, with and without
+  ``ccld.producers.attach.attach(source=...)`` for each source (wrap, fr, both), every call
+  timed with ``perf_counter_ns``: the added microseconds per call (target: < 20 us) and the ratio.
+- per step (``--steps-per-block``, 0 skips it): training-like steps of ``--coll-per-step``
+  collectives plus compute (torch matmuls, calibrated so the rank runs ``--rate`` collectives/s,
+  default 1,000), half called from Python (``dist.all_reduce``) and half on the process group
+  directly, as DDP's C++ reducer does (the wrapper cannot see those). Modes none, wrap, fr, both
+  alternate in blocks after the Flight Recorder ring is full (its steady state); prints the
+  step time (median over blocks of each block's mean step: a poll's cost lands on the few steps
+  it overlaps, which a median step would hide), the added cost per step and per collective
+  against the unattached steps, the median, p99 and longest single step, the share of
+  collectives each source saw, and the poller's own cost per poll. ``TORCH_FR_BUFFER_SIZE``
+  sets the ring's size (default 2,000 entries).
+
 The records go to a counting sink by default (emission runs on the attachment's own thread,
 so the training thread's cost does not depend on the sink) or, with ``--bootstrap``, to a
-real broker through ``MetricsProducer``. Prints the median per-call time of each mode, the
-added microseconds per call (target: < 20 us) and the ratio.
+real broker through ``MetricsProducer``.
 
     python benchmarks/attach_overhead.py [--calls 20000] [--blocks 10] [--bootstrap HOST:PORT]
 """
@@ -21,6 +34,7 @@ from collections.abc import Callable
 from typing import Any
 
 TARGET_US = 20.0
+SOURCES = ("wrap", "fr", "both")
 
 
 class CountingSink:
@@ -52,8 +66,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--calls", type=int, default=20_000, help="calls per mode and case")
     p.add_argument("--blocks", type=int, default=10, help="alternating blocks per mode")
     p.add_argument("--bootstrap", default="", help="send records to this broker instead of a counting sink")
+    p.add_argument("--sources", default=",".join(SOURCES), help="attach sources to measure, comma-separated")
+    p.add_argument("--steps-per-block", type=int, default=300, help="per-step part: steps per mode and block")
+    p.add_argument("--step-blocks", type=int, default=5, help="per-step part: alternating blocks per mode")
+    p.add_argument("--coll-per-step", type=int, default=10)
+    p.add_argument("--rate", type=float, default=1000.0, help="collectives per second per rank in the step part")
+    p.add_argument("--fr-poll-ms", type=float, default=100.0)
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
+    sources = [x for x in args.sources.split(",") if x]
 
     import torch
     import torch.distributed as dist
@@ -73,29 +94,131 @@ def main(argv: list[str] | None = None) -> int:
     per_block = max(1, args.calls // args.blocks)
     results: dict[str, dict[str, float]] = {}
     sink_records = 0
-    for name, fn in cases.items():
-        time_calls(fn, 200)  # warm-up
-        plain: list[int] = []
-        attached: list[int] = []
-        for _ in range(args.blocks):
-            plain += time_calls(fn, per_block)
-            sink = None if args.bootstrap else CountingSink()
-            attach(settings, sink=sink, markers=False)
-            attached += time_calls(fn, per_block)
-            stats = detach()
-            sink_records += int(stats.get("records", 0))
-        mp, ma = statistics.median(plain) / 1000, statistics.median(attached) / 1000
-        results[name] = {"plain_us": mp, "attached_us": ma, "added_us": ma - mp, "ratio": ma / mp}
+    for source in sources:
+        for name, fn in cases.items():
+            time_calls(fn, 200)  # warm-up
+            plain: list[int] = []
+            attached: list[int] = []
+            for _ in range(args.blocks):
+                plain += time_calls(fn, per_block)
+                sink = None if args.bootstrap else CountingSink()
+                attach(settings, sink=sink, markers=False, source=source, fr_poll_s=args.fr_poll_ms / 1000)
+                attached += time_calls(fn, per_block)
+                stats = detach()
+                sink_records += int(stats.get("records", 0))
+            mp, ma = statistics.median(plain) / 1000, statistics.median(attached) / 1000
+            results[f"{source}: {name}"] = {"plain_us": mp, "attached_us": ma, "added_us": ma - mp, "ratio": ma / mp}
+    steps = step_part(args, settings, sources) if args.steps_per_block > 0 else {}
     dist.destroy_process_group()
     worst = max(r["added_us"] for r in results.values())
     if args.json:
-        print(json.dumps({"cases": results, "worst_added_us": worst, "records": sink_records}))
+        print(json.dumps({"cases": results, "worst_added_us": worst, "records": sink_records, "steps": steps}))
     else:
-        print(f"{'case':<24}{'plain us':>10}{'attached us':>13}{'added us':>10}{'ratio':>8}")
+        print(f"{'source: case':<32}{'plain us':>10}{'attached us':>13}{'added us':>10}{'ratio':>8}")
         for name, r in results.items():
-            print(f"{name:<24}{r['plain_us']:>10.2f}{r['attached_us']:>13.2f}{r['added_us']:>10.2f}{r['ratio']:>8.3f}")
+            print(f"{name:<32}{r['plain_us']:>10.2f}{r['attached_us']:>13.2f}{r['added_us']:>10.2f}{r['ratio']:>8.3f}")
         print(f"worst added per call: {worst:.2f} us (target < {TARGET_US:.0f} us); records emitted: {sink_records}")
+        if steps:
+            print_steps(steps)
     return 0 if worst < TARGET_US else 1
+
+
+def step_part(args: argparse.Namespace, settings: Any, sources: list[str]) -> dict[str, Any]:
+    """Training-like steps at ``args.rate`` collectives/s: median step time per mode, added cost."""
+    import torch
+    import torch.distributed as dist
+
+    from ccld.producers.attach import attach, detach
+
+    torch.set_num_threads(1)  # no intra-op thread pool: on a shared machine its spin-waits swamp the result
+    pg = dist.distributed_c10d._get_default_group()
+    t = torch.ones(1024)
+    a, b = torch.randn(64, 64), torch.randn(64, 64)
+    n_py = args.coll_per_step // 2
+
+    def collectives() -> None:
+        for _ in range(n_py):
+            dist.all_reduce(t)  # from Python: every source sees it
+        for _ in range(args.coll_per_step - n_py):
+            pg.allreduce([t]).wait()  # as DDP's reducer calls it: Flight Recorder only
+
+    def compute(n: int) -> None:
+        for _ in range(n):
+            torch.mm(a, b)
+
+    # calibrate the compute so a plain step lasts coll_per_step / rate seconds
+    target_ns = args.coll_per_step / args.rate * 1e9
+    n_mm = 100
+
+    def step() -> None:
+        compute(n_mm)
+        collectives()
+
+    for _ in range(3):
+        coll_ns = statistics.median(time_calls(collectives, 100))
+        mm_ns = max(1.0, (statistics.median(time_calls(step, 50)) - coll_ns) / max(1, n_mm))
+        n_mm = max(0, int((target_ns - coll_ns) / mm_ns))
+
+    time_calls(step, max(200, 2200 // max(1, args.coll_per_step)))  # fills the Flight Recorder ring (2,000)
+    modes = ["none", *sources]
+    times: dict[str, list[int]] = {m: [] for m in modes}
+    means: dict[str, list[float]] = {m: [] for m in modes}  # mean step time of each block
+    seen: dict[str, list[float]] = {m: [] for m in modes}
+    polls: dict[str, list[float]] = {m: [] for m in modes}
+    for block in range(args.step_blocks):
+        for mode in modes[block % len(modes) :] + modes[: block % len(modes)]:  # rotate the order
+            if mode != "none":
+                attach(settings, sink=None if args.bootstrap else CountingSink(), markers=False, source=mode,
+                       fr_poll_s=args.fr_poll_ms / 1000)  # fmt: skip
+            t0 = time.perf_counter_ns()
+            block_times = time_calls(step, args.steps_per_block)
+            wall_s = (time.perf_counter_ns() - t0) / 1e9
+            times[mode] += block_times
+            means[mode].append(statistics.fmean(block_times))
+            if mode != "none":
+                st = detach()
+                seen[mode].append(int(st.get("calls", 0)) / (args.steps_per_block * args.coll_per_step))
+                if st.get("fr_polls"):
+                    polls[mode].append(st["fr_poll_ns_total"] / st["fr_polls"] / 1e6)
+                    polls[mode].append(st["fr_polls"] / wall_s)  # kept in pairs: (ms per poll, polls per s)
+    # a poll holds the GIL for its whole dump, so its cost lands on the few steps it overlaps: the
+    # median step hides it; the mean step of a block includes it (the median over blocks is reported)
+    base = statistics.median(means["none"]) / 1e6
+    out: dict[str, Any] = {"rate_per_s": args.rate, "coll_per_step": args.coll_per_step, "matmuls": n_mm,
+                           "fr_poll_ms": args.fr_poll_ms, "modes": {}}  # fmt: skip
+    for mode in modes:
+        med = statistics.median(means[mode]) / 1e6
+        ordered = sorted(times[mode])
+        row = {"step_ms": med, "added_ms": med - base, "added_pct": 100 * (med - base) / base,
+               "added_us_per_coll": 1000 * (med - base) / args.coll_per_step,
+               "median_step_ms": statistics.median(ordered) / 1e6,
+               "p99_step_ms": ordered[int(0.99 * (len(ordered) - 1))] / 1e6,
+               "max_step_ms": ordered[-1] / 1e6,
+               "seen": statistics.median(seen[mode]) if seen[mode] else 0.0}  # fmt: skip
+        if polls[mode]:
+            row["poll_ms"] = statistics.median(polls[mode][0::2])
+            row["polls_per_s"] = statistics.median(polls[mode][1::2])
+        out["modes"][mode] = row
+    return out
+
+
+def print_steps(steps: dict[str, Any]) -> None:
+    print(
+        f"\nsteps of {steps['coll_per_step']} collectives at {steps['rate_per_s']:.0f}/s ({steps['matmuls']} "
+        f"matmuls of compute; plain step {steps['modes']['none']['step_ms']:.2f} ms), Flight Recorder polled "
+        f"every {steps['fr_poll_ms']:.0f} ms"
+    )
+    print("step ms: median over blocks of the mean step; added: against 'none'; p50/p99/max: single steps")
+    head = ("mode", "step ms", "added ms", "added %", "us/coll", "p50 ms", "p99 ms", "max ms", "seen", "ms/poll",
+            "polls/s")  # fmt: skip
+    widths = (9, 10, 9, 9, 8, 8, 8, 7, 9, 9)
+    print(f"{head[0]:<8}" + "".join(f"{h:>{w}}" for h, w in zip(head[1:], widths, strict=True)))
+    for mode, r in steps["modes"].items():
+        print(
+            f"{mode:<8}{r['step_ms']:>9.3f}{r['added_ms']:>10.3f}{r['added_pct']:>9.2f}{r['added_us_per_coll']:>9.2f}"
+            f"{r['median_step_ms']:>8.2f}{r['p99_step_ms']:>8.2f}{r['max_step_ms']:>8.1f}"
+            f"{r['seen']:>7.2f}{r.get('poll_ms', 0.0):>9.2f}{r.get('polls_per_s', 0.0):>9.2f}"
+        )  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -10,7 +10,8 @@ standard library): it installs an import hook, and the attachment itself starts 
 Configuration travels in the usual ``CCLD_*`` variables (bootstrap, job, topic prefix ...)
 plus these, which are not Settings fields (Settings rejects unknown ``CCLD_*`` names):
 ``CCLDRUN_ACTIVE`` ("1"), ``CCLDRUN_SINK`` ("kafka" or "jsonl:DIR"),
-``CCLDRUN_HEARTBEAT_MS`` and ``CCLDRUN_SITE_DIR`` (the generated directory).
+``CCLDRUN_HEARTBEAT_MS``, ``CCLDRUN_SOURCE`` (auto, wrap, fr or both), ``CCLDRUN_FR_POLL_MS``
+and ``CCLDRUN_SITE_DIR`` (the generated directory).
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ ENV_ACTIVE = "CCLDRUN_ACTIVE"
 ENV_SINK = "CCLDRUN_SINK"
 ENV_HEARTBEAT_MS = "CCLDRUN_HEARTBEAT_MS"
 ENV_SITE_DIR = "CCLDRUN_SITE_DIR"
+ENV_SOURCE = "CCLDRUN_SOURCE"
+ENV_FR_POLL_MS = "CCLDRUN_FR_POLL_MS"
 
 TARGET = "torch.distributed.distributed_c10d"
 
@@ -126,9 +129,12 @@ def _attach_from_env() -> None:
         from ccld.producers.attach.session import attach
 
         heartbeat_ms = os.environ.get(ENV_HEARTBEAT_MS)
+        poll_ms = os.environ.get(ENV_FR_POLL_MS)
         attach(
             sink_spec=os.environ.get(ENV_SINK) or "kafka",
             heartbeat_s=float(heartbeat_ms) / 1000.0 if heartbeat_ms else None,
+            source=os.environ.get(ENV_SOURCE) or "auto",
+            fr_poll_s=float(poll_ms) / 1000.0 if poll_ms else None,
         )
     except Exception as exc:  # noqa: BLE001 - the job runs on without us
         sys.stderr.write(f"ccld run: attachment not active in pid {os.getpid()}: {exc}\n")
@@ -144,7 +150,8 @@ def activate() -> None:
 
 
 def child_env(base: dict[str, str], ccld_vars: dict[str, str], *, site_dir: str, sink: str,
-              heartbeat_ms: int | None) -> dict[str, str]:  # fmt: skip
+              heartbeat_ms: int | None, source: str | None = None, fr_poll_ms: int | None = None,
+              ) -> dict[str, str]:  # fmt: skip
     """The environment of a command run under ``ccld run``."""
     env = dict(base)
     env.update(ccld_vars)
@@ -153,6 +160,10 @@ def child_env(base: dict[str, str], ccld_vars: dict[str, str], *, site_dir: str,
     env[ENV_SITE_DIR] = site_dir
     if heartbeat_ms is not None:
         env[ENV_HEARTBEAT_MS] = str(int(heartbeat_ms))
+    if source is not None:
+        env[ENV_SOURCE] = source
+    if fr_poll_ms is not None:
+        env[ENV_FR_POLL_MS] = str(int(fr_poll_ms))
     old = env.get("PYTHONPATH")
     env["PYTHONPATH"] = site_dir if not old else site_dir + os.pathsep + old
     return env

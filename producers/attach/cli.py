@@ -26,18 +26,27 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--heartbeat-ms", dest="heartbeat_ms", type=int, default=None,
         help="PROGRESS sample interval while a rank is inside a collective (default 200)",
     )  # fmt: skip
+    parser.add_argument(
+        "--source", choices=("auto", "wrap", "fr", "both"), default=None,
+        help="how collectives are seen: wrap (Python calls), fr (polling Flight Recorder: DDP and "
+        "torch.compile too), both, or auto (per backend; the default)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--fr-poll-ms", dest="fr_poll_ms", type=int, default=None,
+        help="Flight Recorder poll interval (default 100)",
+    )  # fmt: skip
     parser.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- COMMAND ...", help="the command to run")
 
 
 def prepare_env(
     settings: Settings, site_dir: str, *, sink: str = "kafka", heartbeat_ms: int | None = None,
-    base: dict[str, str] | None = None,
+    base: dict[str, str] | None = None, source: str | None = None, fr_poll_ms: int | None = None,
 ) -> dict[str, str]:  # fmt: skip
     """Write the sitecustomize into ``site_dir`` and return the environment that activates it."""
     write_site_dir(site_dir)
     return child_env(
         dict(os.environ) if base is None else base, settings.to_env(), site_dir=site_dir, sink=sink,
-        heartbeat_ms=heartbeat_ms,
+        heartbeat_ms=heartbeat_ms, source=source, fr_poll_ms=fr_poll_ms,
     )  # fmt: skip
 
 
@@ -53,7 +62,10 @@ def main(args: argparse.Namespace, settings: Settings) -> int:
         print("ccld run: the kafka sink needs --bootstrap (or CCLD_BOOTSTRAP)", file=sys.stderr)
         return 2
     with tempfile.TemporaryDirectory(prefix="ccld-run-") as site_dir:
-        env = prepare_env(settings, site_dir, sink=sink, heartbeat_ms=args.heartbeat_ms)
+        env = prepare_env(
+            settings, site_dir, sink=sink, heartbeat_ms=args.heartbeat_ms,
+            source=getattr(args, "source", None), fr_poll_ms=getattr(args, "fr_poll_ms", None),
+        )  # fmt: skip
         try:
             proc = subprocess.Popen(cmd, env=env)
         except OSError as exc:

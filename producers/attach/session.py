@@ -7,30 +7,100 @@ import logging
 import os
 import sys
 import threading
+from collections.abc import Mapping
 from dataclasses import asdict
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ccld.errors import ConfigError
 from ccld.producers.attach.sinks import sink_from_spec
 from ccld.producers.attach.tracker import RecordSink, Tracker
 from ccld.settings import Settings
 
+if TYPE_CHECKING:
+    from ccld.producers.attach.fr_poll import FrPoller
+
 log = logging.getLogger(__name__)
 
 DEFAULT_HEARTBEAT_S = 0.2
 
+#: where the attachment learns of collectives: function wrapping, Flight Recorder polling, both,
+#: or "auto" (per backend, :data:`AUTO_SOURCE`, decided when the default group exists)
+SOURCES = ("auto", "wrap", "fr", "both")
+#: the source "auto" picks per backend (measurements and reasons: README, "Attach to PyTorch jobs")
+#: gloo: wrap. Its Flight Recorder dump always holds the whole ring (gloo never marks an entry
+#: completed, so onlyActive filters nothing) and torch builds it holding the GIL: 55-110 ms a
+#: poll with the default 2,000 entries, about 5 % of step time in stalls of that length.
+#: nccl: both (not measured here): its active-only dump holds only unfinished entries.
+AUTO_SOURCE = {"gloo": "wrap", "nccl": "both"}
+
+
+def fr_enabled(environ: Mapping[str, str]) -> bool:
+    """Flight Recorder is on unless its buffer size is set to 0 (TORCH_FR_BUFFER_SIZE, or the older name)."""
+    size = environ.get("TORCH_FR_BUFFER_SIZE", environ.get("TORCH_NCCL_TRACE_BUFFER_SIZE"))
+    return size is None or size.strip() not in ("0", "")
+
+
+def _to_poller(st: Any, name: str) -> int | None:
+    """The wrapper's numbering under "both": collectives are the poller's (see fr_poll), p2p stays."""
+    return None
+
 
 class Attachment:
-    """A live attachment: the tracker, the torch wrappers and the sink behind them."""
+    """A live attachment: the tracker, the torch wrappers, the Flight Recorder poller and the sink."""
 
-    def __init__(self, tracker: Tracker, hooks: Any, sink: RecordSink) -> None:
+    def __init__(self, tracker: Tracker, hooks: Any, sink: RecordSink, poller: FrPoller | None = None,
+                 source: str = "wrap") -> None:  # fmt: skip
         self.tracker = tracker
         self.hooks = hooks
         self.sink = sink
+        self.poller = poller
+        self.source = source  # as asked ("auto" stays "auto"; resolved_source says what it became)
+        self.resolved_source = "" if source == "auto" else source
+        self._resolve_lock = threading.Lock()
+
+    def resolve_source(self) -> str:
+        """The source in use; for "auto", picked per backend once the default group exists ("" until then)."""
+        if self.resolved_source:
+            return self.resolved_source
+        with self._resolve_lock:
+            if self.resolved_source:
+                return self.resolved_source
+            c10d = self.hooks.c10d  # the module itself: an import here could wait for torch's import lock
+            if not c10d.is_initialized():
+                return ""
+            backend = str(c10d.get_backend()).lower()
+            mode = AUTO_SOURCE["nccl"] if "nccl" in backend else AUTO_SOURCE.get(backend, AUTO_SOURCE["gloo"])
+            if self.poller is None:
+                mode = "wrap"
+            self.hooks.seq_source = _to_poller if mode == "both" and self.poller is not None else None
+            self.resolved_source = mode
+            log.info("ccld attach: backend %s, source %s", backend, mode)
+            return mode
+
+    def _auto_seq(self, st: Any, name: str) -> int | None:
+        """The wrapper's op_seq while the source is "auto": resolve it, then number as it says."""
+        mode = self.resolve_source()
+        if mode == "both" and self.poller is not None:
+            return None
+        seq = int(st.seq)
+        st.seq = seq + 1
+        return seq
+
+    def _poll_gate(self) -> bool | None:
+        """Poll once the default group exists (before, there is nothing to read), if the source says so."""
+        mode = self.resolve_source()
+        if not mode:
+            return None
+        if mode not in ("fr", "both"):
+            return False
+        return True if self.hooks.c10d.is_initialized() else None
 
     def stats(self) -> dict[str, Any]:
-        """Counters of the attachment (calls, records, drops, errors) and of its sink."""
+        """Counters of the attachment (calls, records, drops, errors), of its poller and of its sink."""
         out: dict[str, Any] = asdict(self.tracker.stats)
+        out["source"] = self.resolved_source or self.source
+        if self.poller is not None:
+            out.update({f"fr_{k}": v for k, v in asdict(self.poller.stats).items()})
         sink_stats = getattr(self.sink, "stats", None)
         if isinstance(sink_stats, dict):
             out.update(sink_stats)
@@ -62,6 +132,8 @@ def attach(
     heartbeat_s: float | None = None,
     incarnation: int | None = None,
     markers: bool = True,
+    source: str = "auto",
+    fr_poll_s: float | None = None,
 ) -> Attachment:
     """Observe every torch.distributed collective and p2p call of this process.
 
@@ -70,12 +142,19 @@ def attach(
     ``CCLD_*`` environment). Calling it again returns the running attachment. Functions the
     script imported by name *before* attaching (``from torch.distributed import all_reduce``)
     are not seen; ``ccld run`` attaches before the script runs, so it sees them all.
+
+    ``source`` says how collectives are seen: "wrap" (the Python functions), "fr" (polling
+    Flight Recorder every ``fr_poll_s``, default 0.1 s: DDP's and torch.compile's collectives
+    too), "both" (collectives from Flight Recorder, send/recv from the wrapper: nothing counted
+    twice), or "auto" (per backend: ``AUTO_SOURCE``).
     """
     global _current
     with _lock:
         if _current is not None:
             return _current
         settings = settings if settings is not None else Settings.load()
+        if source not in SOURCES:
+            raise ConfigError(f"unknown attach source {source!r}: use one of {', '.join(SOURCES)}")
         if sink is None:
             spec = sink_spec or "kafka"
             if spec.partition(":")[0] in ("", "kafka") and not settings.bootstrap:
@@ -92,10 +171,32 @@ def attach(
         hooks = TorchHooks(
             tracker, job=settings.job, incarnation=incarnation, marker=load_marker_hook() if markers else None
         )
-        hooks.install()
+        poller = None
+        if source != "wrap":
+            if fr_enabled(os.environ):
+                try:
+                    from ccld.producers.attach.fr_poll import make_poller
+
+                    poller = make_poller(tracker, hooks, interval_s=fr_poll_s, p2p=source == "fr")
+                except Exception:  # noqa: BLE001 - no poller: the wrapper alone
+                    log.debug("ccld attach: no Flight Recorder poller", exc_info=True)
+            if poller is None and source != "auto":
+                log.warning("ccld attach: Flight Recorder is not available (off, or an older torch): source wrap")
+                source = "wrap"
+        att = Attachment(tracker, hooks, sink, poller, source)
+        if source != "fr":
+            hooks.install()
+        if source == "both" and poller is not None:
+            hooks.seq_source = _to_poller
+        elif source == "auto":
+            hooks.seq_source = att._auto_seq
+        if poller is not None:
+            poller.gate = att._poll_gate
         tracker.start()
-        _current = Attachment(tracker, hooks, sink)
-        log.info("ccld attached to torch.distributed (job %s)", settings.job)
+        if poller is not None:
+            poller.start()
+        _current = att
+        log.info("ccld attached to torch.distributed (job %s, source %s)", settings.job, source)
         return _current
 
 
@@ -106,6 +207,8 @@ def detach(timeout_s: float = 2.0) -> dict[str, Any]:
         att, _current = _current, None
     if att is None:
         return {}
+    if att.poller is not None:
+        att.poller.stop(timeout_s)
     att.hooks.uninstall()
     att.tracker.stop(timeout_s)
     stats = att.stats()
@@ -135,6 +238,8 @@ def _at_exit() -> None:
     att = _current
     if att is not None:
         try:
+            if att.poller is not None:
+                att.poller.stop(EXIT_FLUSH_S)
             att.tracker.stop(EXIT_FLUSH_S)
             _close(att.sink, EXIT_FLUSH_S)
             stats = att.stats()
@@ -163,6 +268,8 @@ def _after_fork_in_child() -> None:
     att, _current = _current, None  # nothing to flush at the child's exit
     if att is not None:
         att.hooks.enabled = False  # the wrappers stay in place, as plain pass-throughs
+        if att.poller is not None:
+            att.poller.after_fork_in_child()
         att.tracker.detach_after_fork()
 
 

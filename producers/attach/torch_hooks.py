@@ -48,6 +48,7 @@ class GroupState:
     size: int
     to_group: dict[int, int]
     seq: int = 0
+    name: str = ""  # the group's name ("0", "1", ...: creation order), as Flight Recorder writes it
     p2p: dict[tuple[int, int], list[int]] = field(default_factory=dict)  # (src, dst) -> [hash, seq]
 
 
@@ -188,6 +189,10 @@ class TorchHooks:
         self._groups: dict[int, GroupState] = {}
         self._lock = threading.Lock()
         self._originals: dict[tuple[Any, str], Any] = {}
+        #: where collectives get their op_seq: None, this wrapper's own counter per group; else a
+        #: function of (group, name) returning the op_seq, or None to leave the call to another
+        #: source (the Flight Recorder poller, see fr_poll and session)
+        self.seq_source: Callable[[GroupState, str], int | None] | None = None
 
     # ---- install / uninstall ----
     def install(self) -> None:
@@ -321,6 +326,7 @@ class TorchHooks:
                 comm_rank=int(group.rank()),
                 size=int(group.size()),
                 to_group={r: i for i, r in enumerate(ranks)},
+                name=name,
             )
             self._groups[id(group)] = st
             if self.tracker.identity is None:
@@ -344,6 +350,11 @@ class TorchHooks:
         st = self.group_state(group)
         if st is None:
             return None
+        if self.seq_source is not None and ext is _x_monitored_barrier:
+            # Flight Recorder has no entry for it (gloo runs it as send/recv): the other source
+            # cannot see it and it has no number in that source's sequence
+            self.tracker.stats.unobserved += 1
+            return None
         dtype, count = _size_dtype(tensors)
         if root_group is not None:
             peer = int(root_group)
@@ -351,8 +362,13 @@ class TorchHooks:
             peer = st.to_group.get(int(root_global), -1)
         else:
             peer = -1
-        seq = st.seq
-        st.seq = seq + 1
+        if self.seq_source is None:
+            seq: int | None = st.seq
+            st.seq = st.seq + 1
+        else:
+            seq = self.seq_source(st, st.name)
+            if seq is None:
+                return None
         call = self.tracker.enter(st.comm_hash, seq, op_type, dtype, count, peer, st.comm_rank, st.size)
         if self.marker is not None:
             self.marker.on_enter(call, tensors)

@@ -129,8 +129,12 @@ class Tracker:
         peer: int,
         comm_rank: int,
         comm_size: int,
+        *,
+        t_ns: int | None = None,
     ) -> OpCall:
-        call = OpCall(comm_hash, op_seq, op_type, dtype, count, peer, comm_rank, comm_size, self.clock())
+        """A call starts now, or at ``t_ns`` on this tracker's clock (Flight Recorder's own time)."""
+        t = self.clock() if t_ns is None else t_ns
+        call = OpCall(comm_hash, op_seq, op_type, dtype, count, peer, comm_rank, comm_size, t)
         self.stats.calls += 1
         self._inflight[id(call)] = call
         self._push(call)

@@ -263,16 +263,22 @@ class SlowDetector:
 
         Time is the job's own (the newest op of the window), so a burst of late ops that is over
         within seconds (an evaluation phase, a few GC pauses in a row) never alerts, while any
-        slowdown that lasts does, ``slow_confirm_s`` later.
+        slowdown that lasts does, ``slow_confirm_s`` later, or at once when its slow ops already
+        lie that far apart.
         """
         if touched.size == 0:
             return touched
-        hit = self.w_slow[touched].sum(axis=1) >= self.s.slow_min_ops
-        newest = self.w_now[touched].max(axis=1)
+        ws = self.w_slow[touched]
+        hit = ws.sum(axis=1) >= self.s.slow_min_ops
+        now = self.w_now[touched]
+        newest = now.max(axis=1)
         since = self.b_since[touched]
         since = np.where(hit, np.where(np.isnan(since), newest, since), np.nan)
         self.b_since[touched] = since
-        return touched[hit & (newest - since >= self.s.slow_confirm_s)]
+        # ops seconds apart (a step's gradient sync) already span the time in the window itself
+        span = newest - np.where(ws, now, np.inf).min(axis=1)
+        c = self.s.slow_confirm_s
+        return touched[hit & ((newest - since >= c) | (span >= c))]
 
     def alarmed_for(self, bi: int) -> float:
         """How long (job time) the window of ``bi`` has been alarmed; 0 when it is not."""

@@ -164,3 +164,15 @@ def test_an_op_that_waits_by_schedule_position_is_not_slow() -> None:
     vs = opens(recs)
     assert [(v.kind, v.root_cause_ranks) for v in vs] == [(AnomalyKind.S1, (1,))]
     assert vs[0].detected_time > 1.0 + 80
+
+
+def test_slow_ops_seconds_apart_need_no_extra_confirmation() -> None:
+    """One op per 2-s step: three slow ops already span 4 s, more than ``slow_confirm_s``, so the
+    verdict comes with the third one, not two steps later."""
+    probe = Probe()
+    tp = Comm(0x5F, tuple(range(8)))
+    vs = opens(healthy_steps(probe, tp, 40, late={5: 1.0}, from_step=20))
+    assert [v.root_cause_ranks for v in vs] == [(5,)]
+    third = 1.0 + 2.0 * 22 + 1.0 + 0.2  # step 22's op ends at 46.2 s
+    # delivered with the next 1-s batch, judged at the tick after: two steps later would be 50.2 s
+    assert vs[0].detected_time <= third + 2.0, vs[0].detected_time

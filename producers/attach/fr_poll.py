@@ -1,0 +1,422 @@
+"""Flight Recorder polling: the attachment's second source, for collectives Python never calls.
+
+Why it exists: wrapping ``torch.distributed``'s functions (``torch_hooks``) sees only calls made
+from Python. DDP's gradient all-reduce (its C++ ``Reducer``) and torch.compile's functional
+collectives go to the process group directly, and in a data-parallel job they are most of the
+traffic. PyTorch's Flight Recorder records every collective of every process group in C++, and
+``torch._C._distributed_c10d._dump_fr_trace_json(includeCollectives, onlyActive)`` reads it
+while the job runs: it returns at once even while the training thread is blocked inside a gloo
+collective (the pickle dump does not), so a daemon thread can poll it.
+
+How it maps: an entry's group name resolves to the live process group, whose communicator hash
+comes from the same ``TorchHooks.group_state`` the wrapper uses; ``op_seq`` is the entry's
+``collective_seq_id - 1`` (Flight Recorder counts from 1, the wrapper from 0, so a job whose
+collectives all come from Python gets the same Trace IDs from either source). The key of an
+operation is (process group, ``collective_seq_id``). When both sources run, collectives belong
+to this poller and the wrapper records only point-to-point calls, so nothing is counted twice:
+the wrapper cannot learn an operation's ``collective_seq_id`` before it starts (the status-only
+dump's ``last_enqueued_collective`` also counts send/recv, and ``monitored_barrier`` advances the
+collective counter without an entry), and a Trace ID must be right when the ENTERED record
+leaves. Point-to-point entries carry a per-rank ``p2p_seq_id`` that matches nothing across
+ranks: they become records only when the poller is the only source, numbered per directional
+channel in the order the dump lists them, as the wrapper numbers them.
+
+Times: an entry enters at its own ``time_created_ns`` (wall clock, converted to the tracker's
+clock). Gloo writes no start or completion time, so an operation finishes, as far as we know,
+between the poll that last saw it in flight (or its creation) and the poll that sees it retired:
+the midpoint is used, so a duration is known to half a poll interval at best.
+
+Safety: the thread never raises (every failure is a counter in :class:`FrStats`), a poll that
+costs more than ``max_duty`` of the time stretches the interval, and every table is bounded.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from ccld.producers.attach.identity import P2P_RECEIVER, P2P_SENDER, dtype_code, p2p_hash
+from ccld.producers.attach.tracker import OpCall, Tracker
+from ccld.records import DType, OpType
+from ccld.streams.flight_recorder.load import DumpError, validate
+from ccld.streams.flight_recorder.model import normalise_op, numel
+
+log = logging.getLogger(__name__)
+
+DEFAULT_INTERVAL_S = 0.1
+#: the most of its time the poller may spend polling; a dearer poll stretches the interval
+DEFAULT_MAX_DUTY = 0.02
+#: the longest a stretched interval gets (a hang is still seen within seconds)
+MAX_INTERVAL_S = 5.0
+_LIVE = Path("<live flight recorder>")
+
+#: canonical op name (``model.normalise_op``) -> op type; other names are counted as unmapped
+OP_TYPES: dict[str, OpType] = {
+    "all_reduce": OpType.ALL_REDUCE,
+    "all_gather": OpType.ALL_GATHER,
+    "all_gather_v": OpType.ALL_GATHER,
+    "reduce_scatter": OpType.REDUCE_SCATTER,
+    "reduce_scatter_v": OpType.REDUCE_SCATTER,
+    "broadcast": OpType.BROADCAST,
+    "reduce": OpType.REDUCE,
+    "all_to_all": OpType.ALL_TO_ALL,
+    "barrier": OpType.BARRIER,
+    "send": OpType.SEND,
+    "recv": OpType.RECV,
+}
+
+
+class GroupInfo(Protocol):
+    """What the poller needs of a process group (``torch_hooks.GroupState`` has it)."""
+
+    comm_hash: int
+    ranks: tuple[int, ...]
+    comm_rank: int
+    size: int
+
+
+#: fetches the dump: (includeCollectives, onlyActive) -> JSON bytes or str
+DumpFn = Callable[[bool, bool], "bytes | str"]
+
+
+@dataclass
+class FrStats:
+    """Counters of the poller (``Attachment.stats()`` reports them with an ``fr_`` prefix)."""
+
+    polls: int = 0
+    poll_errors: int = 0  # a poll step raised (counted, never raised)
+    bad_dumps: int = 0  # not JSON, or not a Flight Recorder 2.x dump
+    entered: int = 0  # entries turned into tracker calls
+    exited: int = 0
+    preexisting: int = 0  # entries finished before the poller started
+    unknown_ops: int = 0  # entries whose operation has no op type (names in unknown_names)
+    unresolved_groups: int = 0  # entries of a group this process cannot resolve
+    p2p_skipped: int = 0  # p2p entries while the wrapper records p2p
+    missed: int = 0  # record ids the ring buffer dropped between two polls
+    untracked: int = 0  # in-flight entries beyond the open-call bound
+    backoffs: int = 0  # polls that stretched the interval
+    poll_ns_total: int = 0
+    unknown_names: dict[str, int] = field(default_factory=dict)
+
+
+def _int(value: Any) -> int | None:
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str):
+        try:
+            return int(value.strip())
+        except ValueError:
+            return None
+    if isinstance(value, float):
+        return int(value)
+    return None
+
+
+def _done(e: Mapping[str, Any], seq: int | None, completed: int | None) -> bool:
+    """Finished, by the entry's own fields or by its group's ``last_completed_collective``."""
+    if e.get("state") == "completed" or e.get("retired") is True or _int(e.get("time_discovered_completed_ns")):
+        return True
+    return seq is not None and completed is not None and seq <= completed
+
+
+def _size_dtype(op: str, e: Mapping[str, Any]) -> tuple[DType, int]:
+    """dtype and element count as the wrapper reports them (reduce_scatter: output; barrier: 1 float)."""
+    if op == "barrier":
+        return DType.FLOAT32, 1
+    dtypes = e.get("input_dtypes") or e.get("output_dtypes") or []
+    sizes = e.get("output_sizes") if op == "reduce_scatter" else e.get("input_sizes")
+    dtype = dtype_code(str(dtypes[0])) if isinstance(dtypes, list) and dtypes else DType.OTHER
+    return dtype, numel(sizes) or 0
+
+
+def _p2p_local_peer(written: str) -> int | None:
+    """The group-local peer of "send 0->1" (1) or "recv 1<-0" (0)."""
+    _, _, meta = written.partition(" ")
+    meta = meta.replace(" ", "")
+    for arrow in ("->", "<-"):
+        if arrow in meta:
+            return _int(meta.split(arrow)[1])
+    return None
+
+
+class FrPoller:
+    """Reads Flight Recorder every interval and feeds new and active entries to the tracker."""
+
+    def __init__(
+        self,
+        tracker: Tracker,
+        resolve_group: Callable[[str], GroupInfo | None],
+        *,
+        dump: DumpFn,
+        interval_s: float = DEFAULT_INTERVAL_S,
+        max_duty: float = DEFAULT_MAX_DUTY,
+        p2p: bool = False,
+        wall_clock: Callable[[], int] = time.time_ns,
+        open_max: int = 10_000,
+        names_max: int = 64,
+    ) -> None:
+        self.tracker = tracker
+        self.resolve_group = resolve_group
+        self.dump = dump
+        self.interval_s = interval_s
+        self.max_duty = max_duty
+        self.p2p = p2p  # True when the poller is the only source
+        self.wall_clock = wall_clock
+        self.stats = FrStats()
+        self._open_max = open_max
+        self._names_max = names_max
+        self._open: dict[int, tuple[OpCall, str | None, int | None]] = {}  # record id -> (call, pg id, seq)
+        self._channels: dict[tuple[int, int, int], int] = {}  # (group hash, src, dst) -> next seq
+        self._warned: set[str] = set()
+        self._last_rid = -1
+        self._since_wall_ns: int | None = None
+        self._last_poll_ns: int | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._forked = False
+        #: asked before each poll: True poll, None not yet (skip), False stop polling for good
+        self.gate: Callable[[], bool | None] | None = None
+
+    # ---- thread ----
+    def start(self) -> None:
+        if self._thread is not None:
+            return
+        self._since_wall_ns = self.wall_clock()
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="ccld-fr-poll", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 2.0) -> None:
+        """Stop the thread; one last poll if it was polling, so the last operations are recorded."""
+        self._stop.set()
+        t = self._thread
+        if t is not None and t is not threading.current_thread():
+            t.join(timeout=timeout_s)
+        self._thread = None
+        if t is not None and self.stats.polls and not self._forked:
+            self.poll_once()
+
+    def after_fork_in_child(self) -> None:
+        """A forked child has no poller thread and must not start one: forget everything."""
+        self._forked = True
+        self._stop.set()
+        self._thread = None
+        self._open.clear()
+
+    def _run(self) -> None:
+        wait = self.interval_s
+        while not self._stop.wait(wait):
+            if self.gate is not None:
+                try:
+                    go = self.gate()
+                except Exception:  # noqa: BLE001
+                    self.stats.poll_errors += 1
+                    go = None
+                if go is False:
+                    return
+                if go is None:
+                    continue
+            t0 = time.perf_counter_ns()
+            self.poll_once()
+            cost_s = (time.perf_counter_ns() - t0) / 1e9
+            wait = self.interval_s
+            if self.max_duty > 0 and cost_s > self.max_duty * self.interval_s:
+                wait = min(max(self.interval_s, cost_s / self.max_duty), MAX_INTERVAL_S)
+                self.stats.backoffs += 1
+
+    # ---- one poll ----
+    def poll_once(self) -> None:
+        """Read the recorder once and update the tracker; never raises."""
+        t0 = time.perf_counter_ns()
+        try:
+            self._poll()
+        except Exception:  # noqa: BLE001 - the poller must survive anything
+            self.stats.poll_errors += 1
+            log.debug("ccld flight recorder poll failed", exc_info=True)
+        finally:
+            self.stats.polls += 1
+            self.stats.poll_ns_total += time.perf_counter_ns() - t0
+
+    def _poll(self) -> None:
+        raw = self.dump(True, True)
+        try:
+            obj = json.loads(raw)
+            if not isinstance(obj, dict):
+                raise DumpError(f"a dump is a dict, got {type(obj).__name__}")
+            _version, entries, _pg_config, pg_status = validate(_LIVE, obj)
+        except (ValueError, DumpError):  # JSONDecodeError is a ValueError
+            self.stats.bad_dumps += 1
+            return
+        now = self.tracker.clock()
+        offset = self.wall_clock() - now  # FR's wall-clock ns -> tracker clock
+        since = self._since_wall_ns if self._since_wall_ns is not None else self.wall_clock()
+        self._since_wall_ns = since
+        prev = self._last_poll_ns
+        completed: dict[str, int] = {}
+        for pid, st in pg_status.items():
+            if isinstance(st, Mapping):
+                c = _int(st.get("last_completed_collective"))
+                if c is not None:
+                    completed[str(pid)] = c
+        present: set[int] = set()
+        new_rids: list[int] = []
+        for i, e in enumerate(entries):
+            rid = _int(e.get("record_id"))
+            if rid is None:
+                rid = -(i + 1)  # no id: never "new" twice, never matched
+            present.add(rid)
+            name = self._pg_name(e)
+            pid = None if e.get("pg_id") is None else str(e.get("pg_id"))
+            opened = self._open.get(rid)
+            seq = _int(e.get("collective_seq_id"))
+            if opened is not None:
+                if _done(e, opened[2], completed.get(opened[1] or "")):
+                    self._exit(rid, self._t_exit(e, offset, now, prev, opened[0].t_enter_ns))
+                continue
+            if rid <= self._last_rid:
+                continue
+            new_rids.append(rid)
+            self._new(e, rid, name, pid, seq, completed, offset, now, prev, since)
+        if new_rids:
+            first, top = min(new_rids), max(new_rids)
+            if self._last_rid >= 0 and first > self._last_rid + 1:
+                self.stats.missed += first - self._last_rid - 1
+            self._last_rid = max(self._last_rid, top)
+        # calls whose entries left the dump (ring buffer, or active-only after completion)
+        for rid, (call, pid, seq) in list(self._open.items()):
+            if rid in present:
+                continue
+            last = completed.get(pid or "")
+            if seq is None or (last is not None and seq <= last):
+                self._exit(rid, self._mid(call.t_enter_ns, prev, now))
+        self._last_poll_ns = now
+
+    @staticmethod
+    def _pg_name(e: Mapping[str, Any]) -> str:
+        pg = e.get("process_group")
+        if isinstance(pg, (list, tuple)) and pg:
+            return str(pg[0])
+        return "" if pg is None else str(pg)
+
+    @staticmethod
+    def _mid(t_enter: int, prev: int | None, now: int) -> int:
+        lo = t_enter if prev is None else max(t_enter, prev)
+        return lo + (now - lo) // 2 if now > lo else t_enter
+
+    def _t_exit(self, e: Mapping[str, Any], offset: int, now: int, prev: int | None, t_enter: int) -> int:
+        t = _int(e.get("time_discovered_completed_ns"))
+        if t:
+            return max(t_enter, t - offset)
+        return self._mid(t_enter, prev, now)
+
+    def _exit(self, rid: int, t: int) -> None:
+        call = self._open.pop(rid)[0]
+        self.tracker.exit(call, t)
+        self.stats.exited += 1
+
+    def _new(self, e: Mapping[str, Any], rid: int, name: str, pid: str | None, seq: int | None,
+             completed: Mapping[str, int], offset: int, now: int, prev: int | None, since: int) -> None:  # fmt: skip
+        created = _int(e.get("time_created_ns"))
+        done = _done(e, seq, completed.get(pid or ""))
+        if done and created is not None and created < since:
+            self.stats.preexisting += 1
+            return
+        group = self.resolve_group(name)
+        if group is None:
+            self.stats.unresolved_groups += 1
+            return
+        written = str(e.get("profiling_name", ""))
+        op, rest, known = normalise_op(written)
+        op_type = OP_TYPES.get(op) if known else None
+        if op_type is None:
+            self._unknown(op if known else written)
+            return
+        dtype, count = _size_dtype(op, e)
+        p2p = bool(e.get("is_p2p")) or op_type in (OpType.SEND, OpType.RECV)
+        if p2p:
+            if not self.p2p:
+                self.stats.p2p_skipped += 1
+                return
+            spec = self._p2p_call(group, op_type, _p2p_local_peer(rest))
+            if spec is None:
+                self.stats.unresolved_groups += 1
+                return
+            chash, op_seq, comm_rank, peer, size = spec
+        else:
+            if seq is None:
+                self._unknown(f"{written} (no collective_seq_id)")
+                return
+            chash, op_seq, comm_rank, peer, size = group.comm_hash, seq - 1, group.comm_rank, -1, group.size
+        t_enter = created - offset if created is not None else now
+        call = self.tracker.enter(chash, op_seq, op_type, dtype, count, peer, comm_rank, size, t_ns=t_enter)
+        self.stats.entered += 1
+        if done:
+            self.tracker.exit(call, self._t_exit(e, offset, now, prev, t_enter))
+            self.stats.exited += 1
+        elif len(self._open) < self._open_max:
+            self._open[rid] = (call, pid, None if p2p else seq)
+        else:
+            self.stats.untracked += 1
+
+    def _p2p_call(self, group: GroupInfo, op_type: OpType, local_peer: int | None
+                  ) -> tuple[int, int, int, int, int] | None:  # fmt: skip
+        if local_peer is None or not 0 <= local_peer < len(group.ranks):
+            return None
+        me, other = group.ranks[group.comm_rank], group.ranks[local_peer]
+        src, dst = (me, other) if op_type is OpType.SEND else (other, me)
+        chash = p2p_hash(group.comm_hash, src, dst)
+        key = (group.comm_hash, src, dst)
+        seq = self._channels.get(key, 0)
+        if len(self._channels) < 65_536 or key in self._channels:
+            self._channels[key] = seq + 1
+        if op_type is OpType.SEND:
+            return chash, seq, P2P_SENDER, P2P_RECEIVER, 2
+        return chash, seq, P2P_RECEIVER, P2P_SENDER, 2
+
+    def _unknown(self, name: str) -> None:
+        self.stats.unknown_ops += 1
+        names = self.stats.unknown_names
+        if name in names or len(names) < self._names_max:
+            names[name] = names.get(name, 0) + 1
+        if name not in self._warned and len(self._warned) < self._names_max:
+            self._warned.add(name)
+            log.warning("ccld attach: Flight Recorder operation %r has no op type; its entries are counted, not sent",
+                        name)  # fmt: skip
+
+
+# ---- the live torch process ----
+def make_poller(tracker: Tracker, hooks: Any, *, interval_s: float | None = None, p2p: bool = False) -> FrPoller | None:
+    """A poller of this process's Flight Recorder whose groups resolve through ``hooks.group_state``
+    (the wrapper's own Trace-ID derivation); None when this torch has no JSON dump."""
+    import torch
+    import torch.distributed.distributed_c10d as c10d
+
+    dump = getattr(getattr(torch._C, "_distributed_c10d", None), "_dump_fr_trace_json", None)
+    if dump is None:
+        return None
+    by_name: dict[str, Any] = {}
+
+    def names() -> dict[str, Any]:
+        world = getattr(c10d, "_world", None)
+        pg_names = getattr(world, "pg_names", None) or {}
+        return {str(n): pg for pg, n in list(pg_names.items())}
+
+    def resolve(name: str) -> Any:
+        pg = by_name.get(name)
+        if pg is None:
+            by_name.clear()
+            by_name.update(names())
+            pg = by_name.get(name)
+            if pg is None:
+                return None
+        return hooks.group_state(pg)
+
+    return FrPoller(tracker, resolve, dump=dump, interval_s=interval_s or DEFAULT_INTERVAL_S, p2p=p2p)

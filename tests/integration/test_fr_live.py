@@ -1,0 +1,252 @@
+"""Live Flight Recorder as a source: real gloo DDP (and torch.compile) ranks, real faults, real worker.
+
+DDP's gradient all-reduce is launched by its C++ reducer and torch.compile's functional
+collectives by compiled code: function wrapping never sees either. Each test starts 4 ranks of a
+small training script (written into the test's folder; it knows nothing about CCL-D except that
+it prints the attachment's counters at the end) with the environment ``ccld run`` gives them.
+The first test reads the records from JSON-lines files; the others get the verdict from a real
+``ccld worker`` on the bundled broker and read the records back from the metrics topic.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch", reason="torch is not installed (pip install 'ccl-d[torch]')")
+
+from ccld.producers.attach.cli import prepare_env  # noqa: E402
+from ccld.producers.attach.localrun import LocalJob, launch  # noqa: E402
+from ccld.producers.attach.sinks import read_jsonl  # noqa: E402
+from ccld.records import AnomalyKind, KernelRecord, OpType, Status, Verdict  # noqa: E402
+from ccld.settings import Settings  # noqa: E402
+from harness import WorkerProcess, collect_verdicts, raw_batches  # noqa: E402
+
+pytestmark = [pytest.mark.integration, pytest.mark.torch]
+
+WORLD = 4
+CULPRIT = 2
+#: elements of the model's one DDP gradient bucket (Linear(8, 4): 32 weights + 4 biases)
+BUCKET = 36
+#: elements of the compiled step's functional all-reduce (a 4 x 8 activation)
+FUNCOL = 32
+
+JOB = '''"""A tiny DDP training loop on gloo (optionally with a torch.compile'd functional all-reduce)."""
+import argparse, json, os, sys, time
+import torch
+import torch.distributed as dist
+
+p = argparse.ArgumentParser()
+p.add_argument("--steps", type=int, default=1_000_000)
+p.add_argument("--duration-s", type=float, default=0.0)
+p.add_argument("--compute-ms", type=float, default=20.0)
+p.add_argument("--culprit", type=int, default=-1)
+p.add_argument("--pause-at", type=int, default=-1)
+p.add_argument("--pause-s", type=float, default=3.0)
+p.add_argument("--slow-from", type=int, default=-1)
+p.add_argument("--slow-factor", type=float, default=6.0)
+p.add_argument("--compile", action="store_true")
+a = p.parse_args()
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+torch.manual_seed(0)
+model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 4))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+step_fn = None
+if a.compile:
+    import torch.distributed._functional_collectives as funcol
+    proj = torch.nn.Linear(8, 8)
+
+    def features(x):  # a tensor-parallel style block: its all-reduce is a functional collective
+        return funcol.all_reduce(proj(x).relu(), "sum", dist.group.WORLD)
+
+    step_fn = torch.compile(features)
+    t0 = time.monotonic()
+    step_fn(torch.randn(4, 8))
+    print(f"compiled in {time.monotonic() - t0:.1f} s", flush=True)
+print("ready", flush=True)
+start = time.monotonic()
+step = 0
+while step < a.steps and (a.duration_s <= 0 or time.monotonic() - start < a.duration_s):
+    ms = a.compute_ms
+    if rank == a.culprit and 0 <= a.slow_from <= step:
+        ms *= a.slow_factor
+    time.sleep(ms / 1000)
+    if rank == a.culprit and step == a.pause_at:
+        print(f"pauses before step {step}", flush=True)
+        time.sleep(a.pause_s)
+    x = torch.randn(4, 8)
+    if step_fn is not None:
+        x = step_fn(x) / dist.get_world_size()
+    loss = model(x).pow(2).mean()
+    loss.backward()  # DDP's reducer all-reduces the gradient bucket here, in C++
+    opt.step()
+    opt.zero_grad()
+    logged = loss.detach().reshape(1)
+    dist.all_reduce(logged)  # the one collective this script calls from Python
+    step += 1
+from ccld.producers.attach import current
+att = current()
+stats = att.stats() if att is not None else {}
+print("ccld-stats " + json.dumps({k: v for k, v in stats.items() if isinstance(v, (int, str))}), flush=True)
+dist.barrier()
+dist.destroy_process_group()
+'''
+
+
+def start(tmp_path: Path, settings: Settings, args: list[str], *, sink: str = "kafka",
+          source: str | None = None) -> LocalJob:  # fmt: skip
+    site = tmp_path / "site"
+    site.mkdir(exist_ok=True)
+    (tmp_path / "fr_ddp_job.py").write_text(JOB)
+    env = prepare_env(settings, str(site), sink=sink, heartbeat_ms=100, source=source)
+    env["PYTHONPATH"] = f"{env['PYTHONPATH']}{os.pathsep}{tmp_path}"
+    return launch(WORLD, ["fr_ddp_job", *args], tmp_path / "ranks", env=env)
+
+
+def logs(job: LocalJob) -> str:
+    return "\n".join(f"--- rank {r}:\n{job.log(r)[-1500:]}" for r in range(WORLD))
+
+
+def stats_of(job: LocalJob, rank: int) -> dict[str, int]:
+    line = next(x for x in job.log(rank).splitlines() if x.startswith("ccld-stats "))
+    return dict(json.loads(line.removeprefix("ccld-stats ")))
+
+
+# ---------------------------------------------------------------- records only (no broker)
+def test_ddp_all_reduces_are_recorded_once_with_agreeing_trace_ids(tmp_path: Path) -> None:
+    steps = 12
+    out = tmp_path / "records"
+    job = start(tmp_path, Settings.load({}, job="fr-ddp"), ["--steps", str(steps), "--compute-ms", "10"],
+                sink=f"jsonl:{out}", source="both")  # fmt: skip
+    try:
+        codes = job.wait(60)
+    finally:
+        job.kill()
+    assert codes == [0] * WORLD, logs(job)
+    recs = read_jsonl(sorted(out.glob("*.jsonl")))
+    done = [r for r in recs if r.status is Status.DONE]
+    per_rank: dict[int, list[KernelRecord]] = defaultdict(list)
+    for r in done:
+        per_rank[r.rank].append(r)
+    assert set(per_rank) == set(range(WORLD))
+    world_hash = {r.comm_hash for r in done if r.comm_size == WORLD}
+    assert len(world_hash) == 1
+    for rank, mine in per_rank.items():
+        st = stats_of(job, rank)
+        keys = [(r.comm_hash, r.op_seq) for r in mine]
+        assert len(keys) == len(set(keys)), f"rank {rank} counted a collective twice"
+        # under "both" every collective comes from Flight Recorder, the script's own all_reduce
+        # too; the wrapper keeps send/recv (none here). The counters were printed before the end.
+        assert st["source"] == "both" and st["fr_entered"] >= steps and st["calls"] - st["fr_entered"] in (0, 1), st
+        assert st["fr_bad_dumps"] == st["fr_poll_errors"] == st["fr_unknown_ops"] == 0, st
+        ddp = [r for r in mine if r.op_type is OpType.ALL_REDUCE and r.count == BUCKET]
+        assert len(ddp) >= steps, f"rank {rank}: {len(ddp)} DDP bucket all-reduces in the records"
+        logged = [r for r in mine if r.op_type is OpType.ALL_REDUCE and r.count == 1]
+        assert len(logged) >= steps
+        # both sources number in one sequence: every collective of the world group, no hole
+        seqs = sorted(r.op_seq for r in mine if r.comm_size == WORLD)
+        assert seqs == list(range(len(seqs))), seqs
+        assert all(r.t_exit_ns >= r.t_enter_ns > 0 for r in mine)
+    by_round: dict[tuple[int, int], list[KernelRecord]] = defaultdict(list)
+    for r in done:
+        by_round[(r.comm_hash, r.op_seq)].append(r)
+    for rows in by_round.values():  # every member reports every round once, with the same signature
+        assert sorted(r.rank for r in rows) == list(range(WORLD)), rows
+        assert len({(r.op_type, r.dtype, r.count) for r in rows}) == 1, rows
+
+
+# ---------------------------------------------------------------- real broker + worker
+@pytest.fixture
+def fast(ccld_settings: Settings, request: pytest.FixtureRequest) -> Settings:
+    """Short hang thresholds and warm-up, as in test_torch_faults (these jobs live under a minute)."""
+    return ccld_settings.replace(
+        job=f"frlive-{request.node.name[:40]}",
+        analyzer_baseline_warmup_s=1.0,
+        analyzer_hang_min_s=5.0,
+        analyzer_h2_min_s=4.0,
+        analyzer_h3_min_s=5.0,
+        producer_linger_ms=50,
+    )
+
+
+@pytest.fixture
+def live_job(
+    tmp_path: Path, fast: Settings, worker_factory: Callable[[Settings], WorkerProcess]
+) -> Iterator[Callable[[list[str]], LocalJob]]:
+    jobs: list[LocalJob] = []
+
+    def run(args: list[str]) -> LocalJob:
+        job = start(tmp_path, fast, args, source="both")  # gloo's default ("auto") is wrap
+        jobs.append(job)
+        worker_factory(fast).start()
+        return job
+
+    yield run
+    for j in jobs:
+        j.kill()
+
+
+def first(settings: Settings, kind: AnomalyKind, timeout_s: float, job: LocalJob) -> Verdict:
+    got = collect_verdicts(settings, timeout_s, until=lambda vs: any(v.kind is kind for v in vs))
+    hits = [v for v in got if v.kind is kind]
+    assert hits, f"no {kind} verdict; got {[v.describe() for v in got]}\n{logs(job)}"
+    return hits[0]
+
+
+def comm_of(r: KernelRecord) -> str:
+    return f"{r.comm_hash & 0xFFFF_FFFF_FFFF_FFFF:016x}"
+
+
+def records(settings: Settings) -> list[KernelRecord]:
+    return [r for b in raw_batches(settings, idle_s=2.0) for r in b.records()]
+
+
+def sigstop_case(fast: Settings, live_job: Callable[[list[str]], LocalJob], extra: list[str], ready_s: float,
+                 count: int) -> None:  # fmt: skip
+    at = 15
+    job = live_job(["--culprit", str(CULPRIT), "--pause-at", str(at), "--compute-ms", "20", *extra])
+    assert job.wait_for_line(CULPRIT, f"pauses before step {at}", ready_s), logs(job)
+    os.kill(job.pid(CULPRIT), signal.SIGSTOP)
+    v = first(fast, AnomalyKind.H1, 40, job)
+    assert v.root_cause_ranks == (CULPRIT,), v.describe()
+    assert set(v.affected_ranks) == set(range(WORLD)) - {CULPRIT}, v.describe()
+    job.kill()  # the hung ranks heartbeat for ever: stop them so the metrics topic goes quiet
+    recs = records(fast)
+    hung = [r for r in recs if r.op_seq == v.op_seq and comm_of(r) == v.communicator]
+    assert hung and {r.rank for r in hung} == set(range(WORLD)) - {CULPRIT}, v.describe()
+    # the peers wait in an operation Python never called (the wrapper's only call has 1 element)
+    assert {(r.op_type, r.count) for r in hung} == {(OpType.ALL_REDUCE, count)}, hung[:3]
+    assert len({(r.rank, r.op_seq) for r in recs if r.count == count and r.status is Status.DONE}) >= WORLD * 5
+
+
+def test_h1_a_sigstopped_rank_stops_ddps_all_reduce(fast: Settings, live_job: Callable[[list[str]], LocalJob]) -> None:
+    t0 = time.monotonic()
+    sigstop_case(fast, live_job, [], 40, BUCKET)
+    assert time.monotonic() - t0 < 60
+
+
+def test_h1_a_sigstopped_rank_stops_a_compiled_functional_all_reduce(
+    fast: Settings, live_job: Callable[[list[str]], LocalJob]
+) -> None:
+    # inductor compiles the step on each rank (a few seconds with a warm cache, about 30 s cold);
+    # the peers then hang in the compiled step's functional all-reduce, before DDP's
+    sigstop_case(fast, live_job, ["--compile"], 90, FUNCOL)
+
+
+def test_s1_a_slow_rank_under_ddp(fast: Settings, live_job: Callable[[list[str]], LocalJob]) -> None:
+    job = live_job(["--culprit", str(CULPRIT), "--slow-from", "40", "--slow-factor", "6", "--compute-ms", "30",
+                    "--duration-s", "45"])  # fmt: skip
+    v = first(fast, AnomalyKind.S1, 50, job)
+    assert v.root_cause_ranks == (CULPRIT,), v.describe()
+    job.kill()
+    # the late arrival shows in DDP's all-reduce, the first collective after the slow compute
+    ops = {(r.op_type, r.count) for r in records(fast) if r.op_seq == v.op_seq and comm_of(r) == v.communicator}
+    assert ops == {(OpType.ALL_REDUCE, BUCKET)}, (ops, v.describe())

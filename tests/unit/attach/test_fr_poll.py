@@ -1,0 +1,338 @@
+"""The Flight Recorder poller on hand-made FR JSON: mapping, dedupe, counters; and both sources on a real group."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from ccld.producers.attach.fr_poll import FrPoller
+from ccld.producers.attach.identity import P2P_RECEIVER, P2P_SENDER, comm_hash, p2p_hash
+from ccld.producers.attach.sinks import ListSink
+from ccld.producers.attach.tracker import Identity, Tracker
+from ccld.records import DType, KernelRecord, OpType, Status
+
+MS = 1_000_000
+#: the wall clock minus the tracker clock (FR writes wall-clock times)
+OFFSET = 1_700_000_000_000 * MS
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1_000 * MS
+
+    def __call__(self) -> int:
+        return self.t
+
+    def wall(self) -> int:
+        return self.t + OFFSET
+
+
+@dataclass
+class Group:
+    comm_hash: int
+    ranks: tuple[int, ...]
+    comm_rank: int
+    size: int
+
+
+WORLD = Group(comm_hash(range(4), "0"), (0, 1, 2, 3), 2, 4)
+PAIR = Group(comm_hash((1, 2), "1"), (1, 2), 1, 2)
+GROUPS = {"0": WORLD, "1": PAIR}
+
+
+def entry(rid: int, seq: int, name: str = "gloo:all_reduce", *, pg: str = "0", pg_id: int | None = None,
+          created_ms: float = 1_000.0, retired: bool = False, state: str = "scheduled", sizes: Any = None,
+          dtype: str = "Float", p2p_seq: int = 0, is_p2p: bool = False, **extra: Any) -> dict[str, Any]:  # fmt: skip
+    e = {
+        "record_id": rid, "collective_seq_id": seq, "p2p_seq_id": p2p_seq, "is_p2p": is_p2p,
+        "pg_id": int(pg) if pg_id is None else pg_id, "process_group": [pg, "default_pg" if pg == "0" else "x"],
+        "profiling_name": name, "input_sizes": [[1024]] if sizes is None else sizes, "input_dtypes": [dtype],
+        "output_sizes": [[1024]] if sizes is None else sizes, "output_dtypes": [dtype], "state": state,
+        "retired": retired, "time_created_ns": int(created_ms * MS) + OFFSET,
+        "time_discovered_started_ns": 0, "time_discovered_completed_ns": 0, "timeout_ms": 1800000,
+    }  # fmt: skip
+    e.update(extra)
+    return e
+
+
+def dump(entries: list[dict[str, Any]], status: dict[str, tuple[int, int]] | None = None,
+         version: str = "2.10") -> str:  # fmt: skip
+    pg_status = {k: {"last_enqueued_collective": str(enq), "last_started_collective": "-1",
+                     "last_completed_collective": str(comp)} for k, (enq, comp) in (status or {}).items()}  # fmt: skip
+    return json.dumps({"version": version, "pg_config": {"": {"name": "", "desc": "", "ranks": "[]"}},
+                       "pg_status": pg_status, "entries": entries})  # fmt: skip
+
+
+class Source:
+    """The dump function: returns what the test set, records what it was asked."""
+
+    def __init__(self) -> None:
+        self.text: str | bytes = dump([])
+        self.status_text: str = dump([])
+        self.asked: list[tuple[bool, bool]] = []
+        self.error: Exception | None = None
+
+    def __call__(self, include_collectives: bool, only_active: bool) -> str | bytes:
+        self.asked.append((include_collectives, only_active))
+        if self.error is not None:
+            raise self.error
+        return self.text if include_collectives else self.status_text
+
+
+Made = tuple[FrPoller, Tracker, ListSink, Clock, Source]
+
+
+def make(*, p2p: bool = False, started_ms: float = 900.0, **kw: Any) -> Made:
+    sink, clock, src = ListSink(), Clock(), Source()
+    tr = Tracker(sink=sink, heartbeat_s=0.2, clock=clock)
+    tr.identity = Identity(job="j", incarnation=0, rank=WORLD.ranks[WORLD.comm_rank], world_size=4, host="h")
+    poller = FrPoller(tr, GROUPS.get, dump=src, p2p=p2p, wall_clock=clock.wall, **kw)
+    poller._since_wall_ns = int(started_ms * MS) + OFFSET  # what start() sets, without the thread
+    return poller, tr, sink, clock, src
+
+
+def rows(sink: ListSink, status: Status | None = None) -> list[KernelRecord]:
+    return [r for r in sink.records if status is None or r.status is status]
+
+
+def test_a_finished_entry_becomes_one_done_row_with_the_wrappers_trace_id() -> None:
+    poller, tr, sink, clock, src = make()
+    clock.t = 1_100 * MS
+    src.text = dump(
+        [
+            entry(0, 1, created_ms=1_010, retired=True),
+            entry(1, 2, "gloo:broadcast", created_ms=1_020, retired=True, sizes=[[6]], dtype="Long"),
+        ]
+    )
+    poller.poll_once()
+    tr.pump()
+    a, b = rows(sink)
+    assert (a.status, a.comm_hash, a.op_seq, a.op_type, a.dtype, a.count) == (
+        Status.DONE, WORLD.comm_hash, 0, OpType.ALL_REDUCE, DType.FLOAT32, 1024)  # fmt: skip
+    assert (a.rank, a.comm_rank, a.comm_size, a.peer) == (2, 2, 4, -1)
+    assert a.t_enter_ns == 1_010 * MS  # FR's own creation time, on the tracker's clock
+    assert a.t_enter_ns < a.t_exit_ns <= 1_100 * MS
+    assert (b.op_seq, b.op_type, b.dtype, b.count) == (1, OpType.BROADCAST, DType.INT64, 6)
+    assert poller.stats.entered == poller.stats.exited == 2
+    assert src.asked == [(True, True)]  # includeCollectives, onlyActive
+
+
+def test_an_active_entry_heartbeats_until_a_later_poll_sees_it_retired() -> None:
+    poller, tr, sink, clock, src = make()
+    clock.t = 1_100 * MS
+    src.text = dump([entry(0, 1, created_ms=1_050)], {"0": (1, 0)})
+    poller.poll_once()
+    tr.pump()
+    for _ in range(3):
+        clock.t += 250 * MS
+        poller.poll_once()
+        tr.pump()
+    assert [r.status for r in rows(sink)] == [Status.ENTERED] + [Status.PROGRESS] * 3
+    clock.t += 100 * MS  # 1,950 ms: done, discovered by this poll (the previous one was at 1,850)
+    src.text = dump([entry(0, 1, created_ms=1_050, retired=True)], {"0": (1, 1)})
+    poller.poll_once()
+    tr.pump()
+    done = rows(sink, Status.DONE)
+    assert len(done) == 1 and done[0].t_enter_ns == 1_050 * MS
+    assert done[0].t_exit_ns == 1_900 * MS  # between the last poll that saw it in flight and this one
+    assert not tr.inflight()
+
+
+def test_an_entry_that_leaves_the_dump_finishes_only_when_pg_status_says_so() -> None:
+    poller, tr, sink, clock, src = make()
+    clock.t = 1_100 * MS
+    src.text = dump([entry(0, 1, created_ms=1_050), entry(1, 2, created_ms=1_060)], {"0": (2, 0)})
+    poller.poll_once()
+    clock.t += 100 * MS
+    src.text = dump([], {"0": (2, 1)})  # active-only: both gone, but only #1 is completed
+    poller.poll_once()
+    tr.pump()
+    assert [r.op_seq for r in rows(sink, Status.DONE)] == [0]
+    assert [c.op_seq for c in tr.inflight()] == [1]
+
+
+def test_unknown_operation_names_are_counted_and_reported_not_dropped_silently(caplog: Any) -> None:
+    poller, tr, sink, clock, src = make()
+    clock.t = 1_100 * MS
+    src.text = dump([
+        entry(0, 1, "gloo:frobnicate", retired=True), entry(1, 2, "gloo:gather", retired=True),
+        entry(2, 3, "gloo:frobnicate", retired=True), entry(3, 4, "nccl:_all_gather_base", retired=True),
+    ])  # fmt: skip
+    with caplog.at_level("WARNING"):
+        poller.poll_once()
+    tr.pump()
+    assert [(r.op_seq, r.op_type) for r in rows(sink)] == [(3, OpType.ALL_GATHER)]
+    assert poller.stats.unknown_ops == 3
+    assert poller.stats.unknown_names == {"gloo:frobnicate": 2, "gather": 1}
+    assert sum("frobnicate" in m for m in caplog.messages) == 1  # warned once per name
+
+
+@pytest.mark.parametrize(
+    "text",
+    [b"{not json", "[]", dump([], version="1.0"), json.dumps({"version": "2.10", "entries": [{"record_id": 1}]})],
+    ids=["not-json", "not-a-dict", "old-version", "entry-without-fields"],
+)
+def test_a_bad_dump_is_counted_and_nothing_is_emitted(text: str | bytes) -> None:
+    poller, tr, sink, _clock, src = make()
+    src.text = text
+    poller.poll_once()
+    tr.pump()
+    assert poller.stats.bad_dumps == 1 and poller.stats.polls == 1
+    assert sink.records == []
+
+
+def test_an_exception_in_the_dump_is_counted_never_raised() -> None:
+    poller, _tr, _sink, _clock, src = make()
+    src.error = RuntimeError("recorder gone")
+    poller.poll_once()
+    assert poller.stats.poll_errors == 1
+
+
+def test_entries_finished_before_the_poller_started_are_history() -> None:
+    poller, tr, sink, clock, src = make(started_ms=1_000)
+    clock.t = 1_100 * MS
+    src.text = dump([entry(0, 1, created_ms=900, retired=True), entry(1, 2, created_ms=950),
+                     entry(2, 3, created_ms=1_050, retired=True)], {"0": (3, 1)})  # fmt: skip
+    poller.poll_once()
+    tr.pump()
+    assert poller.stats.preexisting == 1
+    assert sorted((r.op_seq, r.status) for r in rows(sink)) == [(1, Status.ENTERED), (2, Status.DONE)]
+
+
+def test_each_entry_is_entered_once_and_ring_buffer_gaps_are_counted() -> None:
+    poller, tr, sink, clock, src = make()
+    clock.t = 1_100 * MS
+    src.text = dump([entry(0, 1, retired=True), entry(1, 2, retired=True)])
+    poller.poll_once()
+    poller.poll_once()  # the same dump again: nothing new
+    src.text = dump([entry(1, 2, retired=True), entry(5, 6, retired=True)])  # 2, 3, 4 scrolled away
+    poller.poll_once()
+    tr.pump()
+    assert [r.op_seq for r in rows(sink)] == [0, 1, 5]
+    assert poller.stats.missed == 3
+
+
+def test_p2p_entries_are_left_to_the_wrapper_when_it_runs() -> None:
+    poller, tr, sink, clock, src = make(p2p=False)
+    clock.t = 1_100 * MS
+    src.text = dump([entry(0, 0, "nccl:send 1->0", pg="1", is_p2p=True, p2p_seq=1, retired=True)])
+    poller.poll_once()
+    tr.pump()
+    assert sink.records == [] and poller.stats.p2p_skipped == 1
+
+
+def test_p2p_entries_get_the_wrappers_channel_trace_ids_when_fr_is_the_only_source() -> None:
+    poller, tr, sink, clock, src = make(p2p=True)
+    clock.t = 1_100 * MS
+    src.text = dump([  # on global rank 2 (local 1 of group "1" = [1, 2])
+        entry(0, 0, "nccl:send 1->0", pg="1", is_p2p=True, p2p_seq=1, retired=True),
+        entry(1, 0, "nccl:recv 1<-0", pg="1", is_p2p=True, p2p_seq=2, retired=True),
+        entry(2, 0, "nccl:send 1->0", pg="1", is_p2p=True, p2p_seq=3, retired=True),
+    ])  # fmt: skip
+    poller.poll_once()
+    tr.pump()
+    got = [(r.comm_hash, r.op_seq, r.op_type, r.comm_rank, r.peer, r.comm_size) for r in rows(sink)]
+    to1, from1 = p2p_hash(PAIR.comm_hash, 2, 1), p2p_hash(PAIR.comm_hash, 1, 2)
+    assert got == [
+        (to1, 0, OpType.SEND, P2P_SENDER, P2P_RECEIVER, 2), (from1, 0, OpType.RECV, P2P_RECEIVER, P2P_SENDER, 2),
+        (to1, 1, OpType.SEND, P2P_SENDER, P2P_RECEIVER, 2),
+    ]  # fmt: skip
+
+
+def test_an_unknown_group_is_counted() -> None:
+    poller, tr, sink, clock, src = make()
+    src.text = dump([entry(0, 1, pg="7", retired=True)])
+    clock.t = 1_100 * MS
+    poller.poll_once()
+    assert poller.stats.unresolved_groups == 1 and poller.stats.entered == 0
+
+
+def test_open_calls_are_bounded() -> None:
+    poller, tr, _sink, clock, src = make(open_max=2)
+    clock.t = 1_100 * MS
+    src.text = dump([entry(i, i + 1, created_ms=1_050) for i in range(5)], {"0": (5, 0)})
+    poller.poll_once()
+    assert len(poller._open) == 2 and poller.stats.untracked == 3
+
+
+def test_tracker_enter_keeps_a_given_time() -> None:
+    tr = Tracker(sink=ListSink(), clock=lambda: 5)
+    assert tr.enter(1, 0, OpType.BARRIER, DType.FLOAT32, 1, -1, 0, 1, t_ns=3).t_enter_ns == 3
+    assert tr.enter(1, 1, OpType.BARRIER, DType.FLOAT32, 1, -1, 0, 1).t_enter_ns == 5
+
+
+def test_the_thread_polls_until_stopped_and_stretches_a_dear_poll() -> None:
+    poller, _tr, _sink, _clock, src = make(interval_s=0.01, max_duty=0.05)
+    real = src.__call__
+
+    def slow(a: bool, b: bool) -> str | bytes:
+        time.sleep(0.005)  # 5 ms a poll > 5 % of 10 ms: the next wait is 100 ms
+        return real(a, b)
+
+    poller.dump = slow
+    poller.start()
+    time.sleep(0.35)
+    poller.stop()
+    assert not any(t.name == "ccld-fr-poll" for t in threading.enumerate())
+    # every polling-thread poll stretched the next wait; stop() polls once more, for the last operations
+    assert 2 <= poller.stats.polls <= 7 and poller.stats.backoffs == poller.stats.polls - 1
+
+
+def test_the_gate_holds_polls_back_and_can_end_the_thread() -> None:
+    poller, _tr, _sink, _clock, _src = make(interval_s=0.01)
+    answers = iter([None, None, True, False])
+    poller.gate = lambda: next(answers)
+    poller.start()
+    deadline = time.monotonic() + 2
+    while poller._thread is not None and poller._thread.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert poller.stats.polls == 1
+    assert not poller._thread.is_alive()
+
+
+def test_after_fork_the_child_forgets_the_thread_and_the_open_calls() -> None:
+    poller, _tr, _sink, clock, src = make()
+    clock.t = 1_100 * MS
+    src.text = dump([entry(0, 1, created_ms=1_050)], {"0": (1, 0)})
+    poller.poll_once()
+    assert poller._open
+    poller.after_fork_in_child()
+    assert not poller._open and poller._stop.is_set() and poller._thread is None
+
+
+# ---------------------------------------------------------------- a real one-rank gloo group
+@pytest.mark.torch
+def test_both_sources_on_a_real_group_number_every_collective_once() -> None:
+    torch = pytest.importorskip("torch", reason="torch is not installed (pip install 'ccl-d[torch]')")
+    dist = pytest.importorskip("torch.distributed")
+    from ccld.producers.attach import attach, detach
+    from ccld.settings import Settings
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        sink = ListSink()
+        attach(Settings.load({}, job="unit"), sink=sink, markers=False, source="both", fr_poll_s=0.02)
+        pg = dist.distributed_c10d._get_default_group()
+        t = torch.ones(4)
+        dist.all_reduce(t)  # from Python: the wrapper leaves it to Flight Recorder
+        pg.allreduce([t]).wait()  # as DDP's reducer calls it: only Flight Recorder sees it
+        dist.all_reduce(t)
+        dist.monitored_barrier()  # no Flight Recorder entry: counted as unobserved
+        dist.broadcast(t, src=0)
+        time.sleep(0.1)
+        stats = detach()
+    finally:
+        dist.destroy_process_group()
+    done = sorted((r for r in sink.records if r.status is Status.DONE), key=lambda r: r.t_enter_ns)
+    # every collective once, numbered by Flight Recorder (monitored_barrier advances its counter
+    # without an entry); the wrapper recorded none of them and counted the one FR cannot see
+    assert [r.op_type for r in done] == [OpType.ALL_REDUCE] * 3 + [OpType.BROADCAST]
+    seqs = [r.op_seq for r in done]
+    assert seqs[:3] == [0, 1, 2] and seqs[3] > 2 and len(set(seqs)) == 4, seqs
+    assert stats["fr_entered"] == 4 and stats["unobserved"] == 1 and stats["calls"] == 4, stats
+    assert stats["fr_poll_errors"] == stats["fr_bad_dumps"] == 0, stats
