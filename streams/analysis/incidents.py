@@ -26,6 +26,10 @@ KIND_RANK = {
 }
 
 
+#: ``details["link"]`` of a slow verdict whose link no counter poll has caught yet.
+LINK_NOT_OBSERVED = "not observed"
+
+
 @dataclass(frozen=True)
 class Candidate:
     """Everything a verdict needs, as the detectors produce it."""
@@ -122,6 +126,10 @@ class IncidentBook:
             grew = n >= max(inc.affected_n * 1.25, inc.affected_n + 1)
             # a more specific class (a link named, a mismatch seen) replaces a less specific one at once
             better = KIND_RANK[c.kind] > KIND_RANK[inc.last.kind] or (c.link is not None and inc.last.link is None)
+            # S3 without a link was a guess (no poll had caught the slow link): once a link is named
+            # elsewhere in the communicator, the late rank computes slowly and that is all (S1)
+            better = better or (c.kind == AnomalyKind.S1 and inc.last.kind == AnomalyKind.S3
+                                and inc.last.details.get("link") == LINK_NOT_OBSERVED)
             if better or (grew and KIND_RANK[c.kind] == KIND_RANK[inc.last.kind]
                           and now - inc.last_report >= self.update_min_interval_s):
                 upd = replace(

@@ -16,7 +16,7 @@ import numpy as np
 from ccld.records import AnomalyKind, OpType
 from ccld.streams.analysis.cadence import Cadence
 from ccld.streams.analysis.hangs import CommDiag
-from ccld.streams.analysis.incidents import Candidate
+from ccld.streams.analysis.incidents import LINK_NOT_OBSERVED, Candidate
 from ccld.streams.analysis.ops import OpTable
 from ccld.streams.analysis.settings import AnalyzerSettings
 from ccld.streams.analysis.slow import SlowDetector, SlowFinding
@@ -253,6 +253,7 @@ def slow_candidate(ja: JobAnalysis, f: SlowFinding) -> Candidate:
         link=f.link,
         channel=f.channel,
         p=f.p,
-        details={"slow_ops": str(f.n_slow), "culprit_share": f"{f.share:.2f}"},
+        details={"slow_ops": str(f.n_slow), "culprit_share": f"{f.share:.2f}",
+                 **({"link": LINK_NOT_OBSERVED} if f.link_unobserved else {})},
         resolve_key=("slow", int(ja.slow.b_sig[f.bidx])),
     )

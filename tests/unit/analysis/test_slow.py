@@ -176,3 +176,21 @@ def test_slow_ops_seconds_apart_need_no_extra_confirmation() -> None:
     third = 1.0 + 2.0 * 22 + 1.0 + 0.2  # step 22's op ends at 46.2 s
     # delivered with the next 1-s batch, judged at the tick after: two steps later would be 50.2 s
     assert vs[0].detected_time <= third + 2.0, vs[0].detected_time
+
+
+def test_an_s3_guessed_without_a_link_becomes_s1_once_the_link_is_seen_elsewhere() -> None:
+    """Rank 6 arrives late and the ring is slow, but no poll caught the backlog: after
+    ``slow_link_wait_s`` that is reported as S3 on rank 6 with the link not observed; when samples
+    then show the backlog at rank 2, the guess is corrected in the same incident (S1 on rank 6) and
+    the link gets its own S2."""
+    probe = Probe()
+    tp = Comm(0x60, tuple(range(8)))
+    recs = healthy_steps(probe, tp, 20)
+    recs += healthy_steps(probe, tp, 15, t0=40.0, slow=3.0, late={6: 0.8})
+    recs += healthy_steps(probe, tp, 10, t0=70.0, slow=3.0, late={6: 0.8}, lag_rank=2)
+    vs = [v for v in analyze_batches(batches_by_tick(recs)) if v.state != VerdictState.RESOLVED]
+    got = [(v.state, v.kind, v.root_cause_ranks[:1]) for v in vs]
+    assert got[0] == (VerdictState.OPEN, AnomalyKind.S3, (6,)) and vs[0].details.get("link") == "not observed"
+    assert (VerdictState.UPDATE, AnomalyKind.S1, (6,)) in got
+    assert any(v.kind == AnomalyKind.S2 and v.link == Link(2, 3) for v in vs), got
+    assert vs[got.index((VerdictState.UPDATE, AnomalyKind.S1, (6,)))].incident_id == vs[0].incident_id
