@@ -1,0 +1,610 @@
+"""A real job's load in real time: R ranks at about 300 collectives/s per rank, through the embedded broker
+and a real ``ccld worker``, with a fault half way.
+
+Usage: python benchmarks/realtime_scale.py [--ranks 256 512 1024] [--duration-s 600] [--workers 1]
+       [--fault S1|H1] [--layer-ms 3.5] [--warmup-s 10] [--out benchmarks/results/realtime-scale.json]
+
+Per R: the simulator's Megatron-style workload (tp 8, pp 4, dp R/32; ``--layer-ms`` sets the collective
+rate, measured again from the records' op sequence numbers) is generated first, in memory, because
+it cannot be generated faster than real time at thousands of ranks. What goes out is what the
+producers send: the bounded record format (README, "Record format and its cost"), one message per
+communicator and delivery interval. A forked producer process replays the batches by their
+timestamps on the wall clock through ``MetricsProducer`` (encoding and lz4 on the way, as a probe
+does), stamped with wall-clock time. The broker and the worker are ``ccld.stack.up.Pipeline``'s
+(the worker commits every 0.5 s, so the committed offset is a fine-grained progress signal).
+
+Every second the parent samples: the worker group's committed offset of the job's metrics
+partition; the consumer lag in seconds, i.e. how long ago the oldest message the worker has not
+committed was due (from the replay schedule: Tansu's high watermark is wrong, see the platform
+notes, and is never read); how far the producer itself is behind its schedule; CPU and RSS of the
+broker, worker and producer processes (from /proc). Samples fall 0.1 s before each second's
+delivery burst, the top of the lag's saw-tooth. The worker acks an event only once a snapshot
+(every 1 s) covers it, then commits (every 0.5 s), so the committed lag has a floor of about
+1-2 s even on an idle worker: ``kept_up`` is the issue's bound (lag < 2 s at every sample after
+``--warmup-s`` until the end of the job, and everything committed afterwards), ``sustained`` is capacity (lag
+p95 < 2 s, not growing from the first to the last quarter, drained within 10 s).
+
+A listener reads the verdicts topic; the time from the fault's onset (on the wall clock) to the
+first verdict naming it is compared with the analyzer's own time-to-verdict on the same batches
+in process (must be within +2 s; run only when the worker caught up, or with ``--always-inproc``).
+
+``--workers``: only 1 is supported. One job goes to one metrics partition and one worker; spreading
+one job over several workers is issue 10's item 2 and does not exist yet.
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import json
+import multiprocessing
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ccld.producers.simulator.scenario import Expectation, Scenario
+from ccld.records import KernelBatch, Verdict
+
+RESULTS = Path(__file__).resolve().parent / "results"
+LAG_LIMIT_S = 2.0  # the issue's bound on consumer lag
+TTV_SLACK_S = 2.0  # the verdict on the topic may come this much later than the in-process one
+COMMIT_INTERVAL_S = 0.5
+Batches = list[tuple[float, KernelBatch]]
+
+
+# --------------------------------------------------------------------------------------------
+# pure parts (tests/unit/core/test_realtime_scale.py)
+# --------------------------------------------------------------------------------------------
+def job_scenario(ranks: int, duration_s: float, *, fault: str = "S1", layer_ms: float = 3.5,
+                 seed: int = 7) -> Scenario:
+    """The job: Megatron-style, tp 8 x pp 4 x dp R/32, 8 channels; one fault on one rank half way."""
+    if ranks % 32:
+        raise ValueError(f"--ranks must be a multiple of 32 (tp 8 x pp 4), got {ranks}")
+    rank = ranks // 3 + 1  # some rank in the middle of the job, not on stage 0
+    f: dict[str, Any] = {"kind": fault, "rank": rank, "onset_s": round(duration_s / 2, 1)}
+    if fault == "S1":
+        f["factor"] = 3.0
+    return Scenario.from_dict({
+        "id": f"realtime-{ranks}", "seed": seed, "ranks": ranks, "gpus_per_node": 8,
+        "layout": {"tp": 8, "pp": 4, "dp": ranks // 32}, "channels": 8, "duration_s": duration_s,
+        "clock_skew_s": 1.0, "jitter": 0.02, "clock_drift_ppm": 20.0,
+        "workload": {"microbatches": 4, "layers": 2, "layer_ms": layer_ms, "hidden": 4096, "dp_buckets": 4},
+        "faults": [f], "expect": [{"kind": fault, "rank": rank}],
+    })
+
+
+def collectives_per_rank_s(batches: Iterable[tuple[float, KernelBatch]], since_s: float,
+                           until_s: float) -> dict[str, float]:
+    """Collectives each rank issued per second, read back from the records delivered between
+    ``since_s`` and ``until_s``.
+
+    Every record carries its op's sequence number on its communicator (state records the newest
+    op's), so the ops a rank has issued on a communicator are its highest sequence number + 1;
+    summed over the rank's communicators, counted after the last batch delivered by either end,
+    divided by the time between those two batches.
+    Median, min and max over ranks.
+    """
+    newest: dict[tuple[int, int], int] = {}
+    start: dict[int, int] | None = None
+    t_start = t_end = 0.0  # delivery times of the newest batches counted at either end
+
+    def totals() -> dict[int, int]:
+        per_rank: dict[int, int] = defaultdict(int)
+        for (_, r), top in newest.items():
+            per_rank[r] += top + 1
+        return per_rank
+
+    for t, b in batches:
+        if t > since_s and start is None:
+            start, t_start = totals(), t_end
+        if t > until_s:
+            break
+        t_end = t
+        if not b.n:
+            continue
+        ranks = b.columns["rank"]
+        seqs = b.columns["op_seq"]
+        for r in np.unique(ranks).tolist():
+            top = int(seqs[ranks == r].max())
+            key = (b.comm_hash, int(r))
+            if top > newest.get(key, -1):
+                newest[key] = top
+    end = totals()
+    start = start or {}
+    rates = [(n - start.get(r, 0)) / (t_end - t_start) for r, n in end.items()] if t_end > t_start else []
+    if not rates:
+        return {"median": 0.0, "min": 0.0, "max": 0.0}
+    return {"median": statistics.median(rates), "min": min(rates), "max": max(rates)}
+
+
+def due(times: Sequence[float], elapsed_s: float) -> int:
+    """How many messages of the schedule (sorted send times, s from the start) are due at ``elapsed_s``."""
+    return bisect.bisect_right(times, elapsed_s)
+
+
+def behind_s(times: Sequence[float], done: int, elapsed_s: float) -> float:
+    """How long ago the first message not ``done`` was due (0 when none is due yet).
+
+    With ``done`` = the consumer group's committed offset this is the consumer lag in seconds; with
+    ``done`` = messages the producer has sent, how far the producer is behind its schedule.
+    """
+    if done >= len(times) or times[done] > elapsed_s:
+        return 0.0
+    return elapsed_s - times[done]
+
+
+def cpu_percent(samples: Sequence[tuple[float, float]]) -> list[float]:
+    """Per interval between successive ``(wall s, cpu s)`` samples: CPU use in percent of one core."""
+    out = []
+    for (w0, c0), (w1, c1) in zip(samples, samples[1:], strict=False):
+        if w1 > w0:
+            out.append(100.0 * (c1 - c0) / (w1 - w0))
+    return out
+
+
+def first_correct(expect: Expectation, verdicts: Iterable[tuple[float, Verdict]]) -> tuple[float, Verdict] | None:
+    """The earliest ``(wall time, verdict)`` whose verdict names the expected root cause."""
+    hits = [(w, v) for w, v in verdicts if expect.named_by(v)]
+    return min(hits, key=lambda x: x[0]) if hits else None
+
+
+def summarize(run: Mapping[str, Any], *, warmup_s: float = 10.0, lag_limit_s: float = LAG_LIMIT_S,
+              ttv_slack_s: float = TTV_SLACK_S) -> dict[str, Any]:
+    """The per-R figures from one run's raw measurements.
+
+    ``run``: ``duration_s``, ``messages``, ``records``, ``bytes``, ``samples`` (one dict a second:
+    ``t`` s since the start of the replay, ``committed``, ``lag_s``, ``producer_behind_s``, and per role
+    ``<role>_cpu_s`` / ``<role>_rss`` (bytes)), ``drain_s`` (after the last scheduled message until
+    everything was committed; None: never), ``ttv_topic_s`` and ``ttv_inproc_s`` (None: no verdict).
+    """
+    dur = float(run["duration_s"])
+    samples = list(run["samples"])
+    steady = [s for s in samples if warmup_s <= s["t"] <= dur]
+    lags = [s["lag_s"] for s in steady]
+    prod = [s["producer_behind_s"] for s in steady]
+    out: dict[str, Any] = {
+        "ranks": run["ranks"], "duration_s": dur,
+        "messages_per_s": run["messages"] / dur, "records_per_s": run["records"] / dur,
+        "bytes_per_s": run["bytes"] / dur, "records_per_rank_s": run["records"] / dur / run["ranks"],
+        "lag_max_s": max(lags, default=None), "lag_median_s": statistics.median(lags) if lags else None,
+        "producer_behind_max_s": max(prod, default=None), "drain_s": run.get("drain_s"),
+    }
+    for role in ("broker", "worker", "producer"):
+        cpu = cpu_percent([(s["t"], s[f"{role}_cpu_s"]) for s in steady if s.get(f"{role}_cpu_s") is not None])
+        rss = [s[f"{role}_rss"] / 2**20 for s in steady if s.get(f"{role}_rss") is not None]
+        out[f"{role}_cpu_pct_median"] = statistics.median(cpu) if cpu else None
+        out[f"{role}_rss_mb_median"] = statistics.median(rss) if rss else None
+        # RSS growth over the second half of the steady part: flat after warm-up is the goal
+        half = rss[len(rss) // 2:]
+        out[f"{role}_rss_mb_growth_2nd_half"] = (half[-1] - half[0]) if len(half) >= 2 else None
+    drained = run.get("drain_s") is not None
+    out["lag_p95_s"] = _quantile(lags, 0.95)
+    # what the worker got through while the job ran (committed messages per second, steady part)
+    ok = [x for x in steady if x.get("committed") is not None]
+    span = ok[-1]["t"] - ok[0]["t"] if len(ok) >= 2 else 0.0
+    out["worker_messages_per_s"] = (ok[-1]["committed"] - ok[0]["committed"]) / span if span > 0 else None
+    out["worker_records_per_s"] = (None if out["worker_messages_per_s"] is None
+                                   else out["worker_messages_per_s"] * run["records"] / max(run["messages"], 1))
+    out["kept_up"] = bool(lags) and max(lags) < lag_limit_s and drained
+    # keeps pace at all: lag mostly under the bound and not growing (last quarter vs first quarter)
+    q = max(len(lags) // 4, 1)
+    growth = statistics.median(lags[-q:]) - statistics.median(lags[:q]) if lags else None
+    out["lag_growth_s"] = growth
+    out["sustained"] = (bool(lags) and (out["lag_p95_s"] or 0.0) < lag_limit_s and growth is not None
+                        and growth < 1.0 and run.get("drain_s") is not None and float(run["drain_s"]) < 10.0)
+    loads = [x["load1"] for x in steady if x.get("load1") is not None]
+    out["load1_median"] = statistics.median(loads) if loads else None
+    share = run.get("inproc_analysis_cpu_share")
+    out["inproc_analyzer_cpu_pct"] = None if share is None else 100.0 * share  # the analyzer alone, same batches
+    ttv_t, ttv_i = run.get("ttv_topic_s"), run.get("ttv_inproc_s")
+    out["ttv_topic_s"], out["ttv_inproc_s"] = ttv_t, ttv_i
+    out["ttv_within_slack"] = ttv_t is not None and ttv_i is not None and ttv_t <= ttv_i + ttv_slack_s
+    return out
+
+
+def _quantile(xs: Sequence[float], q: float) -> float | None:
+    """Nearest-rank quantile (a value that was really measured); None for no values."""
+    if not xs:
+        return None
+    ys = sorted(xs)
+    return ys[max(0, min(len(ys) - 1, int(np.ceil(q * len(ys))) - 1))]
+
+
+def largest_kept_up(rows: Sequence[Mapping[str, Any]], key: str = "kept_up") -> int | None:
+    """The largest R kept up with, below the smallest R that was not (a larger lucky run does not count)."""
+    best = None
+    for r in sorted(rows, key=lambda r: r["ranks"]):
+        if not r[key]:
+            break
+        best = r["ranks"]
+    return best
+
+
+# --------------------------------------------------------------------------------------------
+# /proc
+# --------------------------------------------------------------------------------------------
+_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def proc_cpu_rss(pid: int | None) -> tuple[float | None, int | None]:
+    """CPU seconds (user + system) and RSS bytes of a process, from /proc; (None, None) when gone."""
+    if pid is None:
+        return None, None
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return None, None
+    fields = stat[stat.rindex(")") + 2:].split()
+    cpu = (int(fields[11]) + int(fields[12])) / _TICK  # utime, stime (fields 14 and 15 of stat)
+    rss = None
+    for line in status.splitlines():
+        if line.startswith("VmRSS:"):
+            rss = int(line.split()[1]) * 1024
+    return cpu, rss
+
+
+# --------------------------------------------------------------------------------------------
+# generating, replaying, measuring
+# --------------------------------------------------------------------------------------------
+@dataclass
+class Generated:
+    scenario: Scenario
+    batches: Batches
+    records: int
+    bytes: int
+    gen_s: float
+
+
+def generate(sc: Scenario, progress: Callable[[str], None]) -> Generated:
+    from ccld.producers.simulator.sim import simulate
+    from ccld.schemas.codec import encode_batch
+
+    t0 = time.perf_counter()
+    batches: Batches = []
+    records = nbytes = 0
+    next_report = 30.0
+    for t, b in simulate(sc):
+        batches.append((t, b))
+        records += b.n
+        nbytes += len(encode_batch(b))  # the Avro value the producer hands to librdkafka (before lz4)
+        if t >= next_report:
+            progress(f"  generated {t:.0f} of {sc.duration_s:.0f} simulated s ({time.perf_counter() - t0:.0f} s)")
+            next_report += 30.0
+    return Generated(sc, batches, records, nbytes, time.perf_counter() - t0)
+
+
+def _replay(batches: Batches, settings: Any, start_at: Any, sent: Any) -> None:
+    """The producer process (forked before any Kafka client exists, so the batches are shared, not
+    copied): wait for the go, then send every batch when its time comes, stamped with the wall clock."""
+    from ccld.producers.kafka import MetricsProducer
+
+    while start_at.value == 0.0:
+        time.sleep(0.01)
+    if start_at.value < 0:  # the run was called off
+        return
+    with MetricsProducer(settings, producer_id="realtime-scale", background=False) as p:
+        p.check_broker()
+        t0 = start_at.value
+        times = [t for t, _ in batches]
+        i, n = 0, len(batches)
+        while i < n:
+            elapsed = time.time() - t0
+            k = due(times, elapsed)
+            if k == i:
+                time.sleep(min(max(times[i] - elapsed, 0.0), 0.05))
+                continue
+            for t, b in batches[i:k]:
+                p.send_batch(b, timestamp_ms=int(round((t0 + t) * 1000)))
+            i = k
+            sent.value = i
+        p.flush(60)
+
+
+class Sampler(threading.Thread):
+    """Once a second: the worker group's committed offset, the lags, CPU and RSS of every process."""
+
+    def __init__(self, settings: Any, partition: int, times: Sequence[float], start_at: float,
+                 pids: Mapping[str, Callable[[], int | None]], sent: Any,
+                 progress: Callable[[str], None]) -> None:
+        super().__init__(name="realtime-scale-sampler", daemon=True)
+        self.settings, self.partition, self.times, self.start_at = settings, partition, times, start_at
+        self.pids, self.sent, self.progress = pids, sent, progress
+        self.samples: list[dict[str, Any]] = []
+        self.committed = 0
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        from confluent_kafka import Consumer, TopicPartition
+
+        from ccld.security import kafka_config
+
+        c = Consumer(kafka_config(self.settings, **{"group.id": self.settings.worker_app_id,
+                                                    "enable.auto.commit": False}))
+        tp = [TopicPartition(self.settings.metrics_topic, self.partition)]
+        next_at = self.start_at
+        try:
+            while not self.stop.is_set():
+                now = time.time()
+                if now < next_at:
+                    time.sleep(min(next_at - now, 0.2))
+                    continue
+                next_at += 1.0
+                try:
+                    got = c.committed(tp, timeout=5)
+                    self.committed = max(self.committed, got[0].offset)
+                except Exception as exc:  # noqa: BLE001 - a slow answer is one missed sample, not a failed run
+                    self.progress(f"  (committed offsets not read: {exc})")
+                elapsed = time.time() - self.start_at
+                s: dict[str, Any] = {
+                    "t": round(elapsed, 3), "committed": self.committed, "sent": int(self.sent.value),
+                    "due": due(self.times, elapsed),
+                    "lag_s": round(behind_s(self.times, self.committed, elapsed), 3),
+                    "producer_behind_s": round(behind_s(self.times, int(self.sent.value), elapsed), 3),
+                    "load1": os.getloadavg()[0],  # the machine's run queue: other jobs compete for its cores
+                }
+                for role, pid in self.pids.items():
+                    s[f"{role}_cpu_s"], s[f"{role}_rss"] = proc_cpu_rss(pid())
+                self.samples.append(s)
+                if len(self.samples) % 10 == 0:
+                    self.progress(
+                        f"  t={elapsed:5.0f}s sent {s['sent']}/{len(self.times)} committed {s['committed']} "
+                        f"lag {s['lag_s']:.2f}s producer behind {s['producer_behind_s']:.2f}s "
+                        f"RSS worker {(s.get('worker_rss') or 0) / 2**20:.0f} MB "
+                        f"broker {(s.get('broker_rss') or 0) / 2**20:.0f} MB")
+        finally:
+            c.close()
+
+
+def in_process_ttv(g: Generated, expect: Expectation, onset_s: float) -> float | None:
+    """The analyzer's own time-to-verdict on the same batches, on the simulated clock."""
+    from ccld.settings import Settings
+    from ccld.streams.analysis.analyzer import analyze_batches
+
+    verdicts = analyze_batches(g.batches, settings=Settings.load({}).analyzer, tick_s=1.0)
+    hit = first_correct(expect, ((v.detected_time, v) for v in verdicts))
+    return None if hit is None else hit[0] - onset_s
+
+
+def run_one(ranks: int, args: argparse.Namespace, progress: Callable[[str], None]) -> dict[str, Any]:
+    from ccld.producers.kafka import job_partition
+    from ccld.settings import Settings
+    from ccld.stack.broker import HOST, free_port
+    from ccld.stack.up import Pipeline
+    from ccld.streams.tail import iter_verdicts
+
+    sc = job_scenario(ranks, args.duration_s, fault=args.fault, layer_ms=args.layer_ms)
+    fault, expect = sc.faults[0], sc.expect[0]
+    progress(f"R={ranks}: generating {args.duration_s:.0f} s of the job ({args.fault} on rank {fault.rank} at "
+             f"{fault.onset_s:.0f} s)")
+    g = generate(sc, progress)
+    coll = collectives_per_rank_s(g.batches, min(10.0, fault.onset_s / 2), fault.onset_s)
+    progress(f"R={ranks}: {len(g.batches):,} messages, {g.records:,} records, {g.bytes / 1e6:,.0f} MB in "
+             f"{g.gen_s:.0f} s; {g.records / sc.duration_s:,.0f} records/s, {g.bytes / sc.duration_s / 1e6:.1f} MB/s; "
+             f"collectives/s per rank before the fault: median {coll['median']:.0f} "
+             f"(min {coll['min']:.0f}, max {coll['max']:.0f})")
+    times = [t for t, _ in g.batches]
+
+    tag = f"{int(time.time())}-{os.getpid()}-{ranks}"
+    port = free_port()
+    settings = Settings.load({}).replace(bootstrap="", worker_app_id=f"realtime-{tag}",
+                                         topic_prefix=f"realtime-{tag}.",
+                                         worker_commit_interval_s=COMMIT_INTERVAL_S)
+    ctx = multiprocessing.get_context("fork")
+    start_at = ctx.Value("d", 0.0)
+    sent = ctx.Value("q", 0)
+    # fork the producer before this process starts any Kafka client (librdkafka threads do not survive a fork)
+    producer = ctx.Process(target=_replay, args=(g.batches, settings.replace(bootstrap=f"{HOST}:{port}"), start_at,
+                                                 sent), name="realtime-producer", daemon=True)
+    producer.start()
+    logs = Path(tempfile.mkdtemp(prefix="ccld-realtime-"))
+    verdicts: list[tuple[float, Verdict]] = []
+    done = threading.Event()
+    try:
+        pipeline_cm = Pipeline(settings, port=port, log_dir=logs).start(worker=True, sink=False)
+    except BaseException:
+        start_at.value = -1.0
+        raise
+    with pipeline_cm as pipeline:
+        s = pipeline.settings
+        t_ready = time.monotonic()
+        while b"Worker ready" not in (logs / "worker.log").read_bytes():
+            if pipeline.dead_children() or time.monotonic() - t_ready > 120:
+                start_at.value = -1.0
+                raise SystemExit(f"the worker did not start; see {logs / 'worker.log'}")
+            time.sleep(0.1)
+        progress(f"R={ranks}: worker ready after {time.monotonic() - t_ready:.1f} s (log {logs / 'worker.log'})")
+
+        def listen() -> None:
+            for v in iter_verdicts(s, from_beginning=True, stop=done.is_set):
+                verdicts.append((time.time(), v))
+
+        listener = threading.Thread(target=listen, name="realtime-scale-verdicts", daemon=True)
+        listener.start()
+        time.sleep(3.0)  # the group's first assignment
+        t0 = time.time() + 2.0  # the producer connects meanwhile
+        start_at.value = t0
+        broker = pipeline.broker
+        pids: dict[str, Callable[[], int | None]] = {
+            "broker": lambda: broker.pid if broker is not None else None,
+            "worker": lambda: pipeline.children["worker"].pid,
+            "producer": lambda: producer.pid,
+        }
+        sampler = Sampler(s, job_partition(sc.id, s.metrics_partitions), times, t0, pids, sent, progress)
+        sampler.start()
+        progress(f"R={ranks}: replaying in real time for {sc.duration_s:.0f} s")
+        producer.join(sc.duration_s + 120)
+        if producer.is_alive():
+            progress(f"R={ranks}: the producer did not finish; stopping it")
+            producer.terminate()
+        deadline = time.time() + args.drain_wait_s
+        while sampler.committed < len(times) and time.time() < deadline and not pipeline.dead_children():
+            time.sleep(0.1)
+        drain_s = time.time() - t0 - times[-1] if sampler.committed >= len(times) else None
+        time.sleep(3.0)  # the last evaluation
+        sampler.stop.set()
+        sampler.join(10)
+        done.set()
+        listener.join(10)
+        dead = pipeline.dead_children()
+    hit = first_correct(expect, verdicts)
+    ttv_topic = None if hit is None else hit[0] - (t0 + fault.onset_s)
+    ttv_clock = None if hit is None else hit[1].detected_time - (t0 + fault.onset_s)
+    ttv_inproc, inproc_s = None, None
+    if drain_s is not None or args.always_inproc:
+        progress(f"R={ranks}: in-process analyzer on the same batches")
+        t_a = time.process_time()  # CPU time: other jobs on the machine do not count
+        ttv_inproc = in_process_ttv(g, expect, fault.onset_s)
+        inproc_s = time.process_time() - t_a
+    else:  # the worker fell behind: its verdict time says nothing, and the analysis would take minutes
+        progress(f"R={ranks}: the worker did not catch up; in-process analysis skipped (--always-inproc runs it)")
+    raw = {
+        "ranks": ranks, "duration_s": sc.duration_s, "messages": len(times), "records": g.records, "bytes": g.bytes,
+        "generate_s": g.gen_s, "collectives_per_rank_s": coll, "samples": sampler.samples, "drain_s": drain_s,
+        "ttv_topic_s": ttv_topic, "ttv_topic_analyzer_clock_s": ttv_clock, "ttv_inproc_s": ttv_inproc,
+        "inproc_analysis_s": inproc_s,
+        "inproc_analysis_cpu_share": None if inproc_s is None else inproc_s / sc.duration_s,
+        "fault": {"kind": fault.kind, "rank": fault.rank, "onset_s": fault.onset_s, "factor": fault.factor},
+        "verdicts": [{"wall_s_after_start": round(w - t0, 2), **v.to_dict()} for w, v in verdicts],
+        "dead_children": dead, "producer_exit": producer.exitcode, "worker_log": str(logs / "worker.log"),
+    }
+    summ = summarize(raw, warmup_s=args.warmup_s)
+    progress(
+        f"R={ranks}: {summ['records_per_s']:,.0f} records/s, {summ['bytes_per_s'] / 1e6:.1f} MB/s; lag max "
+        f"{_f(summ['lag_max_s'])} s (median {_f(summ['lag_median_s'])}); drain {_f(drain_s)} s; kept up: "
+        f"{summ['kept_up']}; TTV on the topic {_f(ttv_topic)} s vs in process {_f(ttv_inproc)} s; CPU % worker "
+        f"{_f(summ['worker_cpu_pct_median'], '.0f')} broker {_f(summ['broker_cpu_pct_median'], '.0f')} producer "
+        f"{_f(summ['producer_cpu_pct_median'], '.0f')}")
+    return {"summary": summ, "raw": raw}
+
+
+def _f(v: float | None, spec: str = ".2f") -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def plot(results: Sequence[Mapping[str, Any]], stem: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    paths = []
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for r in results:
+        xs = [s["t"] for s in r["raw"]["samples"]]
+        ys = [s["lag_s"] for s in r["raw"]["samples"]]
+        ax.plot(xs, ys, label=f"R = {r['summary']['ranks']}")
+    ax.axhline(LAG_LIMIT_S, color="grey", ls="--", lw=1, label=f"{LAG_LIMIT_S:.0f} s bound")
+    if results:
+        ax.axvline(results[0]["raw"]["duration_s"] / 2, color="red", ls=":", lw=1, label="fault onset")
+    ax.set_yscale("symlog", linthresh=1.0)
+    ax.set_ylim(bottom=0)
+    ax.set_xlabel("seconds since the start of the replay")
+    ax.set_ylabel("consumer lag (s)")
+    ax.set_title("One worker, real-time job: consumer lag")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    paths.append(stem.with_name(stem.name + "-lag.png"))
+    fig.savefig(paths[-1], dpi=110)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    rows = sorted((r["summary"] for r in results), key=lambda s: s["ranks"])
+    rs = [s["ranks"] for s in rows]
+    ax.plot(rs, [s["records_per_s"] for s in rows], "o-", label="records/s offered")
+    ax.plot(rs, [s["worker_records_per_s"] or np.nan for s in rows], "x-", label="records/s the worker committed")
+    kept = [s["records_per_s"] if s["sustained"] else np.nan for s in rows]
+    ax.plot(rs, kept, "s", ms=10, mfc="none", label="sustained (lag p95 < 2 s, not growing)")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("ranks R (about 300 collectives/s each)")
+    ax.set_ylabel("records/s")
+    ax2 = ax.twinx()
+    ax2.plot(rs, [s["worker_cpu_pct_median"] or 0 for s in rows], "^--", color="tab:red", label="worker CPU %")
+    ax2.set_ylabel("worker CPU (% of one core)")
+    ax2.set_ylim(0, 110)
+    h1, l1 = ax.get_legend_handles_labels()
+    h2, l2 = ax2.get_legend_handles_labels()
+    ax.legend(h1 + h2, l1 + l2, fontsize=8, loc="upper left")
+    ax.set_title("One worker, real-time job: throughput against R")
+    fig.tight_layout()
+    paths.append(stem.with_name(stem.name + "-throughput.png"))
+    fig.savefig(paths[-1], dpi=110)
+    plt.close(fig)
+    return paths
+
+
+def print_table(rows: Sequence[Mapping[str, Any]]) -> None:
+    print(f"\n{'R':>6} {'coll/s/rank':>11} {'records/s':>10} {'MB/s':>6} {'lag med':>8} {'lag p95':>8} "
+          f"{'lag max':>8} {'drain':>6} {'kept':>5} {'sust.':>5} {'TTV topic':>9} {'TTV in-proc':>11} "
+          f"{'wkr CPU%':>8} {'brk CPU%':>8} {'prd CPU%':>8} {'wkr RSS':>8} {'brk RSS':>8}")
+    for s in rows:
+        print(f"{s['ranks']:>6} {_f(s.get('collectives_per_rank_s'), '.0f'):>11} {s['records_per_s']:>10,.0f} "
+              f"{s['bytes_per_s'] / 1e6:>6.1f} {_f(s['lag_median_s']):>8} {_f(s['lag_p95_s']):>8} "
+              f"{_f(s['lag_max_s']):>8} {_f(s['drain_s'], '.1f'):>6} {'yes' if s['kept_up'] else 'no':>5} "
+              f"{'yes' if s['sustained'] else 'no':>5} {_f(s['ttv_topic_s'], '.1f'):>9} "
+              f"{_f(s['ttv_inproc_s'], '.1f'):>11} {_f(s['worker_cpu_pct_median'], '.0f'):>8} "
+              f"{_f(s['broker_cpu_pct_median'], '.0f'):>8} {_f(s['producer_cpu_pct_median'], '.0f'):>8} "
+              f"{_f(s['worker_rss_mb_median'], '.0f'):>8} {_f(s['broker_rss_mb_median'], '.0f'):>8}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    ap.add_argument("--ranks", type=int, nargs="+", default=[256, 512, 1024, 2048, 4096])
+    ap.add_argument("--duration-s", type=float, default=600.0, help="seconds of the job played (fault at half)")
+    ap.add_argument("--workers", type=int, default=1, help="only 1: one job over several workers does not exist yet")
+    ap.add_argument("--fault", choices=["S1", "H1"], default="S1")
+    ap.add_argument("--layer-ms", type=float, default=3.5, help="compute per layer; 3.5 gives ~300 collectives/s")
+    ap.add_argument("--warmup-s", type=float, default=10.0, help="lag is judged after this many seconds")
+    ap.add_argument("--drain-wait-s", type=float, default=30.0,
+                    help="after the replay, wait this long at most for the worker to commit everything")
+    ap.add_argument("--always-inproc", action="store_true",
+                    help="run the in-process analyzer even when the worker fell behind (minutes at thousands of ranks)")
+    ap.add_argument("--out", type=Path, default=RESULTS / "realtime-scale.json")
+    ap.add_argument("--no-plot", action="store_true")
+    args = ap.parse_args(argv)
+    if args.workers != 1:
+        print("--workers: only 1 is supported; one job is one metrics partition, read by one worker "
+              "(issue 10, item 2)", file=sys.stderr)
+        return 2
+
+    def progress(line: str) -> None:
+        print(f"[{time.strftime('%H:%M:%S')}] {line}", flush=True)
+
+    results = []
+    for r in args.ranks:
+        res = run_one(r, args, progress)
+        res["summary"]["collectives_per_rank_s"] = res["raw"]["collectives_per_rank_s"]["median"]
+        results.append(res)
+        args.out.parent.mkdir(parents=True, exist_ok=True)  # written after every R: a long run keeps what it measured
+        rows = [x["summary"] for x in results]
+        args.out.write_text(json.dumps({"run": {"id": uuid.uuid4().hex[:8], "workers": args.workers,
+                                                "duration_s": args.duration_s, "fault": args.fault,
+                                                "layer_ms": args.layer_ms, "cpus": os.cpu_count()},
+                                        "rows": rows, "largest_kept_up": largest_kept_up(rows),
+                                        "largest_sustained": largest_kept_up(rows, "sustained"),
+                                        "results": results}, indent=1, default=str) + "\n")
+    rows = [x["summary"] for x in results]
+    print_table(rows)
+    print(f"\nlargest R kept up with (lag < {LAG_LIMIT_S:.0f} s throughout after {args.warmup_s:.0f} s): "
+          f"{largest_kept_up(rows)}; largest R sustained (lag p95 < {LAG_LIMIT_S:.0f} s, not growing): "
+          f"{largest_kept_up(rows, 'sustained')}; results: {args.out}")
+    if not args.no_plot and results:
+        for p in plot(results, args.out.with_suffix("")):
+            print(f"plot: {p}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

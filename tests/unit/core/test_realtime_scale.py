@@ -1,0 +1,122 @@
+"""The pure parts of benchmarks/realtime_scale.py: schedule, lag, CPU, summary, and the job's collective rate."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+import types
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ccld.producers.simulator.scenario import Expectation
+from ccld.records import Verdict
+
+BENCH = Path(__file__).parents[3] / "benchmarks" / "realtime_scale.py"
+
+
+@pytest.fixture(scope="module")
+def rs() -> types.ModuleType:
+    spec = importlib.util.spec_from_file_location("realtime_scale_bench", BENCH)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # its dataclass looks its module up there
+    spec.loader.exec_module(mod)
+    return mod
+
+
+TIMES = [1.1, 1.1, 1.1, 2.1, 2.1, 3.1]  # three delivery bursts, one second apart
+
+
+def test_replay_schedule_counts_what_is_due(rs: types.ModuleType) -> None:
+    assert rs.due(TIMES, 0.0) == 0
+    assert rs.due(TIMES, 1.1) == 3  # a message is due at its own time
+    assert rs.due(TIMES, 2.5) == 5
+    assert rs.due(TIMES, 99.0) == 6
+
+
+def test_lag_is_the_age_of_the_oldest_unprocessed_message(rs: types.ModuleType) -> None:
+    assert rs.behind_s(TIMES, 0, 0.5) == 0.0  # nothing due yet
+    assert rs.behind_s(TIMES, 3, 2.0) == 0.0  # all that is due is done
+    assert rs.behind_s(TIMES, 3, 2.6) == pytest.approx(0.5)  # the 2.1 burst waits
+    assert rs.behind_s(TIMES, 1, 3.6) == pytest.approx(2.5)  # stuck in the first burst
+    assert rs.behind_s(TIMES, 6, 50.0) == 0.0  # everything done
+
+
+def test_cpu_percent_of_one_core(rs: types.ModuleType) -> None:
+    assert rs.cpu_percent([(0.0, 1.0), (1.0, 1.5), (3.0, 3.5)]) == pytest.approx([50.0, 100.0])
+    assert rs.cpu_percent([(0.0, 1.0)]) == []
+
+
+def _run(lags: list[float], **kw: Any) -> dict[str, Any]:
+    samples = [{"t": float(i), "lag_s": lag, "producer_behind_s": 0.0, "worker_cpu_s": 0.5 * i,
+                "worker_rss": (100 + i) * 2**20, "broker_cpu_s": None, "broker_rss": None}
+               for i, lag in enumerate(lags)]
+    return {"ranks": 64, "duration_s": float(len(lags)), "messages": 100, "records": 6400, "bytes": 640_000,
+            "samples": samples, "drain_s": 1.0, "ttv_topic_s": 7.0, "ttv_inproc_s": 6.0, **kw}
+
+
+def test_summary_keeps_up_and_rates(rs: types.ModuleType) -> None:
+    s = rs.summarize(_run([5.0] * 10 + [0.9, 1.9] * 10), warmup_s=10.0)  # warm-up lag is not judged
+    assert s["kept_up"] and s["sustained"]
+    assert s["lag_max_s"] == 1.9 and s["lag_median_s"] == pytest.approx(1.4)
+    assert s["records_per_s"] == pytest.approx(6400 / 30) and s["records_per_rank_s"] == pytest.approx(100 / 30)
+    assert s["worker_cpu_pct_median"] == pytest.approx(50.0)
+    assert s["broker_cpu_pct_median"] is None
+    assert s["worker_rss_mb_growth_2nd_half"] == pytest.approx(9.0)
+    assert s["ttv_within_slack"]
+
+
+def test_summary_one_spike_breaks_kept_up_but_not_sustained(rs: types.ModuleType) -> None:
+    s = rs.summarize(_run([0.9] * 29 + [2.5]), warmup_s=0.0)
+    assert not s["kept_up"] and s["sustained"]
+
+
+def test_summary_growing_lag_is_not_sustained(rs: types.ModuleType) -> None:
+    s = rs.summarize(_run([0.1 * i for i in range(30)], drain_s=40.0), warmup_s=0.0)
+    assert not s["kept_up"] and not s["sustained"]
+
+
+def test_summary_never_drained_or_late_verdict(rs: types.ModuleType) -> None:
+    s = rs.summarize(_run([0.5] * 30, drain_s=None, ttv_topic_s=8.5), warmup_s=0.0)
+    assert not s["kept_up"] and not s["sustained"]
+    assert not s["ttv_within_slack"]  # 8.5 > 6.0 + 2
+    assert not rs.summarize(_run([0.5] * 30, ttv_topic_s=None))["ttv_within_slack"]
+
+
+def test_largest_kept_up_stops_at_the_first_failure(rs: types.ModuleType) -> None:
+    rows = [{"ranks": 1024, "kept_up": False}, {"ranks": 256, "kept_up": True}, {"ranks": 512, "kept_up": True},
+            {"ranks": 2048, "kept_up": True}]
+    assert rs.largest_kept_up(rows) == 512
+    assert rs.largest_kept_up([{"ranks": 256, "kept_up": False}]) is None
+
+
+def test_first_correct_verdict(rs: types.ModuleType) -> None:
+    def v(kind: str, rank: int) -> Verdict:
+        return Verdict.from_dict({"job": "j", "incident_id": f"{kind}{rank}", "state": "open", "kind": kind,
+                                  "communicator": "c", "op_seq": 1, "op_type": "ALLREDUCE",
+                                  "root_cause_ranks": [rank], "affected_ranks": [rank], "confidence": 1.0,
+                                  "evidence": "", "onset_time": 0.0, "detected_time": 0.0})
+
+    got = rs.first_correct(Expectation("S1", 5), [(3.0, v("S1", 5)), (2.0, v("S1", 4)), (2.5, v("S1", 5))])
+    assert got is not None and got[0] == 2.5
+    assert rs.first_correct(Expectation("H1", 5), [(1.0, v("S1", 5))]) is None
+
+
+def test_proc_reads_this_process(rs: types.ModuleType) -> None:
+    cpu, rss = rs.proc_cpu_rss(os.getpid())
+    assert cpu is not None and cpu > 0 and rss is not None and rss > 10 * 2**20
+    assert rs.proc_cpu_rss(None) == (None, None)
+
+
+def test_the_job_runs_near_300_collectives_per_rank_second(rs: types.ModuleType) -> None:
+    from ccld.producers.simulator.sim import simulate
+
+    sc = rs.job_scenario(64, 8.0)
+    assert sc.faults[0].onset_s == 4.0 and sc.expect[0].rank == sc.faults[0].rank
+    rate = rs.collectives_per_rank_s(simulate(sc), 1.5, 4.0)
+    assert 250 <= rate["median"] <= 350, rate
+    with pytest.raises(ValueError):
+        rs.job_scenario(100, 6.0)
