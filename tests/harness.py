@@ -9,11 +9,15 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from ccld.records import KernelBatch, Verdict
+from ccld.records import AnomalyKind, KernelBatch, Verdict
 from ccld.settings import Settings
 from ccld.stack.up import child_env
 from ccld.streams.tail import iter_verdicts
+
+if TYPE_CHECKING:
+    from ccld.producers.attach.localrun import LocalJob
 
 
 class WorkerProcess:
@@ -67,6 +71,19 @@ def collect_verdicts(
     for v in iter_verdicts(settings, from_beginning=True, stop=lambda: time.monotonic() > deadline or until(got)):
         got.append(v)
     return got
+
+
+def job_logs(job: LocalJob) -> str:
+    """The end of every rank's log of a local torch job (what a failed assertion shows)."""
+    return "\n".join(f"--- rank {r}:\n{job.log(r)[-1500:]}" for r in range(len(job.procs)))
+
+
+def first_verdict(settings: Settings, kind: AnomalyKind, timeout_s: float, job: LocalJob) -> Verdict:
+    """The first verdict of ``kind`` on the topic; fails with every verdict seen and the ranks' logs."""
+    got = collect_verdicts(settings, timeout_s, until=lambda vs: any(v.kind is kind for v in vs))
+    hits = [v for v in got if v.kind is kind]
+    assert hits, f"no {kind} verdict; got {[v.describe() for v in got]}\n{job_logs(job)}"
+    return hits[0]
 
 
 def raw_messages(settings: Settings, topic: str, idle_s: float = 3.0) -> list[bytes]:

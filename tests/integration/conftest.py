@@ -75,3 +75,19 @@ def running_worker(ccld_settings: Settings, worker_factory: Callable[[Settings],
 def collect_verdicts_fixture() -> Callable[..., list[Verdict]]:
     """The ``harness.collect_verdicts`` function, for tests that prefer a fixture."""
     return collect_verdicts
+
+
+@pytest.fixture
+def fast(ccld_settings: Settings, request: pytest.FixtureRequest) -> Settings:
+    """Settings for real torch jobs through the broker: a unique job, and hang thresholds and the slow
+    warm-up short enough for a test (these jobs live under a minute; a fault starts a second or two
+    in, inside the default 10-s warm-up)."""
+    module = request.node.module.__name__.rsplit(".", 1)[-1].removeprefix("test_")
+    return ccld_settings.replace(
+        job=f"{module}-{request.node.name[:40]}",
+        analyzer_baseline_warmup_s=1.0,
+        analyzer_hang_min_s=5.0,
+        analyzer_h2_min_s=4.0,
+        analyzer_h3_min_s=5.0,
+        producer_linger_ms=50,
+    )

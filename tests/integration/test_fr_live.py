@@ -25,9 +25,9 @@ pytest.importorskip("torch", reason="torch is not installed (pip install 'ccl-d[
 from ccld.producers.attach.cli import prepare_env  # noqa: E402
 from ccld.producers.attach.localrun import LocalJob, launch  # noqa: E402
 from ccld.producers.attach.sinks import read_jsonl  # noqa: E402
-from ccld.records import AnomalyKind, KernelRecord, OpType, Status, Verdict  # noqa: E402
+from ccld.records import AnomalyKind, KernelRecord, OpType, Status  # noqa: E402
 from ccld.settings import Settings  # noqa: E402
-from harness import WorkerProcess, collect_verdicts, raw_batches  # noqa: E402
+from harness import WorkerProcess, first_verdict, job_logs, raw_batches  # noqa: E402
 
 pytestmark = [pytest.mark.integration, pytest.mark.torch]
 
@@ -111,10 +111,6 @@ def start(tmp_path: Path, settings: Settings, args: list[str], *, sink: str = "k
     return launch(WORLD, ["fr_ddp_job", *args], tmp_path / "ranks", env=env)
 
 
-def logs(job: LocalJob) -> str:
-    return "\n".join(f"--- rank {r}:\n{job.log(r)[-1500:]}" for r in range(WORLD))
-
-
 def stats_of(job: LocalJob, rank: int) -> dict[str, int]:
     line = next(x for x in job.log(rank).splitlines() if x.startswith("ccld-stats "))
     return dict(json.loads(line.removeprefix("ccld-stats ")))
@@ -130,7 +126,7 @@ def test_ddp_all_reduces_are_recorded_once_with_agreeing_trace_ids(tmp_path: Pat
         codes = job.wait(60)
     finally:
         job.kill()
-    assert codes == [0] * WORLD, logs(job)
+    assert codes == [0] * WORLD, job_logs(job)
     recs = read_jsonl(sorted(out.glob("*.jsonl")))
     done = [r for r in recs if r.status is Status.DONE]
     per_rank: dict[int, list[KernelRecord]] = defaultdict(list)
@@ -165,19 +161,6 @@ def test_ddp_all_reduces_are_recorded_once_with_agreeing_trace_ids(tmp_path: Pat
 
 # ---------------------------------------------------------------- real broker + worker
 @pytest.fixture
-def fast(ccld_settings: Settings, request: pytest.FixtureRequest) -> Settings:
-    """Short hang thresholds and warm-up, as in test_torch_faults (these jobs live under a minute)."""
-    return ccld_settings.replace(
-        job=f"frlive-{request.node.name[:40]}",
-        analyzer_baseline_warmup_s=1.0,
-        analyzer_hang_min_s=5.0,
-        analyzer_h2_min_s=4.0,
-        analyzer_h3_min_s=5.0,
-        producer_linger_ms=50,
-    )
-
-
-@pytest.fixture
 def live_job(
     tmp_path: Path, fast: Settings, worker_factory: Callable[[Settings], WorkerProcess]
 ) -> Iterator[Callable[[list[str]], LocalJob]]:
@@ -194,13 +177,6 @@ def live_job(
         j.kill()
 
 
-def first(settings: Settings, kind: AnomalyKind, timeout_s: float, job: LocalJob) -> Verdict:
-    got = collect_verdicts(settings, timeout_s, until=lambda vs: any(v.kind is kind for v in vs))
-    hits = [v for v in got if v.kind is kind]
-    assert hits, f"no {kind} verdict; got {[v.describe() for v in got]}\n{logs(job)}"
-    return hits[0]
-
-
 def comm_of(r: KernelRecord) -> str:
     return f"{r.comm_hash & 0xFFFF_FFFF_FFFF_FFFF:016x}"
 
@@ -213,9 +189,9 @@ def sigstop_case(fast: Settings, live_job: Callable[[list[str]], LocalJob], extr
                  count: int) -> None:  # fmt: skip
     at = 15
     job = live_job(["--culprit", str(CULPRIT), "--pause-at", str(at), "--compute-ms", "20", *extra])
-    assert job.wait_for_line(CULPRIT, f"pauses before step {at}", ready_s), logs(job)
+    assert job.wait_for_line(CULPRIT, f"pauses before step {at}", ready_s), job_logs(job)
     os.kill(job.pid(CULPRIT), signal.SIGSTOP)
-    v = first(fast, AnomalyKind.H1, 40, job)
+    v = first_verdict(fast, AnomalyKind.H1, 40, job)
     assert v.root_cause_ranks == (CULPRIT,), v.describe()
     assert set(v.affected_ranks) == set(range(WORLD)) - {CULPRIT}, v.describe()
     job.kill()  # the hung ranks heartbeat for ever: stop them so the metrics topic goes quiet
@@ -244,7 +220,7 @@ def test_h1_a_sigstopped_rank_stops_a_compiled_functional_all_reduce(
 def test_s1_a_slow_rank_under_ddp(fast: Settings, live_job: Callable[[list[str]], LocalJob]) -> None:
     job = live_job(["--culprit", str(CULPRIT), "--slow-from", "40", "--slow-factor", "6", "--compute-ms", "30",
                     "--duration-s", "45"])  # fmt: skip
-    v = first(fast, AnomalyKind.S1, 50, job)
+    v = first_verdict(fast, AnomalyKind.S1, 50, job)
     assert v.root_cause_ranks == (CULPRIT,), v.describe()
     job.kill()
     # the late arrival shows in DDP's all-reduce, the first collective after the slow compute

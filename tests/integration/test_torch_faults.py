@@ -26,9 +26,9 @@ from ccld.producers.attach.cli import prepare_env  # noqa: E402
 from ccld.producers.attach.localrun import LocalJob, launch  # noqa: E402
 from ccld.producers.attach.netns import NetnsJob, netns_refusal  # noqa: E402
 from ccld.producers.attach.sinks import read_jsonl  # noqa: E402
-from ccld.records import AnomalyKind, DType, KernelRecord, OpType, Status, Verdict  # noqa: E402
+from ccld.records import AnomalyKind, DType, KernelRecord, OpType, Status  # noqa: E402
 from ccld.settings import Settings  # noqa: E402
-from harness import WorkerProcess, collect_verdicts  # noqa: E402
+from harness import WorkerProcess, collect_verdicts, first_verdict, job_logs  # noqa: E402
 
 pytestmark = [pytest.mark.integration, pytest.mark.torch]
 
@@ -44,10 +44,6 @@ def start(
     site.mkdir(exist_ok=True)
     env = prepare_env(settings, str(site), sink=sink, heartbeat_ms=heartbeat_ms)
     return launch(WORLD, [DEMO, *args], tmp_path / "ranks", env=env)
-
-
-def logs(job: LocalJob) -> str:
-    return "\n".join(f"--- rank {r}:\n{job.log(r)[-1500:]}" for r in range(WORLD))
 
 
 # ---------------------------------------------------------------- records only (no broker)
@@ -75,7 +71,7 @@ def test_trace_ids_agree_across_ranks_for_every_kind_of_call(
 ) -> None:
     steps = 6
     recs, job = jsonl_run(["--mix", "--steps", str(steps), "--compute-ms", "5"], 60)
-    assert [p.returncode for p in job.procs] == [0] * WORLD, logs(job)
+    assert [p.returncode for p in job.procs] == [0] * WORLD, job_logs(job)
     done = [r for r in recs if r.status is Status.DONE]
     assert {r.rank for r in done} == set(range(WORLD))
     by_round: dict[tuple[int, int], list[KernelRecord]] = defaultdict(list)
@@ -116,7 +112,7 @@ def test_a_rank_that_never_enters_leaves_its_peers_heartbeating(
     jsonl_run: Runner,
 ) -> None:
     recs, job = jsonl_run(["--fault", "sleep", "--culprit", str(CULPRIT), "--at-step", "8", "--compute-ms", "10"], 8)
-    assert all(p.poll() is None for p in job.procs), logs(job)  # everyone is hung, nobody crashed
+    assert all(p.poll() is None for p in job.procs), job_logs(job)  # everyone is hung, nobody crashed
     last: dict[int, KernelRecord] = {}
     progress: dict[int, list[int]] = defaultdict(list)
     for r in recs:
@@ -135,7 +131,7 @@ def test_a_silent_dtype_mismatch_is_visible_in_the_records(jsonl_run: Runner) ->
     # int32 and float32 have the same size, so gloo sums garbage without noticing (no hang, no
     # error); the Trace IDs still show the culprit's different dtype at every step from the fault on
     recs, job = jsonl_run(["--fault", "dtype", "--culprit", str(CULPRIT), "--at-step", "3", "--steps", "8"], 40)
-    assert [p.returncode for p in job.procs] == [0] * WORLD, logs(job)
+    assert [p.returncode for p in job.procs] == [0] * WORLD, job_logs(job)
     dtypes: dict[int, set[tuple[int, DType]]] = defaultdict(set)
     for r in recs:
         if r.status is Status.DONE:
@@ -194,28 +190,14 @@ def test_a_dead_broker_costs_the_job_nothing(tmp_path: Path) -> None:
         took = time.monotonic() - t0
     finally:
         job.kill()
-    assert codes == [0] * WORLD, logs(job)
+    assert codes == [0] * WORLD, job_logs(job)
     assert took < 20, took  # 100 steps of 5 ms plus start-up; the exit flush waits 0.5 s at most
-    assert "Traceback" not in logs(job) and "attachment not active" not in logs(job)
+    assert "Traceback" not in job_logs(job) and "attachment not active" not in job_logs(job)
     for rank in range(WORLD):  # each rank says, once, at exit, that its records were lost
         assert job.log(rank).count("lost:") == 1, job.log(rank)
 
 
 # ---------------------------------------------------------------- real broker + worker
-@pytest.fixture
-def fast(ccld_settings: Settings, request: pytest.FixtureRequest) -> Settings:
-    """Test settings: a unique job, hang thresholds and the slow warm-up short enough for a test
-    (these jobs live 40 s; a fault starts a second or two in, inside the default 10-s warm-up)."""
-    return ccld_settings.replace(
-        job=f"torch-{request.node.name[:40]}",
-        analyzer_baseline_warmup_s=1.0,
-        analyzer_hang_min_s=5.0,
-        analyzer_h2_min_s=4.0,
-        analyzer_h3_min_s=5.0,
-        producer_linger_ms=50,
-    )
-
-
 @pytest.fixture
 def faulty_job(
     tmp_path: Path, fast: Settings, worker_factory: Callable[[Settings], WorkerProcess]
@@ -231,13 +213,6 @@ def faulty_job(
     yield run
     for j in jobs:
         j.kill()
-
-
-def first(settings: Settings, kind: AnomalyKind, timeout_s: float, job: LocalJob) -> Verdict:
-    got = collect_verdicts(settings, timeout_s, until=lambda vs: any(v.kind is kind for v in vs))
-    hits = [v for v in got if v.kind is kind]
-    assert hits, f"no {kind} verdict; got {[v.describe() for v in got]}\n{logs(job)}"
-    return hits[0]
 
 
 @pytest.mark.parametrize("fault", ["sleep", "stop", "sigstop-from-outside"])
@@ -256,9 +231,9 @@ def test_h1_rank_never_enters(fault: str, fast: Settings, faulty_job: Callable[[
     ]
     job = faulty_job(args)
     if outside:  # the culprit pauses 3 s before step 20: stop it there, from the test process
-        assert job.wait_for_line(CULPRIT, "pauses before step 20", 40), logs(job)
+        assert job.wait_for_line(CULPRIT, "pauses before step 20", 40), job_logs(job)
         os.kill(job.pid(CULPRIT), signal.SIGSTOP)
-    v = first(fast, AnomalyKind.H1, 50, job)
+    v = first_verdict(fast, AnomalyKind.H1, 50, job)
     assert v.root_cause_ranks == (CULPRIT,), v.describe()
     assert set(v.affected_ranks) == set(range(WORLD)) - {CULPRIT}
     assert v.op_seq == 20 and v.op_type == "all_reduce"
@@ -267,7 +242,7 @@ def test_h1_rank_never_enters(fault: str, fast: Settings, faulty_job: Callable[[
 
 def test_h2_rank_calls_a_different_collective(fast: Settings, faulty_job: Callable[[list[str]], LocalJob]) -> None:
     job = faulty_job(["--fault", "op", "--culprit", str(CULPRIT), "--at-step", "20", "--compute-ms", "20"])
-    v = first(fast, AnomalyKind.H2, 50, job)
+    v = first_verdict(fast, AnomalyKind.H2, 50, job)
     assert v.root_cause_ranks == (CULPRIT,) and v.mismatch_field == "op_type", v.describe()
 
 
@@ -304,7 +279,7 @@ def test_s1_rank_computes_slower(fast: Settings, faulty_job: Callable[[list[str]
         "--fault", "slow", "--slow-factor", "6", "--culprit", str(CULPRIT), "--at-step", "40",
         "--compute-ms", "30", "--duration-s", "40",
     ])  # fmt: skip
-    v = first(fast, AnomalyKind.S1, 50, job)
+    v = first_verdict(fast, AnomalyKind.S1, 50, job)
     assert v.root_cause_ranks == (CULPRIT,), v.describe()
     assert v.p is not None and v.p >= fast.analyzer.beta
 
@@ -329,10 +304,10 @@ def test_s2_one_ranks_link_is_throttled(
         )  # fmt: skip
         try:
             worker_factory(fast).start()
-            assert job.wait_for_line(0, "ready", 30), logs(job)
+            assert job.wait_for_line(0, "ready", 30), job_logs(job)
             time.sleep(5)  # a healthy baseline first
             shaping = net.throttle(CULPRIT)
-            v = first(fast, AnomalyKind.S2, 25, job)
+            v = first_verdict(fast, AnomalyKind.S2, 25, job)
             print(f"S2 with {shaping}: {v.describe()}")
             assert v.p is not None and v.p <= fast.analyzer.alpha, v.describe()
             assert v.root_cause_ranks == () and "cannot be named" in v.evidence, v.describe()
