@@ -45,7 +45,7 @@ from ccld.producers.attach.identity import P2P_RECEIVER, P2P_SENDER, dtype_code,
 from ccld.producers.attach.tracker import OpCall, Tracker
 from ccld.records import DType, OpType
 from ccld.streams.flight_recorder.load import DumpError, validate
-from ccld.streams.flight_recorder.model import normalise_op, numel
+from ccld.streams.flight_recorder.model import fr_int, normalise_op, numel
 
 log = logging.getLogger(__name__)
 
@@ -105,24 +105,9 @@ class FrStats:
     unknown_names: dict[str, int] = field(default_factory=dict)
 
 
-def _int(value: Any) -> int | None:
-    if isinstance(value, bool) or value is None:
-        return None
-    if isinstance(value, int):
-        return value
-    if isinstance(value, str):
-        try:
-            return int(value.strip())
-        except ValueError:
-            return None
-    if isinstance(value, float):
-        return int(value)
-    return None
-
-
 def _done(e: Mapping[str, Any], seq: int | None, completed: int | None) -> bool:
     """Finished, by the entry's own fields or by its group's ``last_completed_collective``."""
-    if e.get("state") == "completed" or e.get("retired") is True or _int(e.get("time_discovered_completed_ns")):
+    if e.get("state") == "completed" or e.get("retired") is True or fr_int(e.get("time_discovered_completed_ns")):
         return True
     return seq is not None and completed is not None and seq <= completed
 
@@ -143,7 +128,7 @@ def _p2p_local_peer(written: str) -> int | None:
     meta = meta.replace(" ", "")
     for arrow in ("->", "<-"):
         if arrow in meta:
-            return _int(meta.split(arrow)[1])
+            return fr_int(meta.split(arrow)[1])
     return None
 
 
@@ -263,20 +248,20 @@ class FrPoller:
         completed: dict[str, int] = {}
         for pid, st in pg_status.items():
             if isinstance(st, Mapping):
-                c = _int(st.get("last_completed_collective"))
+                c = fr_int(st.get("last_completed_collective"))
                 if c is not None:
                     completed[str(pid)] = c
         present: set[int] = set()
         new_rids: list[int] = []
         for i, e in enumerate(entries):
-            rid = _int(e.get("record_id"))
+            rid = fr_int(e.get("record_id"))
             if rid is None:
                 rid = -(i + 1)  # no id: never "new" twice, never matched
             present.add(rid)
             name = self._pg_name(e)
             pid = None if e.get("pg_id") is None else str(e.get("pg_id"))
             opened = self._open.get(rid)
-            seq = _int(e.get("collective_seq_id"))
+            seq = fr_int(e.get("collective_seq_id"))
             if opened is not None:
                 if _done(e, opened[2], completed.get(opened[1] or "")):
                     self._exit(rid, self._t_exit(e, offset, now, prev, opened[0].t_enter_ns))
@@ -312,7 +297,7 @@ class FrPoller:
         return lo + (now - lo) // 2 if now > lo else t_enter
 
     def _t_exit(self, e: Mapping[str, Any], offset: int, now: int, prev: int | None, t_enter: int) -> int:
-        t = _int(e.get("time_discovered_completed_ns"))
+        t = fr_int(e.get("time_discovered_completed_ns"))
         if t:
             return max(t_enter, t - offset)
         return self._mid(t_enter, prev, now)
@@ -324,7 +309,7 @@ class FrPoller:
 
     def _new(self, e: Mapping[str, Any], rid: int, name: str, pid: str | None, seq: int | None,
              completed: Mapping[str, int], offset: int, now: int, prev: int | None, since: int) -> None:  # fmt: skip
-        created = _int(e.get("time_created_ns"))
+        created = fr_int(e.get("time_created_ns"))
         done = _done(e, seq, completed.get(pid or ""))
         if done and created is not None and created < since:
             self.stats.preexisting += 1

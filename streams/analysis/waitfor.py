@@ -51,6 +51,11 @@ def op_node(cid: int) -> int:
     return -2 - cid
 
 
+def op_cid(node: int) -> int:
+    """The communicator of an op node (``op_node`` inverted)."""
+    return -2 - node
+
+
 def wait_edges(diags: Mapping[int, CommDiag]) -> dict[int, set[int]]:
     """The wait-for graph of the stalled communicators: each rank inside a stalled op waits on the op
     (``op_node``), an H1 op on its missing ranks, an H2/H3 op on nobody.
@@ -89,7 +94,7 @@ def resolve(diags: Mapping[int, CommDiag], stall_s: Mapping[int, float]) -> list
             cid = min(cids, key=lambda c: (-stall_s.get(c, 0.0), c))
             key = ("H1", cid)
         else:
-            cid = -2 - next(iter(comp))
+            cid = op_cid(next(iter(comp)))
             d = diags[cid]
             if d.kind == AnomalyKind.H1:
                 continue  # an H1 op whose missing members were never seen: nobody to name
@@ -106,6 +111,6 @@ def resolve(diags: Mapping[int, CommDiag], stall_s: Mapping[int, float]) -> list
             continue  # a broken op without a culprit named
         reach = nodes[key] | victims[key]
         affected = tuple(sorted(r for r in reach if r >= 0 and r not in named))
-        via = tuple(sorted(-2 - n for n in reach if n < -1))
+        via = tuple(sorted(op_cid(n) for n in reach if n < -1))
         out.append(HangRoot(AnomalyKind(kind), cid, tuple(sorted(named)), affected, diags[cid], via))
     return out

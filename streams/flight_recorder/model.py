@@ -69,7 +69,7 @@ def normalise_op(profiling_name: str) -> tuple[str, str, bool]:
     return word or rest, rest, False
 
 
-def _int(value: Any) -> int | None:
+def fr_int(value: Any) -> int | None:
     """Integers as FR writes them: int, or a decimal string in JSON dumps; None when absent or not a number."""
     if isinstance(value, bool) or value is None:
         return None
@@ -93,7 +93,7 @@ def _ranks(value: Any) -> tuple[int, ...]:
         except ValueError:
             return ()
     if isinstance(value, (list, tuple)):
-        out = [_int(x) for x in value]
+        out = [fr_int(x) for x in value]
         return tuple(x for x in out if x is not None) if None not in out else ()
     return ()
 
@@ -105,7 +105,7 @@ def numel(sizes: Any) -> int | None:
     total = 0
     for shape in sizes:
         if isinstance(shape, (list, tuple)):
-            dims = [_int(d) for d in shape]
+            dims = [fr_int(d) for d in shape]
             if None in dims:
                 return None
             total += math.prod(d for d in dims if d is not None)
@@ -313,7 +313,7 @@ def _pg_status_map(d: RankDump, groups: Mapping[str, Group], notes: list[str]) -
     if mine and all(not g.inferred for g in mine) and all(g.name.isdigit() for g in mine):
         by_order = sorted(mine, key=lambda g: int(g.name))
         for k in left:
-            i = _int(k)
+            i = fr_int(k)
             if i is not None and 0 <= i < len(by_order):
                 out[k] = by_order[i].name
     for k in d.pg_status:
@@ -325,7 +325,7 @@ def _pg_status_map(d: RankDump, groups: Mapping[str, Group], notes: list[str]) -
 def _done(e: Mapping[str, Any], seq: int, p2p: bool, completed: int | None) -> str:
     if e.get("state") == "completed":
         return "state completed"
-    if _int(e.get("time_discovered_completed_ns")):
+    if fr_int(e.get("time_discovered_completed_ns")):
         return "completion time discovered"
     if e.get("retired") is True:
         return "retired"
@@ -341,7 +341,7 @@ def _op(d: RankDump, i: int, e: Mapping[str, Any], group: Group | None, complete
     if not known:
         unknown[str(e.get("profiling_name"))] = unknown.get(str(e.get("profiling_name")), 0) + 1
     p2p = bool(e.get("is_p2p")) or op in ("send", "recv")
-    seq = _int(e.get("p2p_seq_id") if p2p else e.get("collective_seq_id"))
+    seq = fr_int(e.get("p2p_seq_id") if p2p else e.get("collective_seq_id"))
     if seq is None:
         seq = -1
     peer = None
@@ -357,15 +357,15 @@ def _op(d: RankDump, i: int, e: Mapping[str, Any], group: Group | None, complete
     sizes = e.get("output_sizes") if op == "reduce_scatter" else e.get("input_sizes")
     dur = e.get("duration_ms")
     why = _done(e, seq, p2p, completed)
-    order = _int(e.get("record_id"))
+    order = fr_int(e.get("record_id"))
     return Op(
         rank=d.rank, order=order if order is not None else i, group=pg_name,
         backend=str(e.get("profiling_name", "")).partition(":")[0] if ":" in str(e.get("profiling_name", "")) else "",
         pg_id=None if e.get("pg_id") is None else str(e.get("pg_id")), op=op, written=written, known=known,
         p2p=p2p, seq=seq, peer=peer, dtype=str(dtypes[0]) if isinstance(dtypes, list) and dtypes else "",
-        count=numel(sizes), state=str(e.get("state", "")), created_ns=_int(e.get("time_created_ns")),
-        started_ns=_int(e.get("time_discovered_started_ns")) or None,
-        completed_ns=_int(e.get("time_discovered_completed_ns")) or None,
+        count=numel(sizes), state=str(e.get("state", "")), created_ns=fr_int(e.get("time_created_ns")),
+        started_ns=fr_int(e.get("time_discovered_started_ns")) or None,
+        completed_ns=fr_int(e.get("time_discovered_completed_ns")) or None,
         duration_ms=float(dur) if isinstance(dur, (int, float)) and not isinstance(dur, bool) else None,
         done=bool(why), done_why=why,
     )  # fmt: skip
@@ -402,7 +402,7 @@ def build(dumps: Sequence[RankDump], *, world_size: int | None = None) -> DumpSe
         for key, st in d.pg_status.items():
             if key not in names or not isinstance(st, Mapping):
                 continue
-            enq, comp = _int(st.get("last_enqueued_collective")), _int(st.get("last_completed_collective"))
+            enq, comp = fr_int(st.get("last_enqueued_collective")), fr_int(st.get("last_completed_collective"))
             if enq is not None:
                 state.enqueued[names[key]] = enq
             if comp is not None:
