@@ -168,12 +168,19 @@ class KernelRecord:
     t_sample_ns: int = -1
     send_counts: tuple[int, ...] = ()
     recv_counts: tuple[int, ...] = ()
+    #: per channel, the largest RecvCount - SendCount the kernel itself had during its lifetime
+    #: (its peak send backlog, counter units, saturating at ``PEAK_LAG_MAX``), reported with DONE by a
+    #: source whose kernels keep it (the probe, format v2); empty (or -1 per channel): unknown. Carried
+    #: by ``KernelBatch`` (column ``peak_lag``); the single-record schema has no such field.
+    peak_lag: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.rank < 0 or not 0 <= self.comm_rank < max(self.comm_size, 1):
             raise RecordError(f"bad rank {self.rank} / comm rank {self.comm_rank} of {self.comm_size}")
         if len(self.send_counts) != len(self.recv_counts) or len(self.send_counts) > MAX_CHANNELS:
             raise RecordError("send_counts and recv_counts must have the same length, at most 8")
+        if self.peak_lag and len(self.peak_lag) != len(self.send_counts):
+            raise RecordError("peak_lag must be empty (unknown) or one value per counter channel")
 
     @property
     def trace_id(self) -> TraceId:
@@ -278,6 +285,9 @@ def detail_sampled(comm_hash: npt.ArrayLike, op_seq: npt.ArrayLike, one_in: npt.
     return np.asarray((x & (k - np.uint64(1))) == 0)
 
 
+#: The largest per-channel peak backlog a kernel reports (16 bits in the probing frame: it saturates there).
+PEAK_LAG_MAX = 0xFFFF
+
 #: Columns a writer may leave out (older writers, sources that cannot know them), with the value
 #: that stands for "unknown"; a batch without one gets it filled in.
 OPTIONAL_BATCH_COLUMNS: dict[str, int] = {
@@ -294,6 +304,9 @@ class KernelBatch:
     ``columns`` maps each name of ``BATCH_COLUMNS`` to an int64 array of length ``n``;
     ``send``/``recv`` are ``(n, channels)`` int64 arrays; ``host_idx`` indexes ``hosts``.
     ``producer``/``batch_seq`` identify the batch so a replayed duplicate can be recognised.
+    ``peak_lag`` is ``(n, channels)`` like send/recv: each DONE row's per-channel peak send backlog
+    the kernel recorded (``KernelRecord.peak_lag``), -1 where unknown (an older writer, a source
+    without counters, a row that is not a DONE); None (the default) fills it with -1.
     """
 
     job: str
@@ -306,9 +319,15 @@ class KernelBatch:
     recv: I64
     producer: str = ""
     batch_seq: int = 0
+    peak_lag: I64 | None = None
 
     def __post_init__(self) -> None:
         n = self.n
+        pk = self.peak_lag
+        if pk is None or (pk.shape != self.send.shape and (self.send.ndim != 2 or self.send.shape[1] == 0
+                                                            or not (pk >= 0).any())):
+            # unknown, or a copy whose counters were replaced (dataclasses.replace): no peak without counters
+            object.__setattr__(self, "peak_lag", np.full(self.send.shape, -1, dtype=np.int64))
         missing = {k: v for k, v in OPTIONAL_BATCH_COLUMNS.items() if k not in self.columns}
         if missing:
             filled = {k: np.full(n, v, dtype=np.int64) for k, v in missing.items()}
@@ -319,6 +338,8 @@ class KernelBatch:
                 raise RecordError(f"batch column {name!r} missing or not of length {n}")
         if self.send.shape != self.recv.shape or self.send.ndim != 2 or self.send.shape[0] != n:
             raise RecordError(f"send/recv must both be ({n}, channels), got {self.send.shape}/{self.recv.shape}")
+        if self.peaks.shape != self.send.shape:
+            raise RecordError(f"peak_lag must be ({n}, channels) like send/recv, got {self.peaks.shape}")
         if self.send.shape[1] > MAX_CHANNELS:
             raise RecordError(f"at most {MAX_CHANNELS} channels per record, got {self.send.shape[1]}")
         if n and (int(self.columns["host_idx"].min()) < 0 or int(self.columns["host_idx"].max()) >= len(self.hosts)):
@@ -333,6 +354,12 @@ class KernelBatch:
     @property
     def channels(self) -> int:
         return int(self.send.shape[1])
+
+    @property
+    def peaks(self) -> I64:
+        """``peak_lag`` as a plain array (never None after construction)."""
+        assert self.peak_lag is not None
+        return self.peak_lag
 
     def col(self, name: str) -> I64:
         return self.columns[name]
@@ -361,9 +388,12 @@ class KernelBatch:
         channels = max(len(r.send_counts) for r in records)
         send = np.zeros((len(records), channels), dtype=np.int64)
         recv = np.zeros((len(records), channels), dtype=np.int64)
+        peak = np.full((len(records), channels), -1, dtype=np.int64)
         for i, r in enumerate(records):
             send[i, : len(r.send_counts)] = r.send_counts
             recv[i, : len(r.recv_counts)] = r.recv_counts
+            if r.peak_lag:
+                peak[i, : len(r.peak_lag)] = r.peak_lag
         return cls(
             job=first.job,
             incarnation=first.incarnation,
@@ -375,6 +405,7 @@ class KernelBatch:
             recv=recv,
             producer=producer,
             batch_seq=batch_seq,
+            peak_lag=peak,
         )
 
     @classmethod
@@ -389,7 +420,7 @@ class KernelBatch:
         hosts: dict[str, int] = {}
         names = (*BATCH_COLUMNS, *OPTIONAL_BATCH_COLUMNS)
         columns: dict[str, list[I64]] = {name: [] for name in names}
-        send, recv = [], []
+        send, recv, peak = [], [], []
         for b in batches:
             remap = np.array([hosts.setdefault(h, len(hosts)) for h in b.hosts], dtype=np.int64)
             for name in names:
@@ -398,6 +429,7 @@ class KernelBatch:
             pad = ((0, 0), (0, channels - b.channels))
             send.append(np.pad(b.send, pad))
             recv.append(np.pad(b.recv, pad))
+            peak.append(np.pad(b.peaks, pad, constant_values=-1))
         return cls(
             job=first.job,
             incarnation=first.incarnation,
@@ -409,6 +441,7 @@ class KernelBatch:
             recv=np.concatenate(recv),
             producer=producer,
             batch_seq=batch_seq,
+            peak_lag=np.concatenate(peak),
         )
 
     def records(self) -> list[KernelRecord]:
@@ -437,6 +470,7 @@ class KernelBatch:
                     t_sample_ns=cols["t_sample_ns"][i],
                     send_counts=tuple(self.send[i].tolist()),
                     recv_counts=tuple(self.recv[i].tolist()),
+                    peak_lag=() if (self.peaks[i] < 0).all() else tuple(self.peaks[i].tolist()),
                 )
             )
         return out
@@ -598,9 +632,68 @@ class DeadLetter:
 MAX_TIME_NS = 1 << 62
 #: Counters and element counts above this are corrupt values (int64-extreme), not measurements.
 MAX_COUNT = 1 << 62
-_OP_TYPES = np.array(sorted(int(x) for x in OpType), dtype=np.int64)
-_DTYPES = np.array(sorted(int(x) for x in DType), dtype=np.int64)
-_STATUSES = np.array(sorted(int(x) for x in Status), dtype=np.int64)
+def _members(enum_type: type[enum.IntEnum]) -> npt.NDArray[np.bool_]:
+    """A lookup table ``t[v]`` true for the enum's values (they are small non-negative ints)."""
+    table = np.zeros(max(int(x) for x in enum_type) + 1, dtype=bool)
+    table[[int(x) for x in enum_type]] = True
+    return table
+
+
+_OP_TYPES = _members(OpType)
+_DTYPES = _members(DType)
+_STATUSES = _members(Status)
+
+
+def _not_member(v: I64, table: npt.NDArray[np.bool_]) -> npt.NDArray[np.bool_]:
+    # a table lookup, not np.isin: isin sorts, and this runs on every batch the worker reads
+    inside = (v >= 0) & (v < table.shape[0])
+    return ~(inside & table[np.where(inside, v, 0)])
+
+
+#: Columns the fast path bounds, with their lowest and highest possible values (None: the world size).
+_BOUNDED: tuple[tuple[str, int, int | None], ...] = (
+    ("rank", 0, None), ("comm_rank", 0, None), ("comm_size", 1, None), ("op_seq", 0, MAX_TIME_NS),
+    ("op_type", 0, len(_OP_TYPES) - 1), ("dtype", 0, len(_DTYPES) - 1), ("status", 0, len(_STATUSES) - 1),
+    ("count", 0, MAX_COUNT), ("peer", -1, MAX_TIME_NS), ("t_enter_ns", -1, MAX_TIME_NS),
+    ("t_exit_ns", -1, MAX_TIME_NS), ("t_sample_ns", -1, MAX_TIME_NS),
+)
+
+
+_BOUNDED_LO = np.array([v for _, v, _ in _BOUNDED], dtype=np.int64)
+_BOUNDED_HI = np.array([-1 if v is None else v for _, _, v in _BOUNDED], dtype=np.int64)
+_BOUNDED_BY_WS = np.array([v is None and name != "comm_size" for name, _, v in _BOUNDED])
+_BOUNDED_COMM_SIZE = np.array([name == "comm_size" for name, _, _ in _BOUNDED])
+
+
+def _all_plausible(batch: KernelBatch) -> bool:
+    """Whether no value of ``batch`` can be impossible, in a handful of array operations.
+
+    Every batch the worker reads passes here; only one that fails gets the detailed checks of
+    ``batch_value_problems`` (which name the problem). Same rules, fewer passes: the per-column
+    checks cost about as much as decoding the batch.
+    """
+    ws = batch.world_size
+    c = batch.columns
+    m = np.stack([c[name] for name, _, _ in _BOUNDED])
+    hi = _BOUNDED_HI.copy()
+    hi[_BOUNDED_BY_WS] = ws - 1
+    hi[_BOUNDED_COMM_SIZE] = ws
+    if (m.min(axis=1) < _BOUNDED_LO).any() or (m.max(axis=1) > hi).any():
+        return False
+    if not bool((c["comm_rank"] < c["comm_size"]).all()):
+        return False
+    for name, table in (("op_type", _OP_TYPES), ("dtype", _DTYPES), ("status", _STATUSES)):
+        if not table.all() and _not_member(c[name], table).any():  # a gap in the enum's values
+            return False
+    if batch.channels:
+        lo_c = min(int(batch.send.min()), int(batch.recv.min()))
+        hi_c = max(int(batch.send.max()), int(batch.recv.max()))
+        if lo_c < 0 or hi_c > MAX_COUNT:
+            return False
+        pk = batch.peaks
+        if int(pk.min()) < -1 or int(pk.max()) > PEAK_LAG_MAX:
+            return False
+    return True
 
 
 def batch_value_problems(batch: KernelBatch) -> list[str]:
@@ -622,7 +715,7 @@ def batch_value_problems(batch: KernelBatch) -> list[str]:
         problems.append(f"world_size {batch.world_size} <= 0")
     if batch.incarnation < 0:
         problems.append(f"incarnation {batch.incarnation} < 0")
-    if batch.n == 0:
+    if batch.n == 0 or (not problems and _all_plausible(batch)):
         return problems
     c = batch.columns
     rank, comm_rank, comm_size = c["rank"], c["comm_rank"], c["comm_size"]
@@ -631,9 +724,9 @@ def batch_value_problems(batch: KernelBatch) -> list[str]:
     check(comm_size > max(batch.world_size, 0), "comm_size > world_size", comm_size)
     check((comm_rank < 0) | (comm_rank >= comm_size), "comm_rank outside [0, comm_size)", comm_rank)
     check(c["op_seq"] < 0, "negative op_seq", c["op_seq"])
-    check(~np.isin(c["op_type"], _OP_TYPES), "unknown op_type", c["op_type"])
-    check(~np.isin(c["dtype"], _DTYPES), "unknown dtype", c["dtype"])
-    check(~np.isin(c["status"], _STATUSES), "unknown status", c["status"])
+    check(_not_member(c["op_type"], _OP_TYPES), "unknown op_type", c["op_type"])
+    check(_not_member(c["dtype"], _DTYPES), "unknown dtype", c["dtype"])
+    check(_not_member(c["status"], _STATUSES), "unknown status", c["status"])
     check((c["count"] < 0) | (c["count"] > MAX_COUNT), "element count negative or int64-extreme", c["count"])
     check(c["peer"] < -1, "peer below -1", c["peer"])
     for name in ("t_enter_ns", "t_exit_ns", "t_sample_ns"):
@@ -644,4 +737,6 @@ def batch_value_problems(batch: KernelBatch) -> list[str]:
         counters = np.concatenate([batch.send, batch.recv], axis=1)
         check(np.asarray(((counters < 0) | (counters > MAX_COUNT)).any(axis=1)),
               "send/recv counter negative or int64-extreme")
+        pk = batch.peaks
+        check(np.asarray(((pk < -1) | (pk > PEAK_LAG_MAX)).any(axis=1)), f"peak_lag outside [-1, {PEAK_LAG_MAX}]")
     return problems

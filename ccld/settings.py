@@ -63,6 +63,13 @@ class AnalyzerSettings:
     culprit_share: float = 0.6  # the late arriver / backlog rank must be the same in this share of slow ops
     culprit_gap_share: float = 0.5  # late arriver computed >= this share of its lateness longer than peers, else victim
     culprit_gap_ratio: float = 0.15  # ... and >= this fraction of its peers' own compute gap (else it is jitter)
+    # a DONE record's per-kernel peak backlog (probe v2) counts as a slow link's backlog only where it
+    # stands out from the communicator's learned healthy peak level (a rank normally receives a step
+    # or two ahead of forwarding it): peak > level + max(peak_margin, peak_margin_ratio x level)
+    peak_margin: float = 3.0  # counter units a channel's peak must exceed the learned healthy level by
+    peak_margin_ratio: float = 1.0  # ... and this multiple of the level (a job whose healthy peaks run higher)
+    peak_learn_rows: int = 64  # DONE peaks of a communicator learned before any of them counts
+    peak_learn_rate: float = 0.02  # weight of each healthy row in the learned level (exponential average)
 
     # --- bookkeeping
     finalize_timeout_s: float = 10.0  # an op missing some DONE records is closed after this long

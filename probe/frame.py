@@ -25,11 +25,13 @@ U32_WRAP = 1 << 32
 
 @dataclass(frozen=True, slots=True)
 class SubBlock:
-    """One kernel's slot: the raw Trace ID and 8 channels of cumulative counters."""
+    """One kernel's slot: the raw Trace ID and 8 channels of cumulative counters, and per channel
+    the kernel's peak RecvCount - SendCount (bits 48-63 of the recv word; ``recv`` is bits 0-47)."""
 
     trace_raw: bytes
     send: tuple[int, ...]
     recv: tuple[int, ...]
+    peak: tuple[int, ...] = (0,) * layout.N_CHANNELS
 
     def trace(self) -> TraceId:
         """The decoded Trace ID (raises ``RecordError`` on bytes no rank would write)."""
@@ -108,11 +110,13 @@ def decode(raw: bytes | bytearray | memoryview | U8) -> FrameSnapshot:
     for s in range(layout.N_SUBBLOCKS):
         base = layout.HEADER_SIZE + s * layout.SUBBLOCK_SIZE
         counters = _COUNTERS.unpack_from(data, base + layout.SUB_COUNTERS_OFFSET)
+        words = counters[_RECV::2]
         subs.append(
             SubBlock(
                 trace_raw=data[base + layout.SUB_TRACE_OFFSET : base + layout.SUB_TRACE_OFFSET + layout.TRACE_SIZE],
                 send=counters[_SEND::2],
-                recv=counters[_RECV::2],
+                recv=tuple(w & layout.COUNT_MASK for w in words),
+                peak=tuple((w >> layout.PEAK_SHIFT) & layout.PEAK_MAX for w in words),
             )
         )
     return FrameSnapshot(

@@ -6,6 +6,24 @@ kernel (``kernel_index`` counts kernels begun). Each sub-block holds the 16-byte
 (``ccld.records.TraceId.pack()`` bytes) and 8 channels of ``{u64 send, u64 recv}``; hardware
 channels beyond 8 fold onto ``channel % 8``. All integers are little-endian.
 
+Counter words (format v2). ``send`` is the SendCount. ``recv`` packs two fields:
+
+======= ===== ==========================================================================================
+bits    name  meaning
+======= ===== ==========================================================================================
+0-47    count RecvCount (``COUNT_MASK``; counts never reach 2^48)
+48-63   peak  the kernel's peak send backlog on this slot: the largest RecvCount - SendCount one
+              channel of the slot had at any moment of the kernel (counter units, saturating at
+              ``PEAK_MAX``; 0 when it never received ahead of sending)
+======= ===== ==========================================================================================
+
+The kernel keeps the peak itself (both counters are its own), so an op that begins and ends
+between two host polls still reports its backlog with its end: a slow link's source rank receives
+faster than it forwards and its peak reaches the in-flight depth, where a healthy ring rank's
+stays at a step or two. Live words carry the peak so far of the channel that wrote them; the end
+writes each slot's exact peak (the largest over the slot's channels) with the final counts.
+v1 frames had the plain RecvCount in all 64 bits.
+
 Header (32 bytes):
 
 ====== ==== ================ =====================================================================
@@ -28,7 +46,7 @@ are not covered by the seqlock; a begin (Trace ID, zeroed counters) and an end (
 sub-block held eight kernels earlier.
 
 Beside each frame the GPU keeps ``DEV_SCRATCH_SIZE`` bytes of device memory (kernel index,
-seqlock copy, begin flag, block arrivals, exact per-slot totals); the host never reads it.
+seqlock copy, begin flag, block arrivals, exact per-slot totals and peaks); the host never reads it.
 
 ``ccld probe layout --c`` prints the ``#define`` block that ``cuda/ccld_probe.cuh`` must contain
 verbatim (a unit test compares them; nvcc's ``static_assert`` ties the defines to the structs).
@@ -40,7 +58,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 FRAME_SIZE = 1184
 HEADER_SIZE = 32
 SUBBLOCK_SIZE = 144
@@ -48,7 +66,12 @@ N_SUBBLOCKS = 8
 N_CHANNELS = 8
 TRACE_SIZE = 16
 COUNTER_PAIR_SIZE = 16
-DEV_SCRATCH_SIZE = 144
+DEV_SCRATCH_SIZE = 176
+#: the recv word: RecvCount in bits 0-47, the kernel's peak RecvCount - SendCount in bits 48-63
+COUNT_BITS = 48
+COUNT_MASK = (1 << COUNT_BITS) - 1
+PEAK_SHIFT = COUNT_BITS
+PEAK_MAX = 0xFFFF
 #: hdr.n_channels is one byte
 MAX_HW_CHANNELS = 255
 
@@ -161,6 +184,16 @@ def counter_offset(sub: int, channel: int, which: str) -> int:
     )
 
 
+def pack_recv(count: int, peak: int) -> int:
+    """The recv word of a counter pair: ``count`` in bits 0-47, ``peak`` (saturated) in bits 48-63."""
+    return (min(max(peak, 0), PEAK_MAX) << PEAK_SHIFT) | (count & COUNT_MASK)
+
+
+def unpack_recv(word: int) -> tuple[int, int]:
+    """``(RecvCount, peak backlog)`` of a recv word."""
+    return word & COUNT_MASK, (word >> PEAK_SHIFT) & PEAK_MAX
+
+
 def c_defines() -> dict[str, int]:
     """Every layout constant as the CUDA header names it."""
     out = {
@@ -174,6 +207,9 @@ def c_defines() -> dict[str, int]:
         "CCLD_COUNTER_PAIR_SIZE": COUNTER_PAIR_SIZE,
         "CCLD_DEV_SCRATCH_SIZE": DEV_SCRATCH_SIZE,
         "CCLD_MAX_HW_CHANNELS": MAX_HW_CHANNELS,
+        "CCLD_COUNT_BITS": COUNT_BITS,
+        "CCLD_PEAK_SHIFT": PEAK_SHIFT,
+        "CCLD_PEAK_MAX": PEAK_MAX,
     }
     out.update({f"CCLD_HDR_{f.name.upper()}": f.offset for f in HEADER_FIELDS})
     out["CCLD_SUB_TRACE"] = SUB_TRACE_OFFSET
@@ -207,6 +243,11 @@ def describe() -> str:
             f"{base + SUB_COUNTERS_OFFSET:>6} {N_CHANNELS * COUNTER_PAIR_SIZE:>4}  "
             f"sub[{s}].channel[0..{N_CHANNELS - 1}] {{u64 send, u64 recv}}"
         )
+    rows.append("")
+    rows.append(
+        f"recv word: bits 0-{COUNT_BITS - 1} RecvCount, bits {PEAK_SHIFT}-63 the kernel's peak RecvCount - SendCount "
+        f"on the slot (saturating at {PEAK_MAX})"
+    )
     rows.append("")
     rows.append(f"sub-block of kernel k (1-based) = (k - 1) % {N_SUBBLOCKS}; channel c counts into c % {N_CHANNELS}")
     rows.append(f"device scratch beside each frame: {DEV_SCRATCH_SIZE} bytes (never read by the host)")

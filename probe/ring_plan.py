@@ -154,6 +154,17 @@ def fold_columns(counts: npt.NDArray[np.int64], width: int = 8) -> npt.NDArray[n
     return out
 
 
+def fold_peaks(peaks: npt.NDArray[np.int64], width: int = 8) -> npt.NDArray[np.int64]:
+    """Per-channel kernel peaks folded onto ``width`` slots as the probe does: a slot's peak is the
+    largest of its hardware channels' peaks (each channel's thread block keeps its own)."""
+    c = peaks.shape[1]
+    if c <= width:
+        return peaks
+    out = np.full((peaks.shape[0], width), -1, dtype=np.int64)
+    np.maximum.at(out.T, np.arange(c) % width, peaks.T)
+    return out
+
+
 CountHook = Callable[[int, int, str], None]  # (rank, channel, "send"|"recv")
 
 

@@ -11,6 +11,8 @@ Times are on the GPU clock of the frame (``%globaltimer``), the rank's own clock
 be mapped onto it (``ClockMap``). Only the latest kernel's begin, the latest end, and what this
 tracker saw itself are known: a DONE of an earlier kernel that no poll saw inside carries
 ``t_enter_ns = t_exit_ns = t_sample_ns = -1`` (not observed) with its final counters.
+Every DONE carries the kernel's own per-channel peak backlog (``peak_lag``, frame format v2), so a
+kernel no poll saw inside still reports how far it received ahead of sending.
 """
 
 from __future__ import annotations
@@ -122,6 +124,7 @@ class FrameTracker:
         sample: int,
         send: tuple[int, ...],
         recv: tuple[int, ...],
+        peak: tuple[int, ...] = (),
     ) -> KernelRecord:
         b = self.binding
         count = -1 if self._count_of is None else self._count_of(trace)
@@ -145,6 +148,7 @@ class FrameTracker:
             t_sample_ns=sample,
             send_counts=send,
             recv_counts=recv,
+            peak_lag=peak,
         )
 
     def update(self, snap: FrameSnapshot, now_ns: int) -> list[KernelRecord]:
@@ -192,7 +196,7 @@ class FrameTracker:
                 recv = tuple(max(a, b) for a, b in zip(recv, self._open_recv, strict=False))
                 self._open = None
                 self.rates = None
-            out.append(self._record(trace, Status.DONE, enter, exit_, exit_, send, recv))
+            out.append(self._record(trace, Status.DONE, enter, exit_, exit_, send, recv, sub.peak[:width]))
         self._reported = self._k - 1 if inside else self._k
         return out
 

@@ -2,8 +2,9 @@
 
 ``alloc_frames(n)`` gives frames with the exact bytes the GPU would write (the structured dtype
 of ``layout``); ``TwinKernelWriter`` performs the device protocol of ``cuda/ccld_probe.cuh``
-step for step — device scratch, seqlock, fold of channels beyond 8, live stores, exact totals at
-the end — so the poller, decoder, rates and records are tested byte for byte without a GPU,
+step for step — device scratch, seqlock, fold of channels beyond 8, live stores, each channel's
+peak lead (bits 48-63 of the recv word, format v2), exact totals and slot peaks at the end — so
+the poller, decoder, rates and records are tested byte for byte without a GPU,
 and a simulator can write through it.
 """
 
@@ -66,12 +67,14 @@ class TwinKernelWriter:
         self.dev_seq = int(self._f["hdr"]["seq"][0])
         self._dev_send = [0] * layout.N_CHANNELS
         self._dev_recv = [0] * layout.N_CHANNELS
+        self._dev_peak = [0] * layout.N_CHANNELS
         # the current kernel
         self._active = False
         self._enabled = False
         self._nch = 0
         self._send: list[int] = []
         self._recv: list[int] = []
+        self._peak: list[int] = []  # per hardware channel: its largest recv - send so far
 
     @property
     def active(self) -> bool:
@@ -99,6 +102,7 @@ class TwinKernelWriter:
         self._nch = n_channels
         self._send = [0] * n_channels
         self._recv = [0] * n_channels
+        self._peak = [0] * n_channels
         self._enabled = bool(self._f["hdr"]["enabled"][0])
         if not self._enabled:
             return
@@ -129,6 +133,10 @@ class TwinKernelWriter:
             value = dev[slot]
         else:
             value = mine[channel]
+        if which == "recv":  # the lead only grows on a receive; the live word carries this channel's peak
+            lead = self._recv[channel] - self._send[channel]
+            self._peak[channel] = max(self._peak[channel], min(lead, layout.PEAK_MAX))
+            value = layout.pack_recv(value, self._peak[channel])
         self._f["sub"]["counters"][which][0, sub, slot] = value
 
     def count_send(self, channel: int, n: int = 1) -> None:
@@ -147,15 +155,21 @@ class TwinKernelWriter:
                 for c in range(self._nch):
                     self._dev_send[c] += self._send[c]
                     self._dev_recv[c] += self._recv[c]
+            for c in range(self._nch):  # atomicMax of every channel's peak into its slot
+                slot = c % layout.N_CHANNELS
+                self._dev_peak[slot] = max(self._dev_peak[slot], self._peak[c])
             s = self._seq_open()
             sub = k % layout.N_SUBBLOCKS
             used = min(self._nch, layout.N_CHANNELS)
             self._f["sub"]["counters"]["send"][0, sub, :used] = self._dev_send[:used]
-            self._f["sub"]["counters"]["recv"][0, sub, :used] = self._dev_recv[:used]
+            self._f["sub"]["counters"]["recv"][0, sub, :used] = [
+                layout.pack_recv(self._dev_recv[c], self._dev_peak[c]) for c in range(used)
+            ]
             self._f["hdr"]["t_end_ns"][0] = self._clock()
             self._f["hdr"]["kernels_done"][0] = (k + 1) % (1 << 32)
             self._seq_close(s)
         self._dev_send = [0] * layout.N_CHANNELS
         self._dev_recv = [0] * layout.N_CHANNELS
+        self._dev_peak = [0] * layout.N_CHANNELS
         self.dev_kernel_index = k + 1
         self._active = False

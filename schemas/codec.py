@@ -149,6 +149,8 @@ def encode_batch(batch: KernelBatch) -> bytes:
         "hosts": list(batch.hosts),
         "send": np.ascontiguousarray(batch.send, dtype="<i8").tobytes(),
         "recv": np.ascontiguousarray(batch.recv, dtype="<i8").tobytes(),
+        # all unknown (every row of an older source, every non-DONE row) travels as the empty default
+        "peak_lag": b"" if not (batch.peaks >= 0).any() else np.ascontiguousarray(batch.peaks, dtype="<i8").tobytes(),
     }
     for name in (*BATCH_COLUMNS, *OPTIONAL_BATCH_COLUMNS):
         rec[name] = np.ascontiguousarray(batch.columns[name], dtype="<i8").tobytes()
@@ -183,6 +185,8 @@ def batch_from_dict(rec: Mapping[str, Any]) -> KernelBatch:
             recv=column("recv", ch).reshape(n, ch),
             producer=str(rec["producer"]),
             batch_seq=int(rec["batch_seq"]),
+            # an older writer's batch (or one without any known peak) has none: KernelBatch fills -1
+            peak_lag=column("peak_lag", ch).reshape(n, ch) if rec.get("peak_lag") else None,
         )
     except RecordError as exc:
         raise SchemaError("bad-record", str(exc)) from exc

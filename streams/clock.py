@@ -27,6 +27,10 @@ from typing import Any
 MAX_FUTURE_S = 86_400.0
 #: Producers remembered per job at most (the ones heard from longest ago are forgotten first).
 MAX_PRODUCERS = 1024
+#: Recompute the consensus from every producer at most this often (s of worker wall time); in between
+#: it moves with the wall clock. Every rank is a producer: a median over all of them per message cost
+#: 1 ms at a thousand ranks. A timestamp that looks too far ahead is always judged on a fresh one.
+CONSENSUS_EVERY_S = 1.0
 
 
 @dataclass
@@ -50,6 +54,8 @@ class JobClock:
         self.rejected = 0  # timestamps too far ahead of the consensus (clamped)
         self.ignored = 0  # missing, non-positive, non-finite or absurdly-future timestamps
         self._producers: dict[str, _Producer] = {}
+        self._lead = 0.0  # consensus minus the worker's wall time, as last computed
+        self._lead_at = -math.inf  # worker wall time it was computed at
 
     def observe(self, producer: str, ts: float | None, recv: float) -> bool:
         """Take one message's timestamp (s) received at worker wall time ``recv``; False if it was not trusted."""
@@ -57,20 +63,29 @@ class JobClock:
             self.ignored += 1
             return False
         p = self._producers.pop(producer, None)  # re-inserted last: dict order is least recently heard first
+        fresh = p is None or recv - self._lead_at >= CONSENSUS_EVERY_S or recv < self._lead_at
         if p is None:
             p = _Producer(ts, recv, recv)
         elif ts >= p.newest_ts:
             p.newest_ts, p.newest_recv = ts, recv
         p.last_recv = recv
         self._producers[producer] = p
-        self._forget(recv)
-        consensus = self.consensus(recv)
+        if fresh:
+            self._refresh(recv)
+        consensus = recv + self._lead
+        if ts > consensus + self.max_skew_s and not fresh:
+            self._refresh(recv)  # before refusing a time, make sure the consensus is today's
+            consensus = recv + self._lead
         if ts > consensus + self.max_skew_s:
             self.rejected += 1
             self._advance(consensus, recv)
             return False
         self._advance(ts, recv)
         return True
+
+    def _refresh(self, recv: float) -> None:
+        self._forget(recv)
+        self._lead, self._lead_at = self.consensus(recv) - recv, recv
 
     def consensus(self, recv: float) -> float:
         """Median estimate of "now" of the producers heard from within ``active_s`` of ``recv``."""

@@ -419,6 +419,8 @@ SUITES = {
     "heldout": (build_wide, 77011, OUT.with_name("heldout.jsonl")),
     # a second draw of the held-out ranges: the first one's misses were studied to fix the analyzer
     "heldout-2": (build_wide, 77012, OUT.with_name("heldout-2.jsonl")),
+    # a third draw, made after the per-kernel peak backlog (probe v2) rules were final and run once, blind
+    "heldout-3": (build_wide, 77013, OUT.with_name("heldout-3.jsonl")),
     "regression-v1": (build_v1, 20260101, OUT.with_name("regression-v1.jsonl")),
     "heldout-v1": (build_wide_v1, 77003, OUT.with_name("heldout-v1.jsonl")),
 }

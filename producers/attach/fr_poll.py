@@ -26,6 +26,11 @@ clock). Gloo writes no start or completion time, so an operation finishes, as fa
 between the poll that last saw it in flight (or its creation) and the poll that sees it retired:
 the midpoint is used, so a duration is known to half a poll interval at best.
 
+Records: the poller only enters and exits calls in the tracker, which sends the bounded format
+(each communicator's state every interval, an op in flight for a heartbeat at once, the DONE
+records of the ops ``detail_sampled`` picks): the op rate it measures comes from the entries'
+own creation times, so a poll that delivers a burst of entries is not a burst of ops.
+
 Safety: the thread never raises (every failure is a counter in :class:`FrStats`), a poll that
 costs more than ``max_duty`` of the time stretches the interval, and every table is bounded.
 """

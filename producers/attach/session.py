@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import atexit
+import dataclasses
+import itertools
 import logging
 import os
 import sys
@@ -12,8 +14,9 @@ from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
 from ccld.errors import ConfigError
-from ccld.producers.attach.sinks import sink_from_spec
-from ccld.producers.attach.tracker import RecordSink, Tracker
+from ccld.producers.attach.sinks import KafkaSink, sink_from_spec
+from ccld.producers.attach.tracker import DEFAULT_INTERVAL_S, DETAIL_MODES, RecordSink, Tracker
+from ccld.records import KernelBatch, KernelRecord
 from ccld.settings import Settings
 
 if TYPE_CHECKING:
@@ -22,6 +25,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 DEFAULT_HEARTBEAT_S = 0.2
+#: "sampled" (default: the bounded record format) or "all" (a DONE record per op, for debugging);
+#: read by ``attach()`` when its ``detail`` is not given, so ``ccld run`` ranks inherit it
+ENV_DETAIL = "CCLDRUN_DETAIL"
 
 #: where the attachment learns of collectives: function wrapping, Flight Recorder polling, both,
 #: or "auto" (per backend, :data:`AUTO_SOURCE`, decided when the default group exists)
@@ -32,6 +38,48 @@ SOURCES = ("auto", "wrap", "fr", "both")
 #: poll with the default 2,000 entries, about 5 % of step time in stalls of that length.
 #: nccl: both (not measured here): its active-only dump holds only unfinished entries.
 AUTO_SOURCE = {"gloo": "wrap", "nccl": "both"}
+
+
+class KafkaBatchSink:
+    """A ``KafkaSink`` that also takes the tracker's batches whole (``submit_batch``), so their
+    ``t_prev_exit_ns`` column reaches the wire: the record path (``MetricsProducer.submit``, its
+    batcher, ``KernelBatch.from_records``) drops it.
+
+    Stopgap until ``KafkaSink`` has ``submit_batch`` (or ``KernelRecord`` carries the field):
+    batches go out through ``MetricsProducer.send_batch`` under their own producer id (``<id>-b``,
+    numbered here, so they never collide with the batcher's numbers). The first one may wait
+    ``FIRST_WAIT_S`` for the broker's partition count; after a refusal none waits (a dead broker
+    stalls only this thread, and the job's exit at most once).
+    """
+
+    FIRST_WAIT_S = 2.0
+
+    def __init__(self, inner: KafkaSink) -> None:
+        self.inner = inner
+        self._seq = itertools.count()
+        self._refused = False
+
+    def submit(self, record: KernelRecord) -> None:
+        self.inner.submit(record)
+
+    def submit_batch(self, batch: KernelBatch) -> None:
+        producer = self.inner._get()
+        if producer is None:
+            self.inner.dropped += batch.n
+            return
+        batch = dataclasses.replace(batch, producer=f"{producer.producer_id}-b", batch_seq=next(self._seq))
+        ok = producer.send_batch(batch, block_s=0.0 if self._refused else self.FIRST_WAIT_S)
+        self._refused = not ok
+
+    def flush(self, timeout_s: float = 2.0) -> Any:
+        return self.inner.flush(timeout_s)
+
+    def close(self, timeout_s: float = 2.0) -> None:
+        self.inner.close(timeout_s)
+
+    @property
+    def stats(self) -> dict[str, Any]:
+        return self.inner.stats
 
 
 def fr_enabled(environ: Mapping[str, str]) -> bool:
@@ -134,6 +182,8 @@ def attach(
     markers: bool = True,
     source: str = "auto",
     fr_poll_s: float | None = None,
+    detail: str | None = None,
+    interval_s: float | None = None,
 ) -> Attachment:
     """Observe every torch.distributed collective and p2p call of this process.
 
@@ -147,6 +197,11 @@ def attach(
     Flight Recorder every ``fr_poll_s``, default 0.1 s: DDP's and torch.compile's collectives
     too), "both" (collectives from Flight Recorder, send/recv from the wrapper: nothing counted
     twice), or "auto" (per backend: ``AUTO_SOURCE``).
+
+    Records follow the bounded format (README, "Record format and its cost"): each
+    communicator's state every ``interval_s`` (default 1 s), an op in flight for ``heartbeat_s``
+    at once, and the DONE records of a sample of ops (at most about 8 per second and
+    communicator). ``detail="all"`` (or ``CCLDRUN_DETAIL=all``) sends every op's DONE record.
     """
     global _current
     with _lock:
@@ -155,17 +210,23 @@ def attach(
         settings = settings if settings is not None else Settings.load()
         if source not in SOURCES:
             raise ConfigError(f"unknown attach source {source!r}: use one of {', '.join(SOURCES)}")
+        detail = detail or os.environ.get(ENV_DETAIL, "").strip().lower() or "sampled"
+        if detail not in DETAIL_MODES:
+            raise ConfigError(f"unknown attach detail {detail!r}: use one of {', '.join(DETAIL_MODES)}")
         if sink is None:
             spec = sink_spec or "kafka"
             if spec.partition(":")[0] in ("", "kafka") and not settings.bootstrap:
                 raise ConfigError("ccld attach needs a broker: set CCLD_BOOTSTRAP or pass --bootstrap")
             sink = sink_from_spec(spec, settings)
+            if isinstance(sink, KafkaSink):
+                sink = KafkaBatchSink(sink)
         try:
             from ccld.producers.attach.probe_hook import load_marker_hook
             from ccld.producers.attach.torch_hooks import TorchHooks
         except ImportError as exc:  # torch missing
             raise ConfigError(f"ccld attach needs torch (pip install 'ccl-d[torch]'): {exc}") from exc
-        tracker = Tracker(sink=sink, heartbeat_s=heartbeat_s or DEFAULT_HEARTBEAT_S)
+        tracker = Tracker(sink=sink, heartbeat_s=heartbeat_s or DEFAULT_HEARTBEAT_S,
+                          interval_s=interval_s or DEFAULT_INTERVAL_S, detail=detail)  # fmt: skip
         if incarnation is None:
             incarnation = _env_int("TORCHELASTIC_RESTART_COUNT", 0)
         hooks = TorchHooks(

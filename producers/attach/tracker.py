@@ -2,31 +2,114 @@
 
 The training thread does as little as possible: ``enter`` builds one small object and appends
 it to a deque, ``exit`` stamps a time and appends again (both O(1), no lock, no I/O). A daemon
-thread drains the deque every tick, builds ``KernelRecord`` rows and hands them to the sink,
-and every heartbeat interval emits a PROGRESS sample for each operation still in flight: that
-heartbeat is what shows the analyzer a rank waiting inside a collective. Async operations
-whose ``Work`` nobody waits on are completed by polling ``is_completed`` from this thread.
-Nothing here raises into the caller; every failure is counted.
+thread drains the deque every tick and sends the bounded record format (README, "Record format
+and its cost"), so the record rate does not grow with the collective rate:
+
+- **state**, every ``interval_s`` (1 s) and communicator: ``PROGRESS`` of the newest op in
+  flight while the rank is inside one, else ``IDLE`` (``Status.IDLE``) with the last op's
+  signature and exit time. An op still in flight ``heartbeat_s`` after it entered is shipped at
+  once as well (a "look": at most one per communicator and interval, never twice for one op),
+  so a rank stuck in a new op shows up within ``heartbeat_s``, not at the next interval;
+- **detail**: the ``DONE`` record of an op only when ``ccld.records.detail_sampled(comm_hash,
+  op_seq, K)`` picks it (:func:`op_sampled`, the same rule in plain Python), with ``K =
+  detail_one_in(op rate)`` per communicator: the rate is measured over about ``interval_s`` of
+  its ops' own entry times and checked at fixed op sequence numbers (raised as soon as the ops
+  seen so far need it), so every rank of the communicator picks the same K from the same op on;
+  at most about ``DETAIL_OPS_PER_S`` (8) details per communicator and second, and every op when
+  a communicator runs at most 8 per second. It carries
+  ``t_prev_exit_ns``, the end of this rank's previous op on any communicator (the compute gap
+  before the op, whose predecessor was probably not sent). Ops not picked cost no record.
+
+``detail="all"`` sends the DONE record of every op and a PROGRESS every ``heartbeat_s`` for
+every op in flight (the per-call format, for debugging). Async operations whose ``Work``
+nobody waits on are completed by polling ``is_completed`` from this thread. Every table is
+bounded. Nothing here raises into the caller; every failure is counted.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from ccld.records import DType, KernelRecord, OpType, Status
+import numpy as np
+
+from ccld.records import DETAIL_OPS_PER_S, DType, KernelBatch, KernelRecord, OpType, Status, detail_one_in
 
 log = logging.getLogger(__name__)
 
+#: "sampled": the bounded format; "all": a DONE record per op (debugging, one record per call)
+DETAIL_MODES = ("sampled", "all")
+#: how often each communicator's state is sent and its op rate measured (README: sample_interval_s)
+DEFAULT_INTERVAL_S = 1.0
+#: a rate window counts as lasting this long at least (a burst of ops is not a rate)
+RATE_MIN_S = 0.1
+#: rate windows end at multiples of a power of two of op sequence numbers, at least this many
+CHECK_EVERY = 8
+#: ... about ``interval_s`` of ops at the stride in force, or, when the ops slowed down, at the
+#: first multiple of CHECK_EVERY this many intervals after the window began
+WINDOW_MAX = 2
+#: K goes up when the rate exceeds its budget by this factor (details up to 10/s), down only when
+#: the rate times ``LOWER_SLACK`` fits the lower K: a dead band, so a rate near a power-of-two
+#: boundary does not flip K, and ranks measuring it a hair apart still agree
+RAISE_SLACK = 1.25
+LOWER_SLACK = 1.5
+#: every this many windows (at multiples of RESYNC x W) K is set from the rate alone, so ranks
+#: that ever disagreed (one saw an op the other did not) agree again
+RESYNC = 16
+#: exit times remembered to find an op's predecessor (``t_prev_exit_ns``)
+EXITS_KEPT = 256
+
+_M64 = (1 << 64) - 1
+
+
+def op_sampled(comm_hash: int, op_seq: int, one_in: int) -> bool:
+    """``ccld.records.detail_sampled`` for one op in plain Python (the emitter asks it per op;
+    numpy costs more than the mix itself for a scalar). Same 64-bit mix, same answer."""
+    if one_in <= 1:
+        return True
+    x = (comm_hash & _M64) ^ ((op_seq * 0x9E3779B97F4A7C15) & _M64)
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _M64
+    x ^= x >> 31
+    return x & (one_in - 1) == 0
+
+
+@dataclass(frozen=True, slots=True)
+class AttachRecord(KernelRecord):
+    """A ``KernelRecord`` that also says where the rank's previous op ended (-1: unknown).
+
+    ``KernelRecord`` has no such field yet, so ``KernelBatch.from_records`` (the Kafka path)
+    leaves the batch column ``t_prev_exit_ns`` at -1 until it reads this attribute; the JSON
+    lines sink writes it (``to_dict``).
+    """
+
+    t_prev_exit_ns: int = -1
+
+    def to_dict(self) -> dict[str, Any]:
+        d = KernelRecord.to_dict(self)
+        d["t_prev_exit_ns"] = self.t_prev_exit_ns
+        return d
+
+
+def attach_batch(records: Sequence[KernelRecord]) -> KernelBatch:
+    """One batch of records of one communicator, with their ``t_prev_exit_ns`` column (which
+    ``KernelBatch.from_records`` does not fill yet)."""
+    batch = KernelBatch.from_records(records)
+    prev = np.fromiter((getattr(r, "t_prev_exit_ns", -1) for r in records), dtype=np.int64, count=len(records))
+    return dataclasses.replace(batch, columns={**batch.columns, "t_prev_exit_ns": prev})
+
 
 class RecordSink(Protocol):
-    """Where records go: ``MetricsProducer`` satisfies it, so do the file and list sinks."""
+    """Where records go: ``MetricsProducer`` satisfies it, so do the file and list sinks. A sink
+    that also has ``submit_batch(KernelBatch)`` gets each pump's records as one batch per
+    communicator, ``t_prev_exit_ns`` column included (the Kafka path: see ``session``)."""
 
     def submit(self, record: KernelRecord) -> None: ...
 
@@ -62,10 +145,26 @@ class OpCall:
     comm_size: int
     t_enter_ns: int
     t_exit_ns: int = -1
-    entered_sent: bool = False
-    done_queued: bool = False
-    done_sent: bool = False
+    done_queued: bool = False  # set by the training thread after t_exit_ns
+    seen: bool = False  # the emitter has counted its entry
+    done_seen: bool = False  # the emitter has handled its exit
     last_sample_ns: int = -1  # time of the last record sent for this call (heartbeat spacing)
+    t_prev_ns: int = -2  # end of the rank's previous op (-1 unknown, -2 not looked up yet)
+    one_in: int = 1  # the detail stride in force when it entered (set by the emitter)
+
+
+@dataclass(slots=True, eq=False)
+class _Comm:
+    """What the emitter keeps per communicator: its stride, rate window and newest states."""
+
+    active_ns: int  # the last time one of its ops entered or left
+    one_in: int = 1  # detail stride K
+    anchor_seq: int = -1  # the op the rate window starts at, and when it entered (own clock)
+    anchor_ns: int = -1
+    checked_seq: int = -1  # the last op the rate was checked at
+    last: OpCall | None = None  # the newest finished op (the IDLE state)
+    looked: OpCall | None = None  # the last op in flight shipped by a look
+    look_idx: int = -1  # interval of that look
 
 
 @dataclass
@@ -74,11 +173,15 @@ class TrackerStats:
 
     calls: int = 0
     records: int = 0
-    progress: int = 0
+    progress: int = 0  # PROGRESS records (states and looks of ops in flight)
+    idle: int = 0  # IDLE state records
+    details: int = 0  # DONE records (the sampled ops)
+    unsampled: int = 0  # finished ops the sampling left out (no record)
     dropped: int = 0  # events dropped because the queue was full
     sink_errors: int = 0
     internal_errors: int = 0
     unobserved: int = 0  # calls we could not identify (e.g. recv from any source)
+    comms_forgotten: int = 0  # communicators dropped from the bounded table
 
 
 @dataclass(frozen=True)
@@ -108,8 +211,20 @@ class Tracker:
     identity: Identity | None = None
     #: how the emitter asks a Work whether it finished (the attachment passes the unpatched method)
     is_completed: Callable[[Any], bool] = field(default=lambda work: bool(work.is_completed()))
+    #: state interval and rate window (seconds)
+    interval_s: float = DEFAULT_INTERVAL_S
+    #: "sampled" (the bounded format) or "all" (a DONE record per op)
+    detail: str = "sampled"
+    #: detailed ops per second and communicator at most
+    detail_budget: float = DETAIL_OPS_PER_S
+    #: communicators remembered (their states are sent every interval); the least recently used goes
+    comms_max: int = 1024
+    #: a communicator without ops this long is no longer reported
+    forget_s: float = 600.0
 
     def __post_init__(self) -> None:
+        if self.detail not in DETAIL_MODES:
+            raise ValueError(f"unknown detail mode {self.detail!r}: use one of {', '.join(DETAIL_MODES)}")
         self._events: deque[OpCall] = deque()
         self._inflight: dict[int, OpCall] = {}
         self._works: dict[int, tuple[Any, list[OpCall]]] = {}  # id(work) -> (work, its calls)
@@ -117,6 +232,14 @@ class Tracker:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._emit_lock = threading.Lock()
+        self._comms: dict[int, _Comm] = {}
+        self._exits: deque[int] = deque(maxlen=EXITS_KEPT)
+        self._next_state_ns: int | None = None
+        self._out: list[AttachRecord] = []  # this pump's records, delivered at its end
+
+    @property
+    def per_call(self) -> bool:
+        return self.detail == "all"
 
     # ---- training-thread side (cheap, never raises) ----
     def enter(
@@ -174,12 +297,12 @@ class Tracker:
         self._thread.start()
 
     def stop(self, flush_timeout_s: float = 2.0) -> None:
-        """Stop the thread, emit what is queued and flush the sink (bounded by the timeout)."""
+        """Stop the thread, emit what is queued and every communicator's state, flush the sink."""
         self._stop.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=flush_timeout_s)
         self._thread = None
-        self.pump()
+        self.pump(final=True)
         try:
             self.sink.flush(flush_timeout_s)
         except Exception:  # noqa: BLE001 - a dying sink must not hurt the job
@@ -189,17 +312,54 @@ class Tracker:
         while not self._stop.wait(self.tick_s):
             self.pump()
 
-    def pump(self, now_ns: int | None = None) -> None:
-        """One emitter step: poll async works, drain events, send heartbeats if due."""
+    def pump(self, now_ns: int | None = None, *, final: bool = False) -> None:
+        """One emitter step: poll async works, drain events, ship looks and (when due, or
+        ``final``) every communicator's state."""
         with self._emit_lock:
             try:
                 now = self.clock() if now_ns is None else now_ns
                 self._poll_works(now)
-                self._drain()
-                self._heartbeat(now)
+                self._drain(now)
+                newest = self._newest_inflight()
+                self._states(now, newest, final)
+                self._look(now, newest)
             except Exception:  # noqa: BLE001 - the emitter must survive anything
                 self.stats.internal_errors += 1
                 log.debug("ccld attach emitter step failed", exc_info=True)
+            self._deliver()
+
+    def _deliver(self) -> None:
+        out, self._out = self._out, []
+        if not out:
+            return
+        submit_batch = getattr(self.sink, "submit_batch", None)
+        if callable(submit_batch):
+            by_comm: dict[int, list[AttachRecord]] = {}
+            for r in out:
+                by_comm.setdefault(r.comm_hash, []).append(r)
+            for recs in by_comm.values():
+                try:
+                    submit_batch(attach_batch(recs))
+                except Exception:  # noqa: BLE001 - a dying sink must not hurt the job
+                    self.stats.sink_errors += len(recs)
+                    continue
+                for r in recs:
+                    self._count(r.status)
+            return
+        for r in out:
+            try:
+                self.sink.submit(r)
+            except Exception:  # noqa: BLE001 - MetricsProducer never raises, other sinks might
+                self.stats.sink_errors += 1
+                continue
+            self._count(r.status)
+
+    def _count(self, status: Status) -> None:
+        self.stats.records += 1
+        if status is Status.PROGRESS:
+            self.stats.progress += 1
+        elif status is Status.IDLE:
+            self.stats.idle += 1
 
     def _poll_works(self, now: int) -> None:
         for work, _calls in list(self._works.values()):
@@ -210,26 +370,145 @@ class Tracker:
             if done:
                 self.complete_work(work, now)
 
-    def _drain(self) -> None:
-        # Each call is queued twice (enter, exit). Whatever copy comes first decides: a call
-        # already finished when first seen is sent as one DONE row carrying both times.
+    def _drain(self, now: int) -> None:
+        # Each call is queued twice (enter, exit); whichever copy comes first counts its entry,
+        # and its exit is handled once it has one (a call already finished when first seen: both).
         events = self._events
         while events:
             call = events.popleft()
-            if call.done_queued:
-                if not call.done_sent:
-                    call.done_sent = call.entered_sent = True
-                    self._emit(call, Status.DONE, call.t_exit_ns)
-            elif not call.entered_sent:
-                call.entered_sent = True
-                self._emit(call, Status.ENTERED, call.t_enter_ns)
+            if not call.seen:
+                call.seen = True
+                self._entered(call, now)
+            if call.done_queued and not call.done_seen:
+                call.done_seen = True
+                self._finished(call, now)
 
-    def _heartbeat(self, now: int) -> None:
-        gap = int(self.heartbeat_s * 1e9)
+    def _comm(self, comm_hash: int, now: int) -> _Comm:
+        c = self._comms.get(comm_hash)
+        if c is None:
+            if len(self._comms) >= self.comms_max:
+                oldest = min(self._comms, key=lambda h: self._comms[h].active_ns)
+                del self._comms[oldest]
+                self.stats.comms_forgotten += 1
+            c = self._comms[comm_hash] = _Comm(active_ns=now)
+        return c
+
+    def _entered(self, call: OpCall, now: int) -> None:
+        c = self._comm(call.comm_hash, now)
+        c.active_ns = now
+        if not self.per_call:
+            self._measure(c, call)
+            call.one_in = c.one_in
+
+    def _measure(self, c: _Comm, call: OpCall) -> None:
+        """The op rate of the communicator and its stride K, decided at op sequence numbers and
+        measured on the ops' own entry times. A window ends at a multiple of W, a power of two of
+        about one interval's ops at the stride in force (W = 8 while K = 1, so a fast
+        communicator gets its K within its first 8 ops): every rank of the communicator sees the
+        same ops enter at the same pace, so all decide at the same op from about the same rate
+        and pick the same K (a rank that disagreed would send some ops' details the others leave
+        out). K has a dead band (``RAISE_SLACK``, ``LOWER_SLACK``) and is set from the rate alone
+        every ``RESYNC`` windows, so ranks that ever disagreed (one saw the first ops, one did not)
+        agree again. A window whose ops slowed down ends, at a multiple of 8, ``WINDOW_MAX``
+        intervals after it began."""
+        seq, t = call.op_seq, call.t_enter_ns
+        if c.anchor_seq < 0 or seq < c.anchor_seq:  # the first op, or a group made again
+            c.anchor_seq, c.anchor_ns, c.checked_seq, c.one_in = seq, t, seq, 1
+            return
+        if seq // CHECK_EVERY <= c.checked_seq // CHECK_EVERY:
+            return
+        c.checked_seq = seq
+        budget = self.detail_budget
+        w = CHECK_EVERY
+        while w < budget * c.one_in * self.interval_s:
+            w <<= 1
+        el_s = (t - c.anchor_ns) / 1e9
+        if seq // w > c.anchor_seq // w or el_s >= WINDOW_MAX * self.interval_s:
+            rate = (seq - c.anchor_seq) / max(el_s, RATE_MIN_S)
+            up = detail_one_in(rate / RAISE_SLACK, budget)
+            if up > c.one_in or seq // (w * RESYNC) > c.anchor_seq // (w * RESYNC):
+                c.one_in = up
+            else:
+                c.one_in = max(up, min(c.one_in, detail_one_in(rate * LOWER_SLACK, budget)))
+            c.anchor_seq, c.anchor_ns = seq, t
+
+    def _finished(self, call: OpCall, now: int) -> None:
+        self._exits.append(call.t_exit_ns)
+        c = self._comm(call.comm_hash, now)
+        c.active_ns = now
+        last = c.last
+        if last is None or call.op_seq >= last.op_seq or call.t_enter_ns >= last.t_exit_ns:
+            c.last = call  # the newest op (a group made again under the same hash starts at 0)
+        if self.per_call or op_sampled(call.comm_hash, call.op_seq, call.one_in):
+            self._emit(call, Status.DONE, call.t_exit_ns)
+            self.stats.details += 1
+        else:
+            self.stats.unsampled += 1
+
+    def _newest_inflight(self) -> dict[int, OpCall]:
+        """The op in flight with the highest sequence number of each communicator."""
+        newest: dict[int, OpCall] = {}
         for call in list(self._inflight.values()):
-            if call.entered_sent and not call.done_queued and now - call.last_sample_ns >= gap:
+            cur = newest.get(call.comm_hash)
+            if cur is None or call.op_seq > cur.op_seq:
+                newest[call.comm_hash] = call
+        return newest
+
+    def _look(self, now: int, newest: dict[int, OpCall]) -> None:
+        """Ship an op in flight for ``heartbeat_s`` now (a rank stuck in it is seen at once)."""
+        gap = int(self.heartbeat_s * 1e9)
+        if self.per_call:  # the per-call format: a PROGRESS every heartbeat for every op in flight
+            for call in list(self._inflight.values()):
+                if now - call.t_enter_ns >= gap and now - call.last_sample_ns >= gap:
+                    self._emit(call, Status.PROGRESS, now)
+            return
+        idx = now // self._interval_ns()
+        for h, call in newest.items():
+            if now - call.t_enter_ns < gap:
+                continue
+            c = self._comm(h, now)
+            if c.looked is call or c.look_idx == idx:
+                continue
+            c.looked, c.look_idx = call, idx
+            self._emit(call, Status.PROGRESS, now)
+
+    def _interval_ns(self) -> int:
+        return max(int(self.interval_s * 1e9), 1)
+
+    def _states(self, now: int, newest: dict[int, OpCall], final: bool) -> None:
+        """Every interval (intervals are aligned to the clock), each communicator's newest state."""
+        iv = self._interval_ns()
+        due = self._next_state_ns
+        if due is None:
+            self._next_state_ns = (now // iv + 1) * iv
+            if not final:
+                return
+        elif now < due and not final:
+            return
+        self._next_state_ns = (now // iv + 1) * iv
+        for h in newest:
+            self._comm(h, now)
+        forget = int(self.forget_s * 1e9)
+        for h, c in list(self._comms.items()):
+            call = newest.get(h)
+            if call is not None:
                 self._emit(call, Status.PROGRESS, now)
-                self.stats.progress += 1
+                c.looked = call  # shipped: no look for it now
+            elif c.last is not None:
+                self._emit(c.last, Status.IDLE, now)
+            if call is None and now - c.active_ns > forget:
+                del self._comms[h]
+                self.stats.comms_forgotten += 1
+
+    def _t_prev(self, call: OpCall) -> int:
+        """End of this rank's previous op on any communicator: the latest exit before ``call`` entered."""
+        if call.t_prev_ns == -2:
+            best, t_in = -1, call.t_enter_ns
+            for t in self._exits:
+                if best < t < t_in:
+                    best = t
+            call.t_prev_ns = best
+        return call.t_prev_ns
 
     def _emit(self, call: OpCall, status: Status, t_sample_ns: int) -> None:
         call.last_sample_ns = t_sample_ns
@@ -238,7 +517,7 @@ class Tracker:
             self.stats.unobserved += 1
             return
         try:
-            record = KernelRecord(
+            record = AttachRecord(
                 job=ident.job,
                 incarnation=ident.incarnation,
                 comm_hash=call.comm_hash,
@@ -254,26 +533,31 @@ class Tracker:
                 host=ident.host,
                 status=status,
                 t_enter_ns=call.t_enter_ns,
-                t_exit_ns=call.t_exit_ns if status is Status.DONE else -1,
+                t_exit_ns=call.t_exit_ns if status in (Status.DONE, Status.IDLE) else -1,
                 t_sample_ns=t_sample_ns,
+                t_prev_exit_ns=self._t_prev(call),
             )
         except Exception:  # noqa: BLE001
             self.stats.internal_errors += 1
             return
-        try:
-            self.sink.submit(record)
-            self.stats.records += 1
-        except Exception:  # noqa: BLE001 - MetricsProducer never raises, other sinks might
-            self.stats.sink_errors += 1
+        self._out.append(record)
 
     def detach_after_fork(self) -> None:
         """In a forked child: forget the parent's queue and thread, and send nothing."""
         self._events.clear()
         self._inflight.clear()
         self._works.clear()
+        self._comms.clear()
+        self._exits.clear()
+        self._next_state_ns = None
+        self._out = []
         self._thread = None
         self._emit_lock = threading.Lock()  # the parent's emitter may have held it at fork time
         self.sink = NullSink()
 
     def inflight(self) -> list[OpCall]:
         return list(self._inflight.values())
+
+    def strides(self) -> dict[int, int]:
+        """The detail stride K of each communicator now (tests, stats)."""
+        return {h: c.one_in for h, c in self._comms.items()}

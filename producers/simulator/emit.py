@@ -13,14 +13,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from ccld.probe.ring_plan import fold_columns
-from ccld.producers.simulator.engine import Phase
+from ccld.probe.ring_plan import fold_columns, fold_peaks
+from ccld.producers.simulator.engine import Phase, kernel_peaks
 from ccld.producers.simulator.topology import Topology
 from ccld.records import BATCH_COLUMNS, MAX_CHANNELS, KernelBatch, Status
 
@@ -49,6 +49,11 @@ class Emitter:
     skew_s: F64  # per host
     producer: str
     drift: F64 | None = None  # per host: its clock runs (1 + drift) times as fast
+    seed: int = 0  # the scenario's: the kernels' peak backlog noise is drawn from its own stream
+    rng: np.random.Generator = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "rng", np.random.default_rng([self.seed, 3]))
 
     def ns(self, t: F64, ranks: I64) -> I64:
         """True seconds -> nanoseconds on each rank's own clock."""
@@ -119,6 +124,13 @@ class Emitter:
         send = np.where(started, np.minimum(ph.s_send[i], level + ph.send_lead[i]), 0)
         recv = np.where(started, np.minimum(ph.s_recv[i], level + ph.recv_lead[i]), 0)
         done = st == int(Status.DONE)
+        # DONE carries the peak backlog each kernel kept per channel (probe v2); other rows: unknown
+        peak = np.full((i.size, min(self.channels, MAX_CHANNELS)), -1, dtype=np.int64)
+        if done.any():
+            d = np.flatnonzero(done)
+            dr = i[d]
+            peak[d] = fold_peaks(kernel_peaks(self.rng, ph.peak_lead[dr], self.channels, ph.s_send[dr], ph.s_recv[dr]),
+                                 MAX_CHANNELS)
         return {
             "_comm": ph.comm[i],
             "_t": t,
@@ -137,6 +149,7 @@ class Emitter:
             "t_sample_ns": self.ns(t, ranks),
             "_send": send,
             "_recv": recv,
+            "_peak": peak,
         }
 
     def batches(self, parts: list[dict[str, npt.NDArray[Any]]], seq0: int) -> list[KernelBatch]:
@@ -167,6 +180,7 @@ class Emitter:
                     recv=recv2[a:b],
                     producer=self.producer,
                     batch_seq=seq0 + len(out),
+                    peak_lag=cols["_peak"][a:b],
                 )
             )
         return out
@@ -174,10 +188,10 @@ class Emitter:
 
 def emit(
     phases: list[Phase], topo: Topology, *, job: str, channels: int, interval_s: float, duration_s: float,
-    skew_s: F64, producer: str, drift: F64 | None = None,
+    skew_s: F64, producer: str, drift: F64 | None = None, seed: int = 0,
 ) -> Iterator[tuple[float, KernelBatch]]:
     """Yield ``(delivery time, batch)`` in non-decreasing time order."""
-    em = Emitter(topo, job, channels, interval_s, duration_s, skew_s, producer, drift)
+    em = Emitter(topo, job, channels, interval_s, duration_s, skew_s, producer, drift, seed)
     spans = []
     for ph in phases:
         inside = ph.enter <= duration_s

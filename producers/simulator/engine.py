@@ -27,7 +27,7 @@ import numpy.typing as npt
 
 from ccld.producers.simulator.scenario import Fault, Scenario
 from ccld.producers.simulator.topology import Topology
-from ccld.records import DType, OpType
+from ccld.records import PEAK_LAG_MAX, DType, OpType
 
 I64 = npt.NDArray[np.int64]
 F64 = npt.NDArray[np.float64]
@@ -43,6 +43,11 @@ BARRIER_S = 0.005
 #: (NCCL_STEPS): how far a rank's RecvCount can run ahead of its SendCount behind a slow link.
 SLOT_RATE = 2000.0
 IN_FLIGHT = 8
+#: A healthy ring rank receives a step ahead of forwarding it now and then: the peak backlog its
+#: kernel records on a channel is 0..HEALTHY_PEAK slots (uniform, per op, rank and channel). Behind a
+#: slow link the source's peak reaches ``source_peak`` less 0..PEAK_SHORTFALL slots.
+HEALTHY_PEAK = 2
+PEAK_SHORTFALL = 2
 ELEMS_PER_SLOT = 1 << 18
 
 
@@ -91,15 +96,44 @@ class Phase:
     send_lead: I64 = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     recv_lead: I64 = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     freeze: F64 = field(default_factory=lambda: np.zeros(0))
+    peak_lead: I64 = field(default_factory=lambda: np.zeros(0, dtype=np.int64))  # a slow link's source: its kernel peak
 
     def __post_init__(self) -> None:
         n = self.ranks.shape[0]
+        if self.peak_lead.shape[0] != n:
+            self.peak_lead = np.zeros(n, dtype=np.int64)
         if self.send_lead.shape[0] != n:
             self.send_lead = np.zeros(n, dtype=np.int64)
         if self.recv_lead.shape[0] != n:
             self.recv_lead = np.zeros(n, dtype=np.int64)
         if self.freeze.shape[0] != n:
             self.freeze = np.ones(n)
+
+
+def source_peak(slots: int, factor: float) -> int:
+    """The backlog a slow link's source builds in one op of ``slots`` slots per channel when the link
+    runs at ``factor`` of its bandwidth: data arrives faster than it leaves, ``slots x (1 - factor)``
+    more over the op, but never more than the slots in flight (``IN_FLIGHT``). A dead link (H3,
+    factor 0) fills them before the counters stop."""
+    return int(min(IN_FLIGHT, math.ceil(slots * (1.0 - min(max(factor, 0.0), 1.0)))))
+
+
+def kernel_peaks(rng: np.random.Generator, lead: I64, channels: int, s_send: I64 | None = None,
+                 s_recv: I64 | None = None) -> I64:
+    """The per-hardware-channel peak RecvCount - SendCount each of ``lead.size`` kernels would record
+    (``(n, channels)``): healthy noise, or on a slow link's source (``lead`` = its ``source_peak`` > 0)
+    that backlog less a little noise. A hung kernel's peak is what it had by the freeze. With the
+    kernels' total counts (``s_send``/``s_recv``): a kernel that receives more than it sends (a p2p
+    RECV) peaks at least at the difference, one that never receives (a p2p SEND) at 0."""
+    n = lead.shape[0]
+    peak = rng.integers(0, HEALTHY_PEAK + 1, size=(n, channels))
+    if (lead > 0).any():
+        behind = np.maximum(lead[:, None] - rng.integers(0, PEAK_SHORTFALL + 1, size=(n, channels)), 0)
+        peak = np.maximum(peak, behind)
+    if s_send is not None and s_recv is not None:
+        peak = np.maximum(peak, (s_recv - s_send)[:, None])
+        peak[s_recv <= 0] = 0
+    return np.minimum(peak, PEAK_LAG_MAX)
 
 
 def fired(faults: Sequence[Fault], h1: Callable[[int], bool], pending_h2: Sequence[Fault],
@@ -233,6 +267,7 @@ class Engine(FaultBook):
         dur_g = np.full(groups, nominal_s)
         n = grid.size
         send_lead, recv_lead, freeze = np.zeros(n, np.int64), np.zeros(n, np.int64), np.ones(n)
+        peak_lead = np.zeros(n, np.int64)
         hang_g = np.zeros(groups, dtype=bool)
         slots = op_slots(nominal_s)
         ranks = grid.ravel()
@@ -262,6 +297,8 @@ class Engine(FaultBook):
                 recv_lead[g * size : (g + 1) * size] = IN_FLIGHT
                 send_lead[pos] = 0
                 recv_lead[nxt] = 0
+                factor = 0.0 if f.kind == "H3" else f.factor if f.kind == "S2" else f.link_factor
+                peak_lead[pos] = source_peak(slots, factor)
         for f in list(self.pending_h2):
             if self._h2_target(f) != (family, op):
                 continue
@@ -288,6 +325,7 @@ class Engine(FaultBook):
                 csize=_full(n, size), lhost=lhost[ranks], op_type=op_t, dtype=dt, count=cnt, peer=_full(n, -1),
                 enter=enter, exit=exit_, start=start, dur=dur, slots=_full(n, slots), s_send=_full(n, slots),
                 s_recv=_full(n, slots), send_lead=send_lead, recv_lead=recv_lead, freeze=freeze,
+                peak_lead=peak_lead,
             )
         )
         return exit_

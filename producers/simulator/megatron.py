@@ -25,8 +25,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ccld.probe.ring_plan import fold_columns
-from ccld.producers.simulator.engine import IN_FLIGHT, SLOT_RATE, FaultBook, fired
+from ccld.probe.ring_plan import fold_columns, fold_peaks
+from ccld.producers.simulator.engine import IN_FLIGHT, SLOT_RATE, FaultBook, fired, kernel_peaks, source_peak
 from ccld.producers.simulator.scenario import Fault, Scenario
 from ccld.producers.simulator.topology import Topology, comm_hash_of
 from ccld.records import (
@@ -151,6 +151,7 @@ class MegatronSim(FaultBook):
         self.drift = np.zeros(len(topo.hosts)) if drift is None else drift  # per host, fraction
         self.budget = detail_ops_per_s
         self.rng = np.random.default_rng(sc.seed)
+        self.pk_rng = np.random.default_rng([sc.seed, 3])  # kernel peaks: their own stream, timing keeps its draws
         self.c = _comms(topo)
         n = topo.n
         self.clock = self.rng.uniform(0.0, 0.05, n)
@@ -166,6 +167,7 @@ class MegatronSim(FaultBook):
         # members whose newest op a fault changed: a link backlog (send/recv lead) or a freeze
         self.m_sl = np.zeros(nm, dtype=np.int64)
         self.m_rl = np.zeros(nm, dtype=np.int64)
+        self.m_pl = np.zeros(nm, dtype=np.int64)  # a slow link's source: the peak backlog its kernel keeps
         self.m_fr = np.ones(nm)
         self.m_probewin = np.full(nm, -1, dtype=np.int64)  # interval of the member's last in-flight sample
         self.next_inst = np.zeros(nm, dtype=np.int64)
@@ -279,6 +281,8 @@ class MegatronSim(FaultBook):
                 rl_[g * size : (g + 1) * size] = IN_FLIGHT
                 sl_[pos] = 0
                 rl_[nxt] = 0
+                factor = 0.0 if f.kind == "H3" else f.factor if f.kind == "S2" else f.link_factor
+                special.setdefault("peak_lead", np.zeros(nn, np.int64))[pos] = source_peak(_slots(nominal_s), factor)
         for f in list(self.pending_h2):
             want = ("dp", OpType.REDUCE_SCATTER) if f.mismatch == "order" or self.topo.tp < 2 else ("tp", op)
             if want != (family, op):
@@ -400,7 +404,8 @@ class MegatronSim(FaultBook):
         self.mf[gi] = fb if allok else fb[ok]
         self.mi[gi] = ib if allok else ib[ok]
         if special or lay.cache.get("special"):
-            fields_ = ((self.m_sl, "send_lead", 0), (self.m_rl, "recv_lead", 0), (self.m_fr, "freeze", 1.0))
+            fields_ = ((self.m_sl, "send_lead", 0), (self.m_rl, "recv_lead", 0), (self.m_fr, "freeze", 1.0),
+                       (self.m_pl, "peak_lead", 0))
             for arr, k, default in fields_:
                 v = special.get(k)
                 arr[gi] = default if v is None else (v if allok else v[ok])
@@ -455,6 +460,13 @@ class MegatronSim(FaultBook):
         recv = np.where(started, np.minimum(tp[:, 6], level + self.m_rl[g]), 0)
         ranks = self.c.m_rank[g]
         prev = f[:, _F_PREV]
+        # DONE carries the peak backlog each kernel kept per channel (probe v2); other rows: unknown
+        ch = min(self.sc.channels, MAX_CHANNELS)
+        if final:
+            peak = fold_peaks(kernel_peaks(self.pk_rng, self.m_pl[g], self.sc.channels, tp[:, 5], tp[:, 6]),
+                              MAX_CHANNELS)
+        else:
+            peak = np.full((g.shape[0], ch), -1, dtype=np.int64)
         self.pending.append({
             "_cid": self.c.m_cid[g], "_hash": self.hash_arr[self.c.m_cid[g]], "_inc": np.full(g.shape[0], self.inc),
             "_t": t, "op_seq": mi[:, _I_SEQ], "op_type": tp[:, 0], "dtype": tp[:, 1],
@@ -464,7 +476,7 @@ class MegatronSim(FaultBook):
             "t_exit_ns": np.where(inside, -1, self._ns(np.where(inside, 0.0, ex), ranks)),
             "t_sample_ns": self._ns(t, ranks),
             "t_prev_exit_ns": np.where(prev >= 0, self._ns(np.maximum(prev, 0.0), ranks), -1),
-            "_send": send, "_recv": recv,
+            "_send": send, "_recv": recv, "_peak": peak,
         })
 
     def _ns(self, t: F64, ranks: I64) -> I64:
@@ -506,6 +518,7 @@ class MegatronSim(FaultBook):
                 job=self.job, incarnation=int(cols["_inc"][a]), comm_hash=int(cols["_hash"][a]), world_size=self.topo.n,
                 hosts=self.c.hosts[cid], columns={k: cols[k][a:b] for k in names}, send=send2[a:b, :ch],
                 recv=recv2[a:b, :ch], producer=self.producer, batch_seq=self.batch_seq,
+                peak_lag=cols["_peak"][a:b, :ch],
             )
             self.batch_seq += 1
             yield min((w + 1) * dt, self.sc.duration_s) + DELIVERY_LATENCY_S, batch

@@ -41,6 +41,7 @@ def simulate(scenario: Scenario, *, job: str | None = None) -> Iterator[tuple[fl
     yield from emit(
         phases, topo, job=job or scenario.id, channels=scenario.channels, interval_s=scenario.sample_interval_s,
         duration_s=scenario.duration_s, skew_s=skew, producer=f"sim:{scenario.id}", drift=drift,
+        seed=scenario.seed,
     )
 
 

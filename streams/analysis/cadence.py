@@ -24,6 +24,7 @@ I64 = npt.NDArray[np.int64]
 # a period must be confirmed by this many op pairs beyond one full period (one repetition is a coincidence)
 MIN_EXTRA_PAIRS = 2
 CHUNK = 1024  # communicators per vectorised period search
+SPREAD_MIN = 64  # communicators items_spread searches per call at least (small jobs: all of them every time)
 
 
 class Cadence:
@@ -35,6 +36,8 @@ class Cadence:
         self.seq = np.full((0, self.w), -1, dtype=np.int64)
         # patterns restored from a saved state (communicator hex -> signatures by seq % period)
         self.restored: dict[str, tuple[int, ...]] = {}
+        self._found: dict[int, tuple[str, list[int]] | None] = {}  # items_spread's results by communicator
+        self._next = 0  # the communicator items_spread searches next
 
     def _ensure(self, n_comms: int) -> None:
         extra = n_comms - self.sig.shape[0]
@@ -126,6 +129,24 @@ class Cadence:
             if pat is not None and len(set(pat)) > 1:
                 out.append((comm_hex[cid], list(pat)))
         return out
+
+    def items_spread(self, n_comms: int, comm_hex: Sequence[str], calls: int) -> list[tuple[str, list[int]]]:
+        """``items()`` with the search spread over ``calls`` calls: each searches the next share of the
+        communicators (round robin, at least ``SPREAD_MIN`` of them) and the rest come from earlier calls.
+
+        The worker saves its state every second; searching every communicator of a thousand-rank job
+        each time was a third of its CPU, and all of them at once blocks its event loop for 0.3 s.
+        """
+        n = min(n_comms, self.sig.shape[0])
+        if n == 0:
+            return []
+        step = min(n, max(SPREAD_MIN, -(-n // max(1, calls))))
+        cids = (self._next + np.arange(step, dtype=np.int64)) % n
+        self._next = int((self._next + step) % n)
+        for cid, p in zip(cids.tolist(), self.periods(cids).tolist(), strict=True):
+            pat = self.pattern(cid, p) if p > 1 else None
+            self._found[cid] = (comm_hex[cid], list(pat)) if pat is not None and len(set(pat)) > 1 else None
+        return [v for k, v in sorted(self._found.items()) if v is not None and k < n]
 
     def restore(self, patterns: Mapping[str, Sequence[int]]) -> None:
         self.restored = {k: tuple(int(x) for x in v) for k, v in patterns.items() if v}

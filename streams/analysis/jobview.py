@@ -24,6 +24,8 @@ from ccld.streams.analysis.state import JobState
 from ccld.streams.analysis.waitfor import HangRoot
 
 BARRIER = int(OpType.BARRIER)
+#: A saved state searches 1/this of the communicators' step patterns (the worker saves every second).
+CADENCE_SAVE_SPREAD = 30
 
 
 @dataclass
@@ -40,7 +42,7 @@ class JobAnalysis:
         self.incarnation = incarnation
         self.s = settings
         self.js = JobState(job, incarnation)
-        self.ops = OpTable()
+        self.ops = OpTable(settings)
         self.slow = SlowDetector(settings)
         self.diag_cache: dict[int, tuple[float, CommDiag | None]] = {}
         self.roots_sig: tuple[tuple[int, float], ...] = ()
@@ -62,7 +64,10 @@ class JobAnalysis:
         return lambda seq: self.cadence.expected(cid, seq, self.js.comm_hex(cid))
 
     def cadence_items(self) -> list[tuple[str, list[int]]]:
-        return self.cadence.items(self.js.n_comms, [self.js.comm_hex(c) for c in range(self.js.n_comms)])
+        """The learned step patterns to save; each call searches a share of the communicators (a step's
+        pattern changes rarely, and a saved one is only a fallback after a restart)."""
+        n = self.js.n_comms
+        return self.cadence.items_spread(n, [self.js.comm_hex(c) for c in range(n)], CADENCE_SAVE_SPREAD)
 
     def learn_pauses(self, diags: dict[int, CommDiag], now: float) -> None:
         """A stall that ended by itself is a pause this communicator may show again."""

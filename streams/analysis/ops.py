@@ -4,6 +4,13 @@ Rows of all communicators of a job are folded at once (sort + reduceat), and an 
 table when every member reported its DONE record (or after a timeout with most of them). The
 result is one vector per statistic over the completed ops, so the slow detector never loops
 over ranks in Python.
+
+Backlog (RecvCount - SendCount on a rank: it receives faster than it can forward, so the link it
+sends on is slow) comes from two places: PROGRESS samples a poll took while the op was in flight,
+and the per-kernel peak a DONE record carries (probe v2: the kernel kept, per channel, the largest
+backlog it had). A healthy ring rank normally receives a step or two ahead of forwarding, so a peak
+counts only where it stands out from the communicator's learned healthy peak level
+(``peak_threshold``); the rows that do not stand out teach that level.
 """
 
 from __future__ import annotations
@@ -13,12 +20,17 @@ from dataclasses import dataclass, fields
 import numpy as np
 import numpy.typing as npt
 
+from ccld.records import OpType
+from ccld.streams.analysis.settings import AnalyzerSettings
 from ccld.streams.analysis.state import DONE, PROGRESS, JobState, Rows, sig_code
 
 I64 = npt.NDArray[np.int64]
 F64 = npt.NDArray[np.float64]
 
 _INF = np.inf
+#: ring collectives: every rank receives and forwards, so a peak RecvCount - SendCount means data came in
+#: faster than it could leave (a p2p RECV receives everything and forwards nothing: its peak says nothing)
+FORWARDING_OPS = np.array([int(OpType.ALL_REDUCE), int(OpType.ALL_GATHER), int(OpType.REDUCE_SCATTER)])
 
 
 @dataclass
@@ -34,7 +46,7 @@ class OpRows:
     tmin: F64  # shortest kernel time on a rank's own clock (s)
     late: I64  # comm rank with the shortest kernel time: the last to arrive
     tmax: F64
-    lag: F64  # largest RecvCount - SendCount seen in a PROGRESS sample (-inf: none)
+    lag: F64  # largest RecvCount - SendCount seen in a PROGRESS sample or a standing-out DONE peak (-inf: none)
     lagr: I64  # comm rank where that backlog was seen
     first_now: F64  # analyzer time the op was first seen
     late_gap: F64  # the late arriver's time outside collectives before this op (own clock, s)
@@ -58,11 +70,62 @@ class OpRows:
         return cls(**{f.name: np.concatenate([getattr(p, f.name) for p in parts]) for f in fields(cls)})
 
 
+def peak_threshold(level: F64, s: AnalyzerSettings) -> F64:
+    """The peak (counter units) a channel must exceed to count as a slow link's backlog, given the
+    communicator's learned healthy peak ``level``."""
+    return level + np.maximum(s.peak_margin, s.peak_margin_ratio * level)
+
+
+def done_peaks(js: JobState, r: Rows, di: I64, s: AnalyzerSettings) -> tuple[F64, F64]:
+    """The standing-out part of the DONE rows ``di``'s per-kernel peaks, and learn the healthy level.
+
+    Returns ``(per_channel, per_row)``: per channel the peak where it exceeds ``peak_threshold`` of
+    its communicator's learned level (else 0), and per row their sum (-inf where nothing stands out).
+    Only ring collectives (``FORWARDING_OPS``) count and teach.
+    Nothing counts before a communicator has learned ``peak_learn_rows`` rows; rows with no channel
+    standing out teach the level (an exponential average of each row's largest channel peak, a
+    plain mean over the first ``1 / peak_learn_rate`` rows), so a lasting slow link never becomes
+    the norm. Rows without a known peak (older probes, sources without counters) change nothing.
+    """
+    nd = di.size
+    per_row = np.full(nd, -_INF)
+    per_ch = np.zeros((nd, r.peak.shape[1]))
+    if nd == 0:
+        return per_ch, per_row
+    pk = r.peak[di]
+    known = (pk >= 0).any(axis=1) & np.isin(r.op_type[di], FORWARDING_OPS)
+    if not known.any():
+        return per_ch, per_row
+    ki = np.flatnonzero(known)
+    pkk = pk[ki].astype(np.float64)
+    cid = r.cid[di][ki]
+    ready = js.c_pk_rows[cid] >= s.peak_learn_rows
+    thr = peak_threshold(js.c_pk_level[cid], s)
+    over = ready[:, None] & (pkk > thr[:, None])
+    hit = over.any(axis=1)
+    if hit.any():
+        per_ch[ki] = np.where(over, pkk, 0.0)
+        per_row[ki[hit]] = per_ch[ki[hit]].sum(axis=1)
+    learn = ~hit
+    if learn.any():
+        lc = cid[learn]
+        rowmax = np.maximum(pkk[learn].max(axis=1), 0.0)
+        u, inv = np.unique(lc, return_inverse=True)
+        k = np.bincount(inv).astype(np.float64)
+        mean = np.bincount(inv, weights=rowmax) / k
+        n_old = js.c_pk_rows[u].astype(np.float64)
+        w = np.maximum(1.0 - (1.0 - s.peak_learn_rate) ** k, k / (n_old + k))
+        js.c_pk_level[u] += w * (mean - js.c_pk_level[u])
+        js.c_pk_rows[u] += k.astype(np.int64)
+    return per_ch, per_row
+
+
 class OpTable:
     """Ops still waiting for some DONE records."""
 
-    def __init__(self) -> None:
+    def __init__(self, settings: AnalyzerSettings | None = None) -> None:
         self.open = OpRows.empty()
+        self.s = settings if settings is not None else AnalyzerSettings()
 
     def add(self, js: JobState, r: Rows) -> int:
         """Fold one tick's rows into the open ops; returns the number of DONE records counted."""
@@ -84,6 +147,11 @@ class OpTable:
         if pos.any():  # backlog is rare (a slow or dead link): accumulate only where there is some
             rows_pos = pos.any(axis=1)
             np.add.at(js.m_lagch, r.gi[pi][rows_pos], np.where(pos[rows_pos], lagc[rows_pos], 0))
+        # the kernels' own peak backlog, reported with DONE: seen even in ops no poll caught in flight
+        pk_ch, pk_row = done_peaks(js, r, di, self.s)
+        pk_hit = np.isfinite(pk_row)
+        if pk_hit.any():
+            np.add.at(js.m_lagch, r.gi[di][pk_hit], pk_ch[pk_hit])
         sig = sig_code(r.op_type, r.dtype, r.count, r.peer)
         dur = (r.t_exit[di] - r.t_enter[di]) * 1e-9
         gap = js.gaps(r.rank[di], r.t_enter[di], r.t_exit[di], r.t_prev[di])
@@ -101,8 +169,8 @@ class OpTable:
             tmin=np.concatenate([dur, np.full(npr, _INF)]),
             late=np.concatenate([r.crank[di], np.full(npr, -1, dtype=np.int64)]),
             tmax=np.concatenate([dur, np.full(npr, -_INF)]),
-            lag=np.concatenate([np.full(nd, -_INF), lagc.sum(axis=1).astype(np.float64)]),
-            lagr=np.concatenate([np.full(nd, -1, dtype=np.int64), r.crank[pi]]),
+            lag=np.concatenate([pk_row, lagc.sum(axis=1).astype(np.float64)]),
+            lagr=np.concatenate([np.where(pk_hit, r.crank[di], -1), r.crank[pi]]),
             first_now=r.now[rows],
             late_gap=np.concatenate([gap, np.zeros(npr)]),
             gap_sum=np.concatenate([gap, np.zeros(npr)]),
@@ -139,7 +207,7 @@ def _fold(a: OpRows) -> OpRows:
     out.tmax = np.maximum.reduceat(s.tmax, start)
     out.first_now = np.minimum.reduceat(s.first_now, start)
     out.gap_sum = np.add.reduceat(s.gap_sum, start)
-    # the largest backlog and where it was seen (only PROGRESS samples carry one)
+    # the largest backlog and where it was seen (PROGRESS samples and standing-out DONE peaks carry one)
     out.lag = np.maximum.reduceat(s.lag, start)
     has = np.isfinite(s.lag)
     if has.any():

@@ -59,6 +59,7 @@ class Rows:
     t_prev: I64  # end of the rank's previous op on any communicator, when the source says (-1: unknown)
     send: I64  # (n, MAX_CHANNELS)
     recv: I64
+    peak: I64  # (n, MAX_CHANNELS): the kernel's own peak RecvCount - SendCount per channel (DONE, probe v2); -1 unknown
 
     @property
     def n(self) -> int:
@@ -102,6 +103,10 @@ class JobState:
         "c_maxop_s": (np.float64, 0.0),
         "c_counters": (np.bool_, False),  # some record of this communicator carried channel counters
         "c_first_now": (np.float64, np.inf),  # analyzer time the communicator was first seen
+        # the healthy level of the per-kernel peak backlog DONE records carry (exponential average of
+        # each row's largest channel peak, learned from rows that do not stand out) and rows learned
+        "c_pk_level": (np.float64, 0.0),
+        "c_pk_rows": (np.int64, 0),
     }
 
     def __init__(self, job: str, incarnation: int) -> None:
@@ -149,6 +154,8 @@ class JobState:
     c_maxop_s: F64
     c_counters: BOOL
     c_first_now: F64
+    c_pk_level: F64
+    c_pk_rows: I64
 
     @property
     def n_comms(self) -> int:
@@ -266,6 +273,7 @@ class JobState:
             t_prev=cat["t_prev_exit_ns"],
             send=_stack_counters(sends),
             recv=_stack_counters(recvs),
+            peak=_stack_counters([b.peaks for b in bs], fill=-1),
         )
         if not ok.all():
             # a communicator grew (comm_size rose in its records): widen it for the next tick
@@ -381,18 +389,18 @@ class JobState:
         return f"{self.comm_hashes[cid] & 0xFFFF_FFFF_FFFF_FFFF:016x}"
 
 
-def _stack_counters(parts: list[I64]) -> I64:
-    """Concatenate (n, channels) counter blocks into (N, MAX_CHANNELS), zero-filling narrower ones."""
+def _stack_counters(parts: list[I64], fill: int = 0) -> I64:
+    """Concatenate (n, channels) counter blocks into (N, MAX_CHANNELS), ``fill``-ing narrower ones."""
     widths = {p.shape[1] for p in parts}
     if len(widths) == 1:
         cat = np.concatenate(parts)
         w = cat.shape[1]
         if w == MAX_CHANNELS:
             return cat
-        out = np.zeros((cat.shape[0], MAX_CHANNELS), dtype=np.int64)
+        out = np.full((cat.shape[0], MAX_CHANNELS), fill, dtype=np.int64)
         out[:, :w] = cat
         return out
-    out = np.zeros((sum(p.shape[0] for p in parts), MAX_CHANNELS), dtype=np.int64)
+    out = np.full((sum(p.shape[0] for p in parts), MAX_CHANNELS), fill, dtype=np.int64)
     a = 0
     for p in parts:
         out[a : a + p.shape[0], : p.shape[1]] = p

@@ -24,6 +24,7 @@ pytest.importorskip("torch", reason="torch is not installed (pip install 'ccl-d[
 
 from ccld.producers.attach.cli import prepare_env  # noqa: E402
 from ccld.producers.attach.localrun import LocalJob, launch  # noqa: E402
+from ccld.producers.attach.session import ENV_DETAIL  # noqa: E402
 from ccld.producers.attach.sinks import read_jsonl  # noqa: E402
 from ccld.records import AnomalyKind, KernelRecord, OpType, Status  # noqa: E402
 from ccld.settings import Settings  # noqa: E402
@@ -102,11 +103,13 @@ dist.destroy_process_group()
 
 
 def start(tmp_path: Path, settings: Settings, args: list[str], *, sink: str = "kafka",
-          source: str | None = None) -> LocalJob:  # fmt: skip
+          source: str | None = None, detail: str | None = None) -> LocalJob:  # fmt: skip
     site = tmp_path / "site"
     site.mkdir(exist_ok=True)
     (tmp_path / "fr_ddp_job.py").write_text(JOB)
     env = prepare_env(settings, str(site), sink=sink, heartbeat_ms=100, source=source)
+    if detail is not None:  # "all": every op's DONE record (the test that counts each collective)
+        env[ENV_DETAIL] = detail
     env["PYTHONPATH"] = f"{env['PYTHONPATH']}{os.pathsep}{tmp_path}"
     return launch(WORLD, ["fr_ddp_job", *args], tmp_path / "ranks", env=env)
 
@@ -121,7 +124,7 @@ def test_ddp_all_reduces_are_recorded_once_with_agreeing_trace_ids(tmp_path: Pat
     steps = 12
     out = tmp_path / "records"
     job = start(tmp_path, Settings.load({}, job="fr-ddp"), ["--steps", str(steps), "--compute-ms", "10"],
-                sink=f"jsonl:{out}", source="both")  # fmt: skip
+                sink=f"jsonl:{out}", source="both", detail="all")  # fmt: skip
     try:
         codes = job.wait(60)
     finally:
@@ -163,11 +166,11 @@ def test_ddp_all_reduces_are_recorded_once_with_agreeing_trace_ids(tmp_path: Pat
 @pytest.fixture
 def live_job(
     tmp_path: Path, fast: Settings, worker_factory: Callable[[Settings], WorkerProcess]
-) -> Iterator[Callable[[list[str]], LocalJob]]:
+) -> Iterator[Callable[..., LocalJob]]:
     jobs: list[LocalJob] = []
 
-    def run(args: list[str]) -> LocalJob:
-        job = start(tmp_path, fast, args, source="both")  # gloo's default ("auto") is wrap
+    def run(args: list[str], detail: str | None = None) -> LocalJob:
+        job = start(tmp_path, fast, args, source="both", detail=detail)  # gloo's default ("auto") is wrap
         jobs.append(job)
         worker_factory(fast).start()
         return job
@@ -185,7 +188,7 @@ def records(settings: Settings) -> list[KernelRecord]:
     return [r for b in raw_batches(settings, idle_s=2.0) for r in b.records()]
 
 
-def sigstop_case(fast: Settings, live_job: Callable[[list[str]], LocalJob], extra: list[str], ready_s: float,
+def sigstop_case(fast: Settings, live_job: Callable[..., LocalJob], extra: list[str], ready_s: float,
                  count: int) -> None:  # fmt: skip
     at = 15
     job = live_job(["--culprit", str(CULPRIT), "--pause-at", str(at), "--compute-ms", "20", *extra])
@@ -200,26 +203,36 @@ def sigstop_case(fast: Settings, live_job: Callable[[list[str]], LocalJob], extr
     assert hung and {r.rank for r in hung} == set(range(WORLD)) - {CULPRIT}, v.describe()
     # the peers wait in an operation Python never called (the wrapper's only call has 1 element)
     assert {(r.op_type, r.count) for r in hung} == {(OpType.ALL_REDUCE, count)}, hung[:3]
-    assert len({(r.rank, r.op_seq) for r in recs if r.count == count and r.status is Status.DONE}) >= WORLD * 5
+    # DONE records of that operation before the hang: only the sampled ones (detail_sampled), the
+    # same op sequences on every rank (the first 8 ops of a communicator always: K starts at 1)
+    done: dict[int, set[int]] = defaultdict(set)
+    for r in recs:
+        if r.count == count and r.status is Status.DONE:
+            done[r.rank].add(r.op_seq)
+    assert set(done) == set(range(WORLD)) and len(set.intersection(*done.values())) >= 2, done
 
 
-def test_h1_a_sigstopped_rank_stops_ddps_all_reduce(fast: Settings, live_job: Callable[[list[str]], LocalJob]) -> None:
+def test_h1_a_sigstopped_rank_stops_ddps_all_reduce(fast: Settings, live_job: Callable[..., LocalJob]) -> None:
     t0 = time.monotonic()
     sigstop_case(fast, live_job, [], 40, BUCKET)
     assert time.monotonic() - t0 < 60
 
 
 def test_h1_a_sigstopped_rank_stops_a_compiled_functional_all_reduce(
-    fast: Settings, live_job: Callable[[list[str]], LocalJob]
+    fast: Settings, live_job: Callable[..., LocalJob]
 ) -> None:
     # inductor compiles the step on each rank (a few seconds with a warm cache, about 30 s cold);
     # the peers then hang in the compiled step's functional all-reduce, before DDP's
     sigstop_case(fast, live_job, ["--compile"], 90, FUNCOL)
 
 
-def test_s1_a_slow_rank_under_ddp(fast: Settings, live_job: Callable[[list[str]], LocalJob]) -> None:
+def test_s1_a_slow_rank_under_ddp(fast: Settings, live_job: Callable[..., LocalJob]) -> None:
+    # every op's DONE record (CCLDRUN_DETAIL=all). With the sampled details alone this case is
+    # flaky (S2/S3 instead of S1 in about half the runs): Flight Recorder knows a gloo op's exit
+    # only to half a (stretched, ~200 ms) poll, so the late arriver's own kernel time is noise of
+    # that size, and a window of 5 sampled ops judges the communication slow too. Open (README).
     job = live_job(["--culprit", str(CULPRIT), "--slow-from", "40", "--slow-factor", "6", "--compute-ms", "30",
-                    "--duration-s", "45"])  # fmt: skip
+                    "--duration-s", "45"], detail="all")  # fmt: skip
     v = first_verdict(fast, AnomalyKind.S1, 50, job)
     assert v.root_cause_ranks == (CULPRIT,), v.describe()
     job.kill()

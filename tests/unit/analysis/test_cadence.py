@@ -151,3 +151,34 @@ def test_period_is_learned_from_a_sample_of_the_ops() -> None:
     c.update(np.zeros(seqs.size, dtype=np.int64), seqs, np.asarray([pattern[s % 8] for s in seqs]), 1)
     assert c.periods(np.asarray([0]))[0] == 8
     assert [c.expected(0, n, "x") for n in (200, 204, 207)] == [rs, ag, ag]
+
+
+def test_saving_spreads_the_period_search_and_after_a_round_finds_what_items_finds() -> None:
+    """The worker saves every second: each save searches a share of the communicators, round robin."""
+    from ccld.streams.analysis import cadence as cad
+
+    n = 3 * cad.SPREAD_MIN + 5
+    c = Cadence(16)
+    seq = np.arange(40, dtype=np.int64)
+    for cid in range(n):  # every third communicator repeats A B (saved), the others one op (not saved)
+        sig = np.where(seq % 2 == 0, 1, 2) if cid % 3 == 0 else np.full(40, 7)
+        c.update(np.full(40, cid, dtype=np.int64), seq, sig, n)
+    names = [f"c{i}" for i in range(n)]
+    want = c.items(n, names)
+    searched: list[int] = []
+    periods = c.periods
+
+    def counting(cids: np.ndarray) -> np.ndarray:
+        searched.append(int(cids.shape[0]))
+        return periods(cids)
+
+    c.periods = counting  # type: ignore[method-assign]
+    first = c.items_spread(n, names, calls=30)
+    assert searched == [cad.SPREAD_MIN] and 0 < len(first) < len(want)
+    for _ in range(3):
+        last = c.items_spread(n, names, calls=30)
+    assert last == want and len(last) == len(range(0, n, 3))
+    assert searched == [cad.SPREAD_MIN] * 4  # never the whole job in one save
+    small = Cadence(16)
+    small.update(np.zeros(40, dtype=np.int64), seq, np.where(seq % 2 == 0, 1, 2), 1)
+    assert small.items_spread(1, ["s"], calls=30) == [("s", [1, 2])]  # a small job: all of it at once

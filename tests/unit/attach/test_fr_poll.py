@@ -122,17 +122,21 @@ def test_a_finished_entry_becomes_one_done_row_with_the_wrappers_trace_id() -> N
     assert src.asked == [(True, True)]  # includeCollectives, onlyActive
 
 
-def test_an_active_entry_heartbeats_until_a_later_poll_sees_it_retired() -> None:
+def test_an_active_entry_is_shipped_in_flight_until_a_later_poll_sees_it_retired() -> None:
     poller, tr, sink, clock, src = make()
     clock.t = 1_100 * MS
     src.text = dump([entry(0, 1, created_ms=1_050)], {"0": (1, 0)})
     poller.poll_once()
     tr.pump()
+    assert rows(sink) == []  # in flight for 50 ms: not yet worth a record (heartbeat 200 ms)
     for _ in range(3):
         clock.t += 250 * MS
         poller.poll_once()
         tr.pump()
-    assert [r.status for r in rows(sink)] == [Status.ENTERED] + [Status.PROGRESS] * 3
+    # in flight since 1,050 ms: shipped once at the first look past the heartbeat (1,350 ms), not
+    # again in that interval; the communicator's state at the 2,000 ms boundary is not due yet
+    [look] = rows(sink)
+    assert (look.status, look.op_seq, look.t_sample_ns, look.t_exit_ns) == (Status.PROGRESS, 0, 1_350 * MS, -1)
     clock.t += 100 * MS  # 1,950 ms: done, discovered by this poll (the previous one was at 1,850)
     src.text = dump([entry(0, 1, created_ms=1_050, retired=True)], {"0": (1, 1)})
     poller.poll_once()
@@ -141,6 +145,9 @@ def test_an_active_entry_heartbeats_until_a_later_poll_sees_it_retired() -> None
     assert len(done) == 1 and done[0].t_enter_ns == 1_050 * MS
     assert done[0].t_exit_ns == 1_900 * MS  # between the last poll that saw it in flight and this one
     assert not tr.inflight()
+    clock.t = 2_000 * MS  # the interval boundary: the communicator's newest state, idle after op 0
+    tr.pump()
+    assert [(r.status, r.op_seq, r.t_exit_ns) for r in rows(sink)[-1:]] == [(Status.IDLE, 0, 1_900 * MS)]
 
 
 def test_an_entry_that_leaves_the_dump_finishes_only_when_pg_status_says_so() -> None:
@@ -201,7 +208,10 @@ def test_entries_finished_before_the_poller_started_are_history() -> None:
     poller.poll_once()
     tr.pump()
     assert poller.stats.preexisting == 1
-    assert sorted((r.op_seq, r.status) for r in rows(sink)) == [(1, Status.ENTERED), (2, Status.DONE)]
+    assert sorted((r.op_seq, r.status) for r in rows(sink)) == [(2, Status.DONE)]
+    clock.t += 100 * MS  # #1 (created at 950 ms) has been in flight for the heartbeat: shipped
+    tr.pump()
+    assert sorted((r.op_seq, r.status) for r in rows(sink)) == [(1, Status.PROGRESS), (2, Status.DONE)]
 
 
 def test_each_entry_is_entered_once_and_ring_buffer_gaps_are_counted() -> None:

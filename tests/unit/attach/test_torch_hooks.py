@@ -32,7 +32,8 @@ def world() -> Iterator[None]:
 @pytest.fixture
 def sink(world: None) -> Iterator[ListSink]:
     sink = ListSink()
-    att = attach(Settings.load({}, job="unit"), sink=sink, heartbeat_s=0.05, markers=False)
+    # every op's DONE record (the per-call format): these tests check how each call is identified
+    att = attach(Settings.load({}, job="unit"), sink=sink, heartbeat_s=0.05, markers=False, detail="all")
     att.tracker.tick_s = 0.01
     yield sink
     detach()
@@ -172,3 +173,27 @@ def test_a_forked_child_stays_silent(sink: ListSink) -> None:
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
     assert current() is att and att.hooks.enabled
+
+
+def test_the_detail_mode_comes_from_the_argument_or_the_environment(world: None, monkeypatch: Any) -> None:
+    from ccld.errors import ConfigError
+    from ccld.producers.attach.session import ENV_DETAIL
+
+    monkeypatch.setenv(ENV_DETAIL, "all")
+    try:
+        assert attach(Settings.load({}, job="unit"), sink=ListSink(), markers=False).tracker.detail == "all"
+    finally:
+        detach()
+    try:
+        att = attach(Settings.load({}, job="unit"), sink=ListSink(), markers=False, detail="sampled", interval_s=2.0)
+        assert (att.tracker.detail, att.tracker.interval_s) == ("sampled", 2.0)
+    finally:
+        detach()
+    monkeypatch.setenv(ENV_DETAIL, "every")
+    with pytest.raises(ConfigError, match="detail"):
+        attach(Settings.load({}, job="unit"), sink=ListSink(), markers=False)
+    monkeypatch.delenv(ENV_DETAIL)
+    try:
+        assert attach(Settings.load({}, job="unit"), sink=ListSink(), markers=False).tracker.detail == "sampled"
+    finally:
+        detach()

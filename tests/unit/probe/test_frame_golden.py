@@ -13,10 +13,10 @@ from ccld.records import DType, OpType, TraceId
 
 TRACE = TraceId(0x0123456789ABCDEF, 5, OpType.ALL_GATHER, DType.FLOAT16, 0xFFFF)
 
-# seq 4 (two write sections), version 1, 2 channels, enabled, kernel 1 begun and done, t_begin, t_end
+# seq 4 (two write sections), version 2, 2 channels, enabled, kernel 1 begun and done, t_begin, t_end
 # fmt: off
 GOLDEN_HEADER = bytes.fromhex(
-    "04000000" "0100" "02" "01" "01000000" "01000000" "1111000000000000" "2222000000000000"
+    "04000000" "0200" "02" "01" "01000000" "01000000" "1111000000000000" "2222000000000000"
 )
 GOLDEN_TRACE = bytes.fromhex("efcdab8967452301" "05000000" "01" "01" "ffff")
 # fmt: on
@@ -42,19 +42,22 @@ def test_golden_frame_bytes() -> None:
     assert len(raw) == 1184
     assert raw[:32] == GOLDEN_HEADER
     assert raw[32:48] == GOLDEN_TRACE == TRACE.pack()
-    counters = struct.pack("<16Q", 3, 0, 0, 2, *([0] * 12))
+    # channel 1 received 2 before sending anything: its recv word carries peak 2 in bits 48-63
+    counters = struct.pack("<16Q", 3, 0, 0, (2 << 48) | 2, *([0] * 12))
     assert raw[48:176] == counters
+    assert raw[48 + 24 : 48 + 32] == bytes.fromhex("0200000000000200")
     assert raw[176:] == bytes(1184 - 176)
 
 
 def test_decode_golden_frame() -> None:
     snap = frame.decode(_written())
-    assert (snap.seq, snap.version, snap.n_channels, snap.enabled) == (4, 1, 2, True)
+    assert (snap.seq, snap.version, snap.n_channels, snap.enabled) == (4, 2, 2, True)
     assert (snap.kernel_index, snap.kernels_done, snap.inside) == (1, 1, False)
     assert (snap.t_begin_ns, snap.t_end_ns, snap.last_update_ns) == (0x1111, 0x2222, 0x2222)
     sub = snap.sub_for(1)
     assert sub.trace() == TraceId(TRACE.comm_hash, 5, OpType.ALL_GATHER, DType.FLOAT16, 0xFFFF)
     assert sub.send[:2] == (3, 0) and sub.recv[:2] == (0, 2)
+    assert sub.peak[:2] == (0, 2)
     assert snap.sub_for(9) is sub
 
 
@@ -134,4 +137,6 @@ def test_decoder_agrees_with_the_numpy_view_on_random_bytes() -> None:
     for s in range(layout.N_SUBBLOCKS):
         assert snap.subs[s].trace_raw == view["sub"][s]["trace"].tobytes()
         assert snap.subs[s].send == tuple(int(x) for x in view["sub"][s]["counters"]["send"])
-        assert snap.subs[s].recv == tuple(int(x) for x in view["sub"][s]["counters"]["recv"])
+        words = [int(x) for x in view["sub"][s]["counters"]["recv"]]
+        assert snap.subs[s].recv == tuple(w & (2**48 - 1) for w in words)
+        assert snap.subs[s].peak == tuple(w >> 48 for w in words)
