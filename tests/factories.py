@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import io
 from typing import Any
 
-from ccld.records import DType, KernelRecord, OpType, Status
+import fastavro
+
+from ccld.records import DType, KernelBatch, KernelRecord, OpType, Status
+from ccld.schemas.codec import Schema
 
 
 def make_kernel_record(**over: Any) -> KernelRecord:
@@ -17,3 +21,18 @@ def make_kernel_record(**over: Any) -> KernelRecord:
     )
     fields.update(over)
     return KernelRecord(**fields)
+
+
+def written_by(old: Schema, b: KernelBatch) -> bytes:
+    """``b`` as a writer with the older KernelBatch schema ``old`` sent it: only the columns ``old`` has."""
+    fields = {f["name"] for f in old.raw["fields"]}
+    rec: dict[str, Any] = dict.fromkeys(fields)
+    rec.update(job=b.job, incarnation=b.incarnation, comm_hash=b.comm_hash, world_size=b.world_size, producer="p",
+               batch_seq=1, n=b.n, channels=b.channels, hosts=list(b.hosts),
+               send=b.send.astype("<i8").tobytes(), recv=b.recv.astype("<i8").tobytes())
+    for name, col in b.columns.items():
+        if name in fields:
+            rec[name] = col.astype("<i8").tobytes()
+    buf = io.BytesIO()
+    fastavro.schemaless_writer(buf, old.parsed, rec)
+    return old.header + buf.getvalue()

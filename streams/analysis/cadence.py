@@ -14,7 +14,7 @@ communicator is diagnosed (a stall), over that short window.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 import numpy.typing as npt
@@ -130,7 +130,7 @@ class Cadence:
                 out.append((comm_hex[cid], list(pat)))
         return out
 
-    def items_spread(self, n_comms: int, comm_hex: Sequence[str], calls: int) -> list[tuple[str, list[int]]]:
+    def items_spread(self, n_comms: int, comm_hex: Callable[[int], str], calls: int) -> list[tuple[str, list[int]]]:
         """``items()`` with the search spread over ``calls`` calls: each searches the next share of the
         communicators (round robin, at least ``SPREAD_MIN`` of them) and the rest come from earlier calls.
 
@@ -145,7 +145,7 @@ class Cadence:
         self._next = int((self._next + step) % n)
         for cid, p in zip(cids.tolist(), self.periods(cids).tolist(), strict=True):
             pat = self.pattern(cid, p) if p > 1 else None
-            self._found[cid] = (comm_hex[cid], list(pat)) if pat is not None and len(set(pat)) > 1 else None
+            self._found[cid] = (comm_hex(cid), list(pat)) if pat is not None and len(set(pat)) > 1 else None
         return [v for k, v in sorted(self._found.items()) if v is not None and k < n]
 
     def restore(self, patterns: Mapping[str, Sequence[int]]) -> None:

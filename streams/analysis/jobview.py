@@ -66,8 +66,7 @@ class JobAnalysis:
     def cadence_items(self) -> list[tuple[str, list[int]]]:
         """The learned step patterns to save; each call searches a share of the communicators (a step's
         pattern changes rarely, and a saved one is only a fallback after a restart)."""
-        n = self.js.n_comms
-        return self.cadence.items_spread(n, [self.js.comm_hex(c) for c in range(n)], CADENCE_SAVE_SPREAD)
+        return self.cadence.items_spread(self.js.n_comms, self.js.comm_hex, CADENCE_SAVE_SPREAD)
 
     def learn_pauses(self, diags: dict[int, CommDiag], now: float) -> None:
         """A stall that ended by itself is a pause this communicator may show again."""

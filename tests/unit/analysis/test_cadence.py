@@ -173,12 +173,12 @@ def test_saving_spreads_the_period_search_and_after_a_round_finds_what_items_fin
         return periods(cids)
 
     c.periods = counting  # type: ignore[method-assign]
-    first = c.items_spread(n, names, calls=30)
+    first = c.items_spread(n, names.__getitem__, calls=30)
     assert searched == [cad.SPREAD_MIN] and 0 < len(first) < len(want)
     for _ in range(3):
-        last = c.items_spread(n, names, calls=30)
+        last = c.items_spread(n, names.__getitem__, calls=30)
     assert last == want and len(last) == len(range(0, n, 3))
     assert searched == [cad.SPREAD_MIN] * 4  # never the whole job in one save
     small = Cadence(16)
     small.update(np.zeros(40, dtype=np.int64), seq, np.where(seq % 2 == 0, 1, 2), 1)
-    assert small.items_spread(1, ["s"], calls=30) == [("s", [1, 2])]  # a small job: all of it at once
+    assert small.items_spread(1, ["s"].__getitem__, calls=30) == [("s", [1, 2])]  # a small job: all of it at once

@@ -5,14 +5,12 @@ and older writers' batches (schema history ``KernelBatch-v2``, before the column
 from __future__ import annotations
 
 import dataclasses
-import io
 
-import fastavro
 import numpy as np
 
 from ccld.records import KernelBatch, batch_value_problems
 from ccld.schemas.codec import _writers, decode_metrics, encode_batch, load_schema
-from factories import make_kernel_record
+from factories import make_kernel_record, written_by
 
 
 def _batch() -> KernelBatch:
@@ -52,13 +50,5 @@ def test_batch_of_a_writer_before_peak_lag_decodes() -> None:
     assert old.fingerprint != load_schema("KernelBatch").fingerprint
     assert "peak_lag" not in {f["name"] for f in old.raw["fields"]}
     b = _batch()
-    rec = {f["name"]: None for f in old.raw["fields"]}
-    rec.update(job=b.job, incarnation=b.incarnation, comm_hash=b.comm_hash, world_size=b.world_size, producer="p",
-               batch_seq=1, n=b.n, channels=b.channels, hosts=list(b.hosts),
-               send=b.send.astype("<i8").tobytes(), recv=b.recv.astype("<i8").tobytes())
-    for name, col in b.columns.items():
-        rec[name] = col.astype("<i8").tobytes()
-    buf = io.BytesIO()
-    fastavro.schemaless_writer(buf, old.parsed, rec)
-    got = decode_metrics(old.header + buf.getvalue())
+    got = decode_metrics(written_by(old, b))
     assert got.records() == b.records() and (got.peaks == -1).all() and got.peaks.shape == (3, 2)

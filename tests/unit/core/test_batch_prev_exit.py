@@ -3,14 +3,11 @@ writers' batches (schema history ``KernelBatch-v1``) still decode, reading it as
 
 from __future__ import annotations
 
-import io
-
-import fastavro
 import numpy as np
 
 from ccld.records import KernelBatch
 from ccld.schemas.codec import _writers, decode_metrics, encode_batch, load_schema
-from factories import make_kernel_record
+from factories import make_kernel_record, written_by
 
 
 def _batch() -> KernelBatch:
@@ -33,14 +30,5 @@ def test_batch_of_an_older_writer_decodes() -> None:
     assert old.name == "KernelBatch" and old.fingerprint in _writers()
     assert old.fingerprint != load_schema("KernelBatch").fingerprint
     b = _batch()
-    rec = {f["name"]: None for f in old.raw["fields"]}
-    rec.update(job=b.job, incarnation=b.incarnation, comm_hash=b.comm_hash, world_size=b.world_size, producer="p",
-               batch_seq=1, n=b.n, channels=b.channels, hosts=list(b.hosts),
-               send=b.send.astype("<i8").tobytes(), recv=b.recv.astype("<i8").tobytes())
-    for name, col in b.columns.items():
-        if name != "t_prev_exit_ns":
-            rec[name] = col.astype("<i8").tobytes()
-    buf = io.BytesIO()
-    fastavro.schemaless_writer(buf, old.parsed, rec)
-    got = decode_metrics(old.header + buf.getvalue())
+    got = decode_metrics(written_by(old, b))
     assert got.records() == b.records() and got.columns["t_prev_exit_ns"].tolist() == [-1, -1, -1]
