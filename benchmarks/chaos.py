@@ -1,11 +1,16 @@
 """Measure what a broker outage costs the metrics producer, with and without the on-disk spool.
 
     python benchmarks/chaos.py [--outage-s 60] [--run-s 120] [--rate 1000]
+    python benchmarks/chaos.py --fault-verdict [--outage-s 60]
 
 Each run: a fresh embedded broker, one MetricsProducer submitting ``rate`` records/s for
 ``run_s`` seconds, an outage of ``outage_s`` starting at ``run_s/6`` (SIGSTOP/SIGCONT, or
 kill -9 and a restart on the same port), then close() and a read-back of the topic.
 Default settings otherwise (message timeout 30 s). Prints one markdown table row per run.
+
+``--fault-verdict``: the end-to-end run instead (``tests/chaos/test_outage_fault.py`` with a long
+outage): a real-time ``ccld simulate`` with the spool on, a real ``ccld worker``, the broker frozen
+for ``outage_s`` while a rank hangs; one row: records produced / on the broker, verdicts.
 """
 
 from __future__ import annotations
@@ -101,13 +106,53 @@ def one_run(fault: str, spool: bool, *, run_s: float, outage_s: float, rate: int
             f"{st['spooled_in_records']} / {st['replayed_records']} | {slowest * 1000:.1f} ms |")
 
 
+def fault_verdict_run(outage_s: float) -> str:
+    import sys
+    from pathlib import Path
+
+    here = Path(__file__).resolve().parent.parent / "tests"
+    sys.path[:0] = [str(here), str(here / "chaos")]
+    from chaoslib import ChaosBroker, fault_during_outage  # the chaos test's own function, longer outage
+    from harness import WorkerProcess
+
+    broker = ChaosBroker()
+    tmp = Path(tempfile.mkdtemp(prefix="ccld-chaos-"))
+    tag = uuid.uuid4().hex[:8]
+    s = Settings.load({}, bootstrap=broker.bootstrap, topic_prefix=f"v{tag}.", metrics_partitions=1,
+                      worker_app_id=f"ccld-chaos-{tag}", worker_tick_s=0.5, worker_commit_interval_s=0.5)
+    ensure_topics(s)
+    worker = WorkerProcess(s, tmp / "worker.log").start()
+    try:
+        at, onset = 10.0, 10.0 + outage_s / 2
+        r = fault_during_outage(broker, s, worker, tmp / "spool", outage_at_s=at, outage_s=outage_s,
+                                onset_s=onset, duration_s=at + outage_s + 40.0)
+    finally:
+        worker.stop()
+        broker.stop()
+    v = r["verdict"]
+    opened = len({x.incident_id for x in r["verdicts_raw"]})
+    stats = r["stdout"].strip().splitlines()[-1] if r["stdout"].strip() else "(no output)"
+    return (f"| SIGSTOP broker {outage_s:.0f} s from {at:.0f} s, rank 5 hangs at {onset:.0f} s | on | "
+            f"{r['expected_records']} | {r['records_on_broker']} | {r['expected_records'] - r['records_on_broker']} | "
+            f"{'H1 rank 5' if v else 'none'}, {r['verdict_after_thaw_s'] or 0:.0f} s after SIGCONT | "
+            f"{opened} / {len(r['verdicts_raw'])} | exit {r['returncode']}: {stats} |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--outage-s", type=float, default=60.0)
     ap.add_argument("--run-s", type=float, default=120.0)
     ap.add_argument("--rate", type=int, default=1000)
     ap.add_argument("--only", default="", help="sigstop-off, sigstop-on, kill-off, kill-on (comma separated)")
+    ap.add_argument("--fault-verdict", action="store_true",
+                    help="the end-to-end run: a hang during the outage, producer spooling, worker reporting")
     a = ap.parse_args()
+    if a.fault_verdict:
+        print("| fault | spool | records produced | on the broker | lost | verdict | verdicts distinct / raw "
+              "| producer |")
+        print("|---|---|---|---|---|---|---|---|")
+        print(fault_verdict_run(a.outage_s), flush=True)
+        return
     print("| fault | spool | records produced | delivered (counted) | on the broker | really lost "
           "| counted lost | spooled / replayed | slowest submit |")
     print("|---|---|---|---|---|---|---|---|---|")

@@ -35,20 +35,21 @@ def topic_id(settings: Settings, timeout_s: float = 1.5) -> str | None:
         raise
 
 
-def read_partition(settings: Settings, partition: int, upto: int, idle_s: float = 3.0) -> list[
+def read_partition(settings: Settings, partition: int, upto: int, idle_s: float = 3.0, *, start: int = 0) -> list[
         tuple[int, float | None, bytes | None]]:
-    """(offset, timestamp s, value) of every message of the metrics partition below ``upto`` (no group)."""
+    """(offset, timestamp s, value) of every message of the metrics partition in ``[start, upto)`` (no group)."""
     from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
     out: list[tuple[int, float | None, bytes | None]] = []
-    if upto <= 0:
+    if upto <= max(start, 0):
         return out
     # No end-of-partition events: Tansu's high watermark is wrong (platform notes), so the read ends at
     # ``upto`` or after ``idle_s`` without a message.
+    # A ``start`` below the log's first offset (retention deleted it) reads from the first one there is.
     c = Consumer(kafka_config(settings, **{"group.id": f"{settings.worker_app_id}-backfill",
-                                           "enable.auto.commit": False}))
+                                           "enable.auto.commit": False, "auto.offset.reset": "earliest"}))
     try:
-        c.assign([TopicPartition(settings.metrics_topic, partition, OFFSET_BEGINNING)])
+        c.assign([TopicPartition(settings.metrics_topic, partition, start if start > 0 else OFFSET_BEGINNING)])
         last = time.monotonic()
         while time.monotonic() - last < idle_s:
             msg = c.poll(0.2)

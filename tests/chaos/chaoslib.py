@@ -7,8 +7,10 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +22,8 @@ from ccld.records import KernelBatch, Verdict
 from ccld.schemas.codec import decode_verdict, encode_batch
 from ccld.settings import Settings
 from ccld.stack.broker import EmbeddedBroker, tansu_binary, wait_until_answers
-from harness import WorkerProcess, raw_messages
+from ccld.stack.up import child_env
+from harness import WorkerProcess, collect_verdicts, raw_batches, raw_messages
 
 
 class ChaosBroker:
@@ -99,6 +102,38 @@ def committed(settings: Settings) -> int:
         c.close()
 
 
+def snapshots(settings: Settings, partition: int = 0) -> list[tuple[int, bytes]]:
+    """Every snapshot on the worker's changelog for ``partition``, oldest first: (its next offset, raw value)."""
+    import zlib
+
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+    c = Consumer({"bootstrap.servers": settings.bootstrap, "group.id": f"snap-{time.time_ns()}",
+                  "enable.auto.commit": False})
+    out: list[tuple[int, bytes]] = []
+    try:
+        c.assign([TopicPartition(f"{settings.worker_app_id}-analyzer-state-changelog", partition, OFFSET_BEGINNING)])
+        last = time.monotonic()
+        while time.monotonic() - last < 2.0:  # no end-of-partition: Tansu's high watermark is wrong
+            m = c.poll(0.2)
+            if m is None or m.error() is not None:
+                continue
+            last = time.monotonic()
+            raw = m.value() or b""
+            out.append((int(json.loads(zlib.decompress(raw)).get("next_offset", -1)), raw))
+        return out
+    finally:
+        c.close()
+
+
+def republish_snapshot(settings: Settings, raw: bytes, partition: int = 0) -> None:
+    """Append ``raw`` to the changelog as the partition's newest snapshot (what a restarted worker restores)."""
+    p = Producer({"bootstrap.servers": settings.bootstrap})
+    p.produce(f"{settings.worker_app_id}-analyzer-state-changelog", raw, key=f"{settings.metrics_topic}:{partition}",
+              partition=partition)
+    assert p.flush(10) == 0
+
+
 def wait_for(cond: Callable[[], bool], timeout_s: float, every_s: float = 0.25) -> bool:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -167,3 +202,46 @@ def record_result(fault: str, injected: str, *, produced: int, delivered: int, v
            "verdicts_received": verdicts_received, "duplicated": verdicts_raw - verdicts_received, **extra}
     with Path(path).open("a") as f:
         f.write(json.dumps(row) + "\n")
+
+
+def fault_during_outage(broker: ChaosBroker, settings: Settings, worker: WorkerProcess, spool_dir: Path, *,
+                        outage_at_s: float, outage_s: float, onset_s: float, duration_s: float,
+                        rank: int = 5) -> dict[str, Any]:
+    """A real-time ``ccld simulate`` with the spool on, the broker frozen while a rank hangs (H1 at ``onset_s``).
+
+    The producer must keep every record through the outage and replay it; the worker, which sees nothing
+    during the freeze, must then name the rank once. Returns what was measured (the caller asserts).
+    """
+    scenario = {"id": "outage-fault", "seed": 11, "ranks": 8, "gpus_per_node": 8, "step_time_s": 0.25,
+                "duration_s": duration_s, "faults": [{"kind": "H1", "rank": rank, "onset_s": onset_s}],
+                "expect": [{"kind": "H1", "rank": rank}]}
+    dry = subprocess.run([sys.executable, "-P", "-m", "ccld.cli", "simulate", json.dumps(scenario), "--dry-run"],
+                         capture_output=True, text=True, check=True, timeout=120)
+    expected = int(json.loads(dry.stdout)["records"])
+    proc = subprocess.Popen(
+        [sys.executable, "-P", "-m", "ccld.cli", "simulate", json.dumps(scenario), "--realtime",
+         "--flush-timeout-s", "120", "--set", "producer_message_timeout_ms=2000", "--set", f"spool_dir={spool_dir}"],
+        env=child_env(settings), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    t0 = time.monotonic()
+    time.sleep(outage_at_s)
+    broker.freeze()
+    try:
+        time.sleep(outage_s)
+    finally:
+        broker.thaw()
+    thawed = time.time()
+    out, err = proc.communicate(timeout=duration_s + 240)
+    got = collect_verdicts(settings, 90, until=lambda vs: any(rank in v.root_cause_ranks for v in vs))
+    hit = [v for v in got if v.kind.value == "H1" and rank in v.root_cause_ranks]
+    # When the worker had the broker's ack for it: its log line (local wall time, as time.time()).
+    sent_at = [datetime.strptime(m, "%Y-%m-%d %H:%M:%S,%f").timestamp() for m in re.findall(
+        r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+) INFO ccld\.streams\.app: verdict \[open\] H1 rank",
+        worker.log_path.read_text(errors="replace"))]
+    verdict_after_thaw_s = sent_at[0] - thawed if sent_at else None
+    time.sleep(2)  # time for a repeat to show up
+    raw = raw_verdicts(settings)
+    batches = {(b.producer, b.batch_seq): b for b in raw_batches(settings, idle_s=3.0)}
+    return {"returncode": proc.returncode, "stdout": out, "stderr": err[-3000:], "expected_records": expected,
+            "records_on_broker": sum(b.n for b in batches.values()), "verdict": hit[0] if hit else None,
+            "verdicts_raw": [v for v in raw if v.state.value == "open"], "wall_s": time.monotonic() - t0,
+            "verdict_after_thaw_s": verdict_after_thaw_s}

@@ -19,7 +19,17 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from ccld.records import AnomalyKind, Verdict, VerdictState
 from ccld.schemas.codec import encode_verdict
 from ccld.settings import Settings
-from chaoslib import produce, raw_verdicts, record_result, scenario_batches, wait_for, worker_counters
+from chaoslib import (
+    committed,
+    produce,
+    raw_verdicts,
+    record_result,
+    republish_snapshot,
+    scenario_batches,
+    snapshots,
+    wait_for,
+    worker_counters,
+)
 from harness import WorkerProcess, collect_verdicts
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
@@ -61,6 +71,41 @@ def test_worker_killed_with_sigkill_loses_and_repeats_nothing(
                   f"{recovered_s:.0f} s after the restart", produced=sent, delivered=c.get("analyzed_records", 0),
                   verdicts_expected=2, verdicts_received=sum(opened.values()),
                   verdicts_raw=sum(1 for v in raw if v.state.value == "open"))
+
+
+def test_a_worker_resumed_past_its_snapshot_reads_the_offsets_between_back(
+    chaos_settings: Settings, chaos_worker: WorkerProcess
+) -> None:
+    """A worker can resume at a committed offset past what its snapshot saw: Faust acks, so may commit,
+    messages it drops unseen (an old consumer generation, a flow paused by a rebalance or a recovery).
+    Made certain here by restoring an older snapshot than the committed offset. The restarted worker
+    must read the offsets between back (not skip them) and must not repeat the verdict it had sent."""
+    s = chaos_settings
+    a = scenario_batches("behind-a", {"kind": "H1", "rank": 3, "onset_s": 15.0}, 45.0)
+    b = scenario_batches("behind-b", {"kind": "H1", "rank": 2, "onset_s": 10.0}, 45.0)
+    worker = chaos_worker.start()
+    sent = produce(s, a)
+    first = collect_verdicts(s, 40, until=lambda vs: any(3 in v.root_cause_ranks for v in vs))
+    assert any(v.job == "behind-a" for v in first), worker.log()
+    assert wait_for(lambda: committed(s) >= len(a), 30), worker.log()
+    assert worker.stop(signal.SIGKILL) == -signal.SIGKILL
+    at = committed(s)
+    older = [(n, raw) for n, raw in snapshots(s) if 0 <= n < at - 20]
+    assert older, f"no snapshot older than the committed offset {at}: {[n for n, _ in snapshots(s)]}"
+    republish_snapshot(s, older[0][1])
+    worker.start()
+    sent += produce(s, b)
+    got = collect_verdicts(s, 50, until=lambda vs: any(2 in v.root_cause_ranks for v in vs))
+    assert any(v.kind.value == "H1" and 2 in v.root_cause_ranks and v.job == "behind-b" for v in got), worker.log()
+    time.sleep(2)  # time for a repeat to show up
+    opened = Counter(v.job for v in raw_verdicts(s) if v.state.value == "open")
+    assert opened == Counter({"behind-a": 1, "behind-b": 1}), f"lost or repeated verdicts: {opened}"
+    assert "without delivering them; read back" in worker.log(), worker.log()
+    assert "were not analyzed" not in worker.log()
+    assert worker.stop() == 0
+    assert wait_for(lambda: bool(worker_counters(worker)), 5)
+    c = worker_counters(worker)
+    assert c.get("analyzed_records") == sent and c.get("caught_up_messages") == at - older[0][0], (c, at, older[0][0])
 
 
 def test_pending_verdicts_of_a_snapshot_are_sent_once_after_a_restart(
