@@ -173,6 +173,11 @@ class KernelRecord:
     #: source whose kernels keep it (the probe, format v2); empty (or -1 per channel): unknown. Carried
     #: by ``KernelBatch`` (column ``peak_lag``); the single-record schema has no such field.
     peak_lag: tuple[int, ...] = ()
+    #: end of this rank's previous op on any communicator (own clock, -1 unknown): with sampled detail
+    #: the op before a DONE record is usually not sent, yet the analyzer needs the compute gap before it.
+    #: Carried by ``KernelBatch`` (column ``t_prev_exit_ns``) and ``to_dict``/``from_dict`` (JSON lines);
+    #: the single-record Avro schema has no such field (a single record on the wire reads as -1).
+    t_prev_exit_ns: int = -1
 
     def __post_init__(self) -> None:
         if self.rank < 0 or not 0 <= self.comm_rank < max(self.comm_size, 1):
@@ -207,6 +212,7 @@ class KernelRecord:
             "t_sample_ns": self.t_sample_ns,
             "send_counts": list(self.send_counts),
             "recv_counts": list(self.recv_counts),
+            "t_prev_exit_ns": self.t_prev_exit_ns,  # not in the Avro schema: the encoder ignores it
         }
 
     @classmethod
@@ -232,6 +238,8 @@ class KernelRecord:
                 t_sample_ns=int(d["t_sample_ns"]),
                 send_counts=tuple(int(x) for x in d["send_counts"]),
                 recv_counts=tuple(int(x) for x in d["recv_counts"]),
+                # absent from the single-record schema and from JSON lines of writers before it
+                t_prev_exit_ns=int(d.get("t_prev_exit_ns", -1)),
             )
         except (KeyError, TypeError) as exc:
             raise RecordError(f"kernel record lacks or mistypes a field: {exc}") from exc
@@ -398,9 +406,10 @@ class KernelBatch:
             h = hosts.setdefault(r.host, len(hosts))
             rows.append(
                 (r.op_seq, int(r.op_type), int(r.dtype), r.count, r.peer, r.rank, r.comm_rank, r.comm_size,
-                 int(r.status), h, r.t_enter_ns, r.t_exit_ns, r.t_sample_ns)
+                 int(r.status), h, r.t_enter_ns, r.t_exit_ns, r.t_sample_ns, r.t_prev_exit_ns)
             )
-        table = np.asarray(rows, dtype=np.int64).reshape(len(rows), len(BATCH_COLUMNS))
+        names = (*BATCH_COLUMNS, "t_prev_exit_ns")
+        table = np.asarray(rows, dtype=np.int64).reshape(len(rows), len(names))
         channels = max(len(r.send_counts) for r in records)
         send = np.zeros((len(records), channels), dtype=np.int64)
         recv = np.zeros((len(records), channels), dtype=np.int64)
@@ -417,7 +426,7 @@ class KernelBatch:
             world_size=max(r.world_size for r in records),
             hosts=tuple(hosts),
             columns={
-                **{name: np.ascontiguousarray(table[:, i]) for i, name in enumerate(BATCH_COLUMNS)},
+                **{name: np.ascontiguousarray(table[:, i]) for i, name in enumerate(names)},
                 COMM_COLUMN: np.fromiter((to_signed64(r.comm_hash) for r in records), dtype=np.int64,
                                          count=len(records)),
             },
@@ -511,6 +520,7 @@ class KernelBatch:
                     send_counts=tuple(self.send[i].tolist()),
                     recv_counts=tuple(self.recv[i].tolist()),
                     peak_lag=() if (self.peaks[i] < 0).all() else tuple(self.peaks[i].tolist()),
+                    t_prev_exit_ns=cols["t_prev_exit_ns"][i],
                 )
             )
         return out

@@ -41,11 +41,10 @@ AUTO_SOURCE = {"gloo": "wrap", "nccl": "both"}
 
 
 class KafkaBatchSink:
-    """A ``KafkaSink`` that also takes the tracker's batches whole (``submit_batch``), so their
-    ``t_prev_exit_ns`` column reaches the wire: the record path (``MetricsProducer.submit``, its
-    batcher, ``KernelBatch.from_records``) drops it.
+    """A ``KafkaSink`` that also takes the tracker's batches whole (``submit_batch``): one message
+    per pump of all its communicators.
 
-    Stopgap until ``KafkaSink`` has ``submit_batch`` (or ``KernelRecord`` carries the field):
+    Stopgap until ``KafkaSink`` has ``submit_batch``:
     batches go out through ``MetricsProducer.send_batch`` under their own producer id (``<id>-b``,
     numbered here, so they never collide with the batcher's numbers). The first one may wait
     ``FIRST_WAIT_S`` for the broker's partition count; after a refusal none waits (a dead broker

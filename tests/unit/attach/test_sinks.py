@@ -16,7 +16,7 @@ def rec(seq: int) -> KernelRecord:
     return KernelRecord(
         job="j", incarnation=0, comm_hash=-5, op_seq=seq, op_type=OpType.BROADCAST, dtype=DType.BFLOAT16,
         count=7, peer=1, rank=2, comm_rank=2, comm_size=4, world_size=4, host="h", status=Status.DONE,
-        t_enter_ns=1, t_exit_ns=3, t_sample_ns=3,
+        t_enter_ns=1, t_exit_ns=3, t_sample_ns=3, t_prev_exit_ns=seq - 1,
     )  # fmt: skip
 
 
@@ -29,7 +29,13 @@ def test_jsonl_round_trip_and_torn_last_line(tmp_path: Path) -> None:
     [path] = list((tmp_path / "out").glob("records-*.jsonl"))
     with path.open("a") as fh:
         fh.write('{"job": "j", "incar')  # a process killed mid-write
-    assert read_jsonl([path]) == [rec(0), rec(1)]
+    assert read_jsonl([path]) == [rec(0), rec(1)]  # t_prev_exit_ns included
+
+
+def test_jsonl_lines_of_writers_before_t_prev_exit_ns_read_it_as_unknown() -> None:
+    d = rec(5).to_dict()
+    del d["t_prev_exit_ns"]
+    assert KernelRecord.from_dict(d).t_prev_exit_ns == -1
 
 
 def test_kafka_sink_without_a_producer_counts_drops(monkeypatch: pytest.MonkeyPatch) -> None:
