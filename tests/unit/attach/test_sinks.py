@@ -8,7 +8,7 @@ import pytest
 
 from ccld.errors import ConfigError
 from ccld.producers.attach.sinks import JsonlSink, KafkaSink, read_jsonl, sink_from_spec
-from ccld.records import DType, KernelRecord, OpType, Status
+from ccld.records import DType, KernelBatch, KernelRecord, OpType, Status
 from ccld.settings import Settings
 
 
@@ -49,8 +49,39 @@ def test_kafka_sink_without_a_producer_counts_drops(monkeypatch: pytest.MonkeyPa
     sink.submit(rec(0))
     sink.submit(rec(1))
     assert sink.stats == {"sink_dropped": 2, "sink_undelivered": 0, "sink_flush_timeouts": 0}
+    assert sink.submit_batch(KernelBatch.from_records([rec(2), rec(3)])) is False
+    assert sink.stats["sink_dropped"] == 4
     sink.flush(0.1)
     sink.close()
+
+
+def test_kafka_sink_sends_batches_under_its_own_producer_id_and_numbers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``submit_batch`` numbers batches apart from the batcher's and waits for the broker only until a refusal."""
+    import ccld.producers.kafka as kafka
+
+    class Fake:
+        producer_id = "p1"
+
+        def __init__(self, *a: object, **k: object) -> None:
+            self.sent: list[tuple[KernelBatch, float]] = []
+            self.ok = True
+
+        def send_batch(self, batch: KernelBatch, timestamp_ms: int | None = None, *, block_s: float = 10.0) -> bool:
+            self.sent.append((batch, block_s))
+            return self.ok
+
+    monkeypatch.setattr(kafka, "MetricsProducer", Fake)
+    sink = KafkaSink(Settings.load({}, bootstrap="127.0.0.1:1"))
+    b = KernelBatch.from_records([rec(0), rec(1)])
+    assert sink.submit_batch(b)
+    fake = sink._producer
+    fake.ok = False
+    assert not sink.submit_batch(b)
+    fake.ok = True
+    assert sink.submit_batch(b)
+    assert [(x.producer, x.batch_seq, w) for x, w in fake.sent] == [
+        ("p1-b", 0, KafkaSink.FIRST_WAIT_S), ("p1-b", 1, KafkaSink.FIRST_WAIT_S), ("p1-b", 2, 0.0)]
+    assert fake.sent[0][0].records() == b.records()
 
 
 def test_sink_specs() -> None:
