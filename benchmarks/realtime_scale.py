@@ -7,11 +7,15 @@ Usage: python benchmarks/realtime_scale.py [--ranks 256 512 1024] [--duration-s 
 Per R: the simulator's Megatron-style workload (tp 8, pp 4, dp R/32; ``--layer-ms`` sets the collective
 rate, measured again from the records' op sequence numbers) is generated first, in memory, because
 it cannot be generated faster than real time at thousands of ranks. What goes out is what the
-producers send: the bounded record format (README, "Record format and its cost"), one message per
-communicator and delivery interval. A forked producer process replays the batches by their
-timestamps on the wall clock through ``MetricsProducer`` (encoding and lz4 on the way, as a probe
-does), stamped with wall-clock time. The broker and the worker are ``ccld.stack.up.Pipeline``'s
-(the worker commits every 0.5 s, so the committed offset is a fine-grained progress signal).
+producers send: the bounded record format (README, "Record format and its cost"), regrouped the way
+rank processes send it (``--messages``): ``rank`` (the default, today's producers) one message per
+rank and delivery interval holding all of its communicators; ``rank-comm`` one per rank, communicator
+and interval (producers before they merged communicators); ``comm`` one per communicator holding all
+its ranks (the simulator's own grouping, which no real producer sends). A forked producer process
+replays the batches by their timestamps on the wall clock through ``MetricsProducer`` (encoding and
+lz4 on the way, as a probe does), stamped with wall-clock time. The broker and the worker are
+``ccld.stack.up.Pipeline``'s (the worker commits every 0.5 s, so the committed offset is a
+fine-grained progress signal).
 
 Every second the parent samples: the worker group's committed offset of the job's metrics
 partition; the consumer lag in seconds, i.e. how long ago the oldest message the worker has not
@@ -36,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import bisect
+import itertools
 import json
 import multiprocessing
 import os
@@ -54,7 +59,7 @@ from typing import Any
 import numpy as np
 
 from ccld.producers.simulator.scenario import Expectation, Scenario
-from ccld.records import KernelBatch, Verdict
+from ccld.records import COMM_COLUMN, KernelBatch, Verdict
 
 RESULTS = Path(__file__).resolve().parent / "results"
 LAG_LIMIT_S = 2.0  # the issue's bound on consumer lag
@@ -115,9 +120,10 @@ def collectives_per_rank_s(batches: Iterable[tuple[float, KernelBatch]], since_s
             continue
         ranks = b.columns["rank"]
         seqs = b.columns["op_seq"]
-        for r in np.unique(ranks).tolist():
-            top = int(seqs[ranks == r].max())
-            key = (b.comm_hash, int(r))
+        comms = b.columns[COMM_COLUMN]  # a batch may hold several communicators (``--messages rank``)
+        for c, r in {(int(c), int(r)) for c, r in zip(comms.tolist(), ranks.tolist(), strict=True)}:
+            key = (c, r)
+            top = int(seqs[(ranks == r) & (comms == c)].max())
             if top > newest.get(key, -1):
                 newest[key] = top
     end = totals()
@@ -267,7 +273,42 @@ class Generated:
     gen_s: float
 
 
-def generate(sc: Scenario, progress: Callable[[str], None]) -> Generated:
+MESSAGES = ("rank", "rank-comm", "comm")
+
+
+def regroup(batches: Iterable[tuple[float, KernelBatch]], how: str) -> Iterable[tuple[float, KernelBatch]]:
+    """The simulator's batches (one per communicator and delivery time, all its ranks) as rank processes
+    send them: per delivery time, one batch per rank (``rank``) or per rank and communicator
+    (``rank-comm``), each rank a producer with its own batch sequence; ``comm`` leaves them as they are."""
+    if how == "comm":
+        yield from batches
+        return
+    if how not in MESSAGES:
+        raise ValueError(f"messages: one of {MESSAGES}, not {how!r}")
+    seq: dict[int, int] = defaultdict(int)
+    at: dict[tuple[str, int], list[KernelBatch]] = {}  # this delivery time's batches per job incarnation
+    t_at = 0.0
+    end: list[tuple[float, KernelBatch | None]] = [(float("inf"), None)]
+    for t, b in itertools.chain(batches, end):
+        if t != t_at and at:
+            for same in at.values():  # a batch holds one job incarnation (a restart starts another)
+                for rank, part in sorted(KernelBatch.concat(same).by_rank().items()):
+                    if how == "rank":
+                        pieces = [part]
+                    else:  # one per communicator of this rank
+                        comm = part.columns[COMM_COLUMN]
+                        pieces = [part.take(np.flatnonzero(comm == c)) for c in dict.fromkeys(comm.tolist())]
+                    for piece in pieces:
+                        seq[rank] += 1
+                        yield t_at, piece.take(np.arange(piece.n), producer=f"{piece.job}-rank-{rank}",
+                                               batch_seq=seq[rank])
+            at = {}
+        if b is not None:
+            at.setdefault((b.job, b.incarnation), []).append(b)
+            t_at = t
+
+
+def generate(sc: Scenario, progress: Callable[[str], None], messages: str = "rank") -> Generated:
     from ccld.producers.simulator.sim import simulate
     from ccld.schemas.codec import encode_batch
 
@@ -275,7 +316,7 @@ def generate(sc: Scenario, progress: Callable[[str], None]) -> Generated:
     batches: Batches = []
     records = nbytes = 0
     next_report = 30.0
-    for t, b in simulate(sc):
+    for t, b in regroup(simulate(sc), messages):
         batches.append((t, b))
         records += b.n
         nbytes += len(encode_batch(b))  # the Avro value the producer hands to librdkafka (before lz4)
@@ -388,7 +429,7 @@ def run_one(ranks: int, args: argparse.Namespace, progress: Callable[[str], None
     fault, expect = sc.faults[0], sc.expect[0]
     progress(f"R={ranks}: generating {args.duration_s:.0f} s of the job ({args.fault} on rank {fault.rank} at "
              f"{fault.onset_s:.0f} s)")
-    g = generate(sc, progress)
+    g = generate(sc, progress, args.messages)
     coll = collectives_per_rank_s(g.batches, min(10.0, fault.onset_s / 2), fault.onset_s)
     progress(f"R={ranks}: {len(g.batches):,} messages, {g.records:,} records, {g.bytes / 1e6:,.0f} MB in "
              f"{g.gen_s:.0f} s; {g.records / sc.duration_s:,.0f} records/s, {g.bytes / sc.duration_s / 1e6:.1f} MB/s; "
@@ -571,6 +612,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="after the replay, wait this long at most for the worker to commit everything")
     ap.add_argument("--always-inproc", action="store_true",
                     help="run the in-process analyzer even when the worker fell behind (minutes at thousands of ranks)")
+    ap.add_argument("--messages", choices=MESSAGES, default="rank",
+                    help="how records are grouped into messages: per rank (today's producers), per rank and "
+                         "communicator (before), per communicator (the simulator's own grouping)")
     ap.add_argument("--out", type=Path, default=RESULTS / "realtime-scale.json")
     ap.add_argument("--no-plot", action="store_true")
     args = ap.parse_args(argv)
@@ -591,7 +635,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         rows = [x["summary"] for x in results]
         args.out.write_text(json.dumps({"run": {"id": uuid.uuid4().hex[:8], "workers": args.workers,
                                                 "duration_s": args.duration_s, "fault": args.fault,
-                                                "layer_ms": args.layer_ms, "cpus": os.cpu_count()},
+                                                "layer_ms": args.layer_ms, "cpus": os.cpu_count(),
+                                                "messages": args.messages},
                                         "rows": rows, "largest_kept_up": largest_kept_up(rows),
                                         "largest_sustained": largest_kept_up(rows, "sustained"),
                                         "results": results}, indent=1, default=str) + "\n")

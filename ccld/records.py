@@ -173,6 +173,11 @@ class KernelRecord:
     #: source whose kernels keep it (the probe, format v2); empty (or -1 per channel): unknown. Carried
     #: by ``KernelBatch`` (column ``peak_lag``); the single-record schema has no such field.
     peak_lag: tuple[int, ...] = ()
+    #: end of this rank's previous op on any communicator (own clock, -1 unknown): with sampled detail
+    #: the op before a DONE record is usually not sent, yet the analyzer needs the compute gap before it.
+    #: Carried by ``KernelBatch`` (column ``t_prev_exit_ns``) and ``to_dict``/``from_dict`` (JSON lines);
+    #: the single-record Avro schema has no such field (a single record on the wire reads as -1).
+    t_prev_exit_ns: int = -1
 
     def __post_init__(self) -> None:
         if self.rank < 0 or not 0 <= self.comm_rank < max(self.comm_size, 1):
@@ -207,6 +212,7 @@ class KernelRecord:
             "t_sample_ns": self.t_sample_ns,
             "send_counts": list(self.send_counts),
             "recv_counts": list(self.recv_counts),
+            "t_prev_exit_ns": self.t_prev_exit_ns,  # not in the Avro schema: the encoder ignores it
         }
 
     @classmethod
@@ -232,6 +238,8 @@ class KernelRecord:
                 t_sample_ns=int(d["t_sample_ns"]),
                 send_counts=tuple(int(x) for x in d["send_counts"]),
                 recv_counts=tuple(int(x) for x in d["recv_counts"]),
+                # absent from the single-record schema and from JSON lines of writers before it
+                t_prev_exit_ns=int(d.get("t_prev_exit_ns", -1)),
             )
         except (KeyError, TypeError) as exc:
             raise RecordError(f"kernel record lacks or mistypes a field: {exc}") from exc
@@ -288,6 +296,10 @@ def detail_sampled(comm_hash: npt.ArrayLike, op_seq: npt.ArrayLike, one_in: npt.
 #: The largest per-channel peak backlog a kernel reports (16 bits in the probing frame: it saturates there).
 PEAK_LAG_MAX = 0xFFFF
 
+#: Each row's communicator hash in a batch of several communicators; absent on the wire (and filled
+#: with ``comm_hash``) when every row is of one, as in batches of writers that predate it.
+COMM_COLUMN = "comm"
+
 #: Columns a writer may leave out (older writers, sources that cannot know them), with the value
 #: that stands for "unknown"; a batch without one gets it filled in.
 OPTIONAL_BATCH_COLUMNS: dict[str, int] = {
@@ -299,11 +311,14 @@ OPTIONAL_BATCH_COLUMNS: dict[str, int] = {
 
 @dataclass(frozen=True, eq=False)
 class KernelBatch:
-    """Many kernel records of one communicator of one job, column by column.
+    """Many kernel records of one job incarnation, column by column.
 
     ``columns`` maps each name of ``BATCH_COLUMNS`` to an int64 array of length ``n``;
     ``send``/``recv`` are ``(n, channels)`` int64 arrays; ``host_idx`` indexes ``hosts``.
     ``producer``/``batch_seq`` identify the batch so a replayed duplicate can be recognised.
+    Rows may belong to several communicators (one message per producer and flush, not one per
+    communicator: the worker's cost is per message): column ``comm`` (``COMM_COLUMN``) holds each
+    row's communicator hash; without it every row is ``comm_hash``'s, which is also the first row's.
     ``peak_lag`` is ``(n, channels)`` like send/recv: each DONE row's per-channel peak send backlog
     the kernel recorded (``KernelRecord.peak_lag``), -1 where unknown (an older writer, a source
     without counters, a row that is not a DONE); None (the default) fills it with -1.
@@ -329,13 +344,18 @@ class KernelBatch:
             # unknown, or a copy whose counters were replaced (dataclasses.replace): no peak without counters
             object.__setattr__(self, "peak_lag", np.full(self.send.shape, -1, dtype=np.int64))
         missing = {k: v for k, v in OPTIONAL_BATCH_COLUMNS.items() if k not in self.columns}
+        if COMM_COLUMN not in self.columns:
+            missing[COMM_COLUMN] = self.comm_hash
         if missing:
             filled = {k: np.full(n, v, dtype=np.int64) for k, v in missing.items()}
             object.__setattr__(self, "columns", {**self.columns, **filled})
-        for name in (*BATCH_COLUMNS, *OPTIONAL_BATCH_COLUMNS):
+        for name in (*BATCH_COLUMNS, *OPTIONAL_BATCH_COLUMNS, COMM_COLUMN):
             col = self.columns.get(name)
             if col is None or col.shape != (n,):
                 raise RecordError(f"batch column {name!r} missing or not of length {n}")
+        if n and int(self.columns[COMM_COLUMN][0]) != self.comm_hash:
+            # the message key and the duplicate check name the batch by it
+            raise RecordError("comm_hash must be the first row's communicator")
         if self.send.shape != self.recv.shape or self.send.ndim != 2 or self.send.shape[0] != n:
             raise RecordError(f"send/recv must both be ({n}, channels), got {self.send.shape}/{self.recv.shape}")
         if self.peaks.shape != self.send.shape:
@@ -361,6 +381,12 @@ class KernelBatch:
         assert self.peak_lag is not None
         return self.peak_lag
 
+    @property
+    def one_comm(self) -> bool:
+        """Whether every row is of communicator ``comm_hash`` (then the wire carries no ``comm`` column)."""
+        comm = self.columns[COMM_COLUMN]
+        return bool(comm.shape[0] == 0 or (comm == self.comm_hash).all())
+
     def col(self, name: str) -> I64:
         return self.columns[name]
 
@@ -368,23 +394,22 @@ class KernelBatch:
     def from_records(
         cls, records: Sequence[KernelRecord], *, producer: str = "", batch_seq: int = 0
     ) -> KernelBatch:
-        """Build a columnar batch from row records of one job, incarnation and communicator."""
+        """Build a columnar batch from row records of one job and incarnation (any communicators)."""
         if not records:
             raise RecordError("a batch needs at least one record")
         first = records[0]
-        if any(
-            (r.job, r.incarnation, r.comm_hash) != (first.job, first.incarnation, first.comm_hash) for r in records
-        ):
-            raise RecordError("a batch holds records of one job, incarnation and communicator only")
+        if any((r.job, r.incarnation) != (first.job, first.incarnation) for r in records):
+            raise RecordError("a batch holds records of one job and incarnation only")
         hosts: dict[str, int] = {}
         rows = []
         for r in records:
             h = hosts.setdefault(r.host, len(hosts))
             rows.append(
                 (r.op_seq, int(r.op_type), int(r.dtype), r.count, r.peer, r.rank, r.comm_rank, r.comm_size,
-                 int(r.status), h, r.t_enter_ns, r.t_exit_ns, r.t_sample_ns)
+                 int(r.status), h, r.t_enter_ns, r.t_exit_ns, r.t_sample_ns, r.t_prev_exit_ns)
             )
-        table = np.asarray(rows, dtype=np.int64).reshape(len(rows), len(BATCH_COLUMNS))
+        names = (*BATCH_COLUMNS, "t_prev_exit_ns")
+        table = np.asarray(rows, dtype=np.int64).reshape(len(rows), len(names))
         channels = max(len(r.send_counts) for r in records)
         send = np.zeros((len(records), channels), dtype=np.int64)
         recv = np.zeros((len(records), channels), dtype=np.int64)
@@ -400,7 +425,11 @@ class KernelBatch:
             comm_hash=to_signed64(first.comm_hash),
             world_size=max(r.world_size for r in records),
             hosts=tuple(hosts),
-            columns={name: np.ascontiguousarray(table[:, i]) for i, name in enumerate(BATCH_COLUMNS)},
+            columns={
+                **{name: np.ascontiguousarray(table[:, i]) for i, name in enumerate(names)},
+                COMM_COLUMN: np.fromiter((to_signed64(r.comm_hash) for r in records), dtype=np.int64,
+                                         count=len(records)),
+            },
             send=send,
             recv=recv,
             producer=producer,
@@ -410,15 +439,15 @@ class KernelBatch:
 
     @classmethod
     def concat(cls, batches: Sequence[KernelBatch], *, producer: str = "", batch_seq: int = 0) -> KernelBatch:
-        """One batch holding the rows of several batches of the same job, incarnation and communicator."""
+        """One batch holding the rows of several batches of the same job and incarnation."""
         if not batches:
             raise RecordError("concat needs at least one batch")
         first = batches[0]
-        if any((b.job, b.incarnation, b.comm_hash) != (first.job, first.incarnation, first.comm_hash) for b in batches):
-            raise RecordError("concat joins batches of one job, incarnation and communicator only")
+        if any((b.job, b.incarnation) != (first.job, first.incarnation) for b in batches):
+            raise RecordError("concat joins batches of one job and incarnation only")
         channels = max(b.channels for b in batches)
         hosts: dict[str, int] = {}
-        names = (*BATCH_COLUMNS, *OPTIONAL_BATCH_COLUMNS)
+        names = (*BATCH_COLUMNS, *OPTIONAL_BATCH_COLUMNS, COMM_COLUMN)
         columns: dict[str, list[I64]] = {name: [] for name in names}
         send, recv, peak = [], [], []
         for b in batches:
@@ -444,6 +473,26 @@ class KernelBatch:
             peak_lag=np.concatenate(peak),
         )
 
+    def take(self, rows: npt.NDArray[np.int64], *, producer: str | None = None, batch_seq: int | None = None
+             ) -> KernelBatch:
+        """The batch of the given rows (in that order; at least one), the hosts table kept whole."""
+        comm = self.columns[COMM_COLUMN][rows]
+        if comm.shape[0] == 0:
+            raise RecordError("take needs at least one row")
+        return KernelBatch(
+            job=self.job, incarnation=self.incarnation, comm_hash=int(comm[0]), world_size=self.world_size,
+            hosts=self.hosts, columns={k: v[rows] for k, v in self.columns.items()}, send=self.send[rows],
+            recv=self.recv[rows], producer=self.producer if producer is None else producer,
+            batch_seq=self.batch_seq if batch_seq is None else batch_seq, peak_lag=self.peaks[rows],
+        )
+
+    def by_rank(self) -> dict[int, KernelBatch]:
+        """The rows of each rank as its own batch (what each rank's producer sends of these rows)."""
+        rank = self.columns["rank"]
+        order = np.argsort(rank, kind="stable")
+        cuts = np.flatnonzero(np.diff(rank[order])) + 1
+        return {int(rank[part[0]]): self.take(part) for part in np.split(order, cuts) if part.size}
+
     def records(self) -> list[KernelRecord]:
         """The row form (slow; for tests, dead letters and the archive, not the hot path)."""
         cols = {k: v.tolist() for k, v in self.columns.items()}
@@ -453,7 +502,7 @@ class KernelBatch:
                 KernelRecord(
                     job=self.job,
                     incarnation=self.incarnation,
-                    comm_hash=self.comm_hash,
+                    comm_hash=cols[COMM_COLUMN][i],
                     op_seq=cols["op_seq"][i],
                     op_type=OpType(cols["op_type"][i]),
                     dtype=DType(cols["dtype"][i]),
@@ -471,6 +520,7 @@ class KernelBatch:
                     send_counts=tuple(self.send[i].tolist()),
                     recv_counts=tuple(self.recv[i].tolist()),
                     peak_lag=() if (self.peaks[i] < 0).all() else tuple(self.peaks[i].tolist()),
+                    t_prev_exit_ns=cols["t_prev_exit_ns"][i],
                 )
             )
         return out

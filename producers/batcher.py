@@ -1,4 +1,4 @@
-"""Bounded, per-communicator batching of kernel records (pure: no threads, no I/O).
+"""Bounded batching of kernel records, one batch per job incarnation and flush (pure: no threads, no I/O).
 
 The queue is bounded so a stalled broker can never grow a training process's memory. When
 it is full, the oldest PROGRESS samples go first (the next sample says the same thing);
@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from ccld.records import KernelBatch, KernelRecord, Status
 
-_Key = tuple[str, int, int]  # job, incarnation, comm_hash
+_Key = tuple[str, int]  # job, incarnation
 
 
 @dataclass
@@ -34,7 +34,11 @@ class _Pending:
 
 
 class RecordBatcher:
-    """Collects records per (job, incarnation, communicator) and cuts KernelBatches."""
+    """Collects records per (job, incarnation) and cuts KernelBatches.
+
+    One batch holds every communicator's records of a flush: the worker's cost is per message, and
+    a rank is in several communicators (tensor, pipeline and data parallel groups at least).
+    """
 
     def __init__(self, *, producer_id: str, batch_max: int, queue_max: int, linger_s: float) -> None:
         self.producer_id = producer_id
@@ -59,7 +63,7 @@ class RecordBatcher:
             if record.status is Status.PROGRESS or self._size >= 2 * self.queue_max:
                 self._count_drop(record.status)
                 return False
-        key = (record.job, record.incarnation, record.comm_hash)
+        key = (record.job, record.incarnation)
         pending = self._pending.get(key)
         if pending is None:
             pending = self._pending[key] = _Pending(first_arrival_s=now_s)

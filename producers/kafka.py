@@ -3,7 +3,8 @@
 ``submit`` only appends to a bounded in-memory batcher under a lock; a daemon thread cuts
 batches, encodes them (Avro single-object, columnar) and hands them to librdkafka. All
 records of one job go to one partition (the analyzer correlates communicators of a job),
-and the message key names the communicator and the Trace ID of the batch's first record.
+and the message key names the communicator and the Trace ID of the batch's first record (a batch
+holds every communicator of a flush).
 
 Every record ends in exactly one counter (``stats``): delivered, expired (the broker did not
 take it within ``producer_message_timeout_ms``), refused (librdkafka's queue stayed full, or no
@@ -87,7 +88,8 @@ def job_partition(job: str, partitions: int) -> int:
 
 
 def batch_key(batch: KernelBatch) -> bytes:
-    """``<job>/<communicator>/<first op_seq>``: the communicator and the Trace ID the batch starts at."""
+    """``<job>/<communicator>/<first op_seq>``: the first row's communicator and Trace ID (the batch may hold
+    other communicators' rows too; the partition comes from the job alone, ``job_partition``)."""
     first = int(batch.columns["op_seq"][0]) if batch.n else -1
     return f"{batch.job}/{comm_hex(batch.comm_hash)}/{first}".encode()
 

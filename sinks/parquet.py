@@ -20,7 +20,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ccld.records import BATCH_COLUMNS, DType, KernelBatch, OpType, Status, Verdict, comm_hex
+from ccld.records import BATCH_COLUMNS, COMM_COLUMN, DType, KernelBatch, OpType, Status, Verdict, comm_hex
 
 #: Rows per row group: large enough for fast scans, small enough to read one group in little memory.
 ROW_GROUP_ROWS = 128 * 1024
@@ -36,6 +36,12 @@ def _names(codes: np.ndarray, enum_type: type[Any]) -> pa.Array:
     return pa.array(np.array([names.get(int(u), str(int(u))) for u in uniq], dtype=object)[inverse], pa.string())
 
 
+def _comm_names(codes: np.ndarray) -> pa.Array:
+    """Each row's communicator hash in hex (a batch of several communicators)."""
+    uniq, inverse = np.unique(codes, return_inverse=True)
+    return pa.array(np.array([comm_hex(int(u)) for u in uniq], dtype=object)[inverse], pa.string())
+
+
 def metrics_table(batches: Sequence[tuple[int, int, KernelBatch]]) -> pa.Table:
     """(offset, timestamp_ms, batch) triples -> one flat table, one row per kernel record."""
     parts: list[pa.Table] = []
@@ -46,7 +52,8 @@ def metrics_table(batches: Sequence[tuple[int, int, KernelBatch]]) -> pa.Table:
             "kafka_ts_ms": pa.array(np.full(n, ts_ms, dtype=np.int64)),
             "job": pa.array([b.job] * n, pa.string()),
             "incarnation": pa.array(np.full(n, b.incarnation, dtype=np.int32)),
-            "communicator": pa.array([comm_hex(b.comm_hash)] * n, pa.string()),
+            "communicator": (pa.array([comm_hex(b.comm_hash)] * n, pa.string()) if b.one_comm
+                             else _comm_names(b.columns[COMM_COLUMN])),
             "world_size": pa.array(np.full(n, b.world_size, dtype=np.int32)),
         }
         for name in BATCH_COLUMNS:

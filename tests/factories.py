@@ -30,6 +30,8 @@ def written_by(old: Schema, b: KernelBatch) -> bytes:
     rec.update(job=b.job, incarnation=b.incarnation, comm_hash=b.comm_hash, world_size=b.world_size, producer="p",
                batch_seq=1, n=b.n, channels=b.channels, hosts=list(b.hosts),
                send=b.send.astype("<i8").tobytes(), recv=b.recv.astype("<i8").tobytes())
+    if "peak_lag" in fields:
+        rec["peak_lag"] = b.peaks.astype("<i8").tobytes()
     for name, col in b.columns.items():
         if name in fields:
             rec[name] = col.astype("<i8").tobytes()

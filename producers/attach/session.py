@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import atexit
-import dataclasses
-import itertools
 import logging
 import os
 import sys
@@ -14,9 +12,8 @@ from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
 from ccld.errors import ConfigError
-from ccld.producers.attach.sinks import KafkaSink, sink_from_spec
+from ccld.producers.attach.sinks import sink_from_spec
 from ccld.producers.attach.tracker import DEFAULT_INTERVAL_S, DETAIL_MODES, RecordSink, Tracker
-from ccld.records import KernelBatch, KernelRecord
 from ccld.settings import Settings
 
 if TYPE_CHECKING:
@@ -38,48 +35,6 @@ SOURCES = ("auto", "wrap", "fr", "both")
 #: poll with the default 2,000 entries, about 5 % of step time in stalls of that length.
 #: nccl: both (not measured here): its active-only dump holds only unfinished entries.
 AUTO_SOURCE = {"gloo": "wrap", "nccl": "both"}
-
-
-class KafkaBatchSink:
-    """A ``KafkaSink`` that also takes the tracker's batches whole (``submit_batch``), so their
-    ``t_prev_exit_ns`` column reaches the wire: the record path (``MetricsProducer.submit``, its
-    batcher, ``KernelBatch.from_records``) drops it.
-
-    Stopgap until ``KafkaSink`` has ``submit_batch`` (or ``KernelRecord`` carries the field):
-    batches go out through ``MetricsProducer.send_batch`` under their own producer id (``<id>-b``,
-    numbered here, so they never collide with the batcher's numbers). The first one may wait
-    ``FIRST_WAIT_S`` for the broker's partition count; after a refusal none waits (a dead broker
-    stalls only this thread, and the job's exit at most once).
-    """
-
-    FIRST_WAIT_S = 2.0
-
-    def __init__(self, inner: KafkaSink) -> None:
-        self.inner = inner
-        self._seq = itertools.count()
-        self._refused = False
-
-    def submit(self, record: KernelRecord) -> None:
-        self.inner.submit(record)
-
-    def submit_batch(self, batch: KernelBatch) -> None:
-        producer = self.inner._get()
-        if producer is None:
-            self.inner.dropped += batch.n
-            return
-        batch = dataclasses.replace(batch, producer=f"{producer.producer_id}-b", batch_seq=next(self._seq))
-        ok = producer.send_batch(batch, block_s=0.0 if self._refused else self.FIRST_WAIT_S)
-        self._refused = not ok
-
-    def flush(self, timeout_s: float = 2.0) -> Any:
-        return self.inner.flush(timeout_s)
-
-    def close(self, timeout_s: float = 2.0) -> None:
-        self.inner.close(timeout_s)
-
-    @property
-    def stats(self) -> dict[str, Any]:
-        return self.inner.stats
 
 
 def fr_enabled(environ: Mapping[str, str]) -> bool:
@@ -218,8 +173,6 @@ def attach(
             if spec.partition(":")[0] in ("", "kafka") and not settings.bootstrap:
                 raise ConfigError("ccld attach needs a broker: set CCLD_BOOTSTRAP or pass --bootstrap")
             sink = sink_from_spec(spec, settings)
-            if isinstance(sink, KafkaSink):
-                sink = KafkaBatchSink(sink)
         try:
             from ccld.producers.attach.probe_hook import load_marker_hook
             from ccld.producers.attach.torch_hooks import TorchHooks

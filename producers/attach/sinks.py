@@ -7,6 +7,8 @@ collective runs, and a producer that cannot be built turns into counted drops.
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import json
 import logging
 import os
@@ -16,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ccld.records import KernelRecord
+from ccld.records import KernelBatch, KernelRecord
 from ccld.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -89,7 +91,14 @@ def read_jsonl(paths: list[Path]) -> list[KernelRecord]:
 
 
 class KafkaSink:
-    """Sends through ``ccld.producers.kafka.MetricsProducer``, created on the first record."""
+    """Sends through ``ccld.producers.kafka.MetricsProducer``, created on the first record or batch.
+
+    Records (``submit``) go through the producer's batcher; whole batches (``submit_batch``, what
+    the tracker hands over, one per pump) go out as they are.
+    """
+
+    #: the first batch may wait this long for the broker's partition count (see ``submit_batch``)
+    FIRST_WAIT_S = 2.0
 
     def __init__(self, settings: Settings, producer_id: str | None = None) -> None:
         self.settings = settings
@@ -100,6 +109,8 @@ class KafkaSink:
         self.dropped = 0
         self.undelivered = 0  # messages a flush could not deliver (the last flush's count)
         self.flush_timeouts = 0
+        self._batch_seq = itertools.count()
+        self._refused = False  # the last batch was refused: the next ones do not wait
 
     def _get(self) -> Any:
         if self._producer is None and not self._failed:
@@ -118,6 +129,26 @@ class KafkaSink:
             self.dropped += 1
             return
         producer.submit(record)
+
+    def submit_batch(self, batch: KernelBatch) -> bool:
+        """Send a prebuilt batch (any communicators of one job incarnation) now, from the caller's thread.
+
+        It goes out under the producer id ``<id>-b`` with this sink's own batch numbers, so it never
+        collides with the numbers the producer's batcher gives the ``submit`` path (the worker drops a
+        batch whose producer and number it has seen with the same content). The first batch may wait
+        ``FIRST_WAIT_S`` for the broker's partition count; after a refusal none waits, so a dead
+        broker stalls the calling thread (and the job's exit) at most once. Never raises for the
+        broker; returns whether the batch was handed on (a refusal is counted by the producer, a
+        batch without a producer in ``dropped``).
+        """
+        producer = self._get()
+        if producer is None:
+            self.dropped += batch.n
+            return False
+        batch = dataclasses.replace(batch, producer=f"{producer.producer_id}-b", batch_seq=next(self._batch_seq))
+        ok = bool(producer.send_batch(batch, block_s=0.0 if self._refused else self.FIRST_WAIT_S))
+        self._refused = not ok
+        return ok
 
     def flush(self, timeout_s: float = 2.0) -> Any:
         producer = self._producer

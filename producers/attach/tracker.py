@@ -28,17 +28,14 @@ bounded. Nothing here raises into the caller; every failure is counted.
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
-
-import numpy as np
 
 from ccld.records import DETAIL_OPS_PER_S, DType, KernelBatch, KernelRecord, OpType, Status, detail_one_in
 
@@ -81,35 +78,10 @@ def op_sampled(comm_hash: int, op_seq: int, one_in: int) -> bool:
     return x & (one_in - 1) == 0
 
 
-@dataclass(frozen=True, slots=True)
-class AttachRecord(KernelRecord):
-    """A ``KernelRecord`` that also says where the rank's previous op ended (-1: unknown).
-
-    ``KernelRecord`` has no such field yet, so ``KernelBatch.from_records`` (the Kafka path)
-    leaves the batch column ``t_prev_exit_ns`` at -1 until it reads this attribute; the JSON
-    lines sink writes it (``to_dict``).
-    """
-
-    t_prev_exit_ns: int = -1
-
-    def to_dict(self) -> dict[str, Any]:
-        d = KernelRecord.to_dict(self)
-        d["t_prev_exit_ns"] = self.t_prev_exit_ns
-        return d
-
-
-def attach_batch(records: Sequence[KernelRecord]) -> KernelBatch:
-    """One batch of records of one communicator, with their ``t_prev_exit_ns`` column (which
-    ``KernelBatch.from_records`` does not fill yet)."""
-    batch = KernelBatch.from_records(records)
-    prev = np.fromiter((getattr(r, "t_prev_exit_ns", -1) for r in records), dtype=np.int64, count=len(records))
-    return dataclasses.replace(batch, columns={**batch.columns, "t_prev_exit_ns": prev})
-
-
 class RecordSink(Protocol):
     """Where records go: ``MetricsProducer`` satisfies it, so do the file and list sinks. A sink
-    that also has ``submit_batch(KernelBatch)`` gets each pump's records as one batch per
-    communicator, ``t_prev_exit_ns`` column included (the Kafka path: see ``session``)."""
+    that also has ``submit_batch(KernelBatch)`` (the Kafka sink) gets each pump's records as one
+    batch of all its communicators: one message per pump rather than one per communicator."""
 
     def submit(self, record: KernelRecord) -> None: ...
 
@@ -235,7 +207,7 @@ class Tracker:
         self._comms: dict[int, _Comm] = {}
         self._exits: deque[int] = deque(maxlen=EXITS_KEPT)
         self._next_state_ns: int | None = None
-        self._out: list[AttachRecord] = []  # this pump's records, delivered at its end
+        self._out: list[KernelRecord] = []  # this pump's records, delivered at its end
 
     @property
     def per_call(self) -> bool:
@@ -334,12 +306,13 @@ class Tracker:
             return
         submit_batch = getattr(self.sink, "submit_batch", None)
         if callable(submit_batch):
-            by_comm: dict[int, list[AttachRecord]] = {}
+            # a batch holds one job incarnation; the identity changes at most between pumps
+            by_job: dict[tuple[str, int], list[KernelRecord]] = {}
             for r in out:
-                by_comm.setdefault(r.comm_hash, []).append(r)
-            for recs in by_comm.values():
+                by_job.setdefault((r.job, r.incarnation), []).append(r)
+            for recs in by_job.values():
                 try:
-                    submit_batch(attach_batch(recs))
+                    submit_batch(KernelBatch.from_records(recs))
                 except Exception:  # noqa: BLE001 - a dying sink must not hurt the job
                     self.stats.sink_errors += len(recs)
                     continue
@@ -517,7 +490,7 @@ class Tracker:
             self.stats.unobserved += 1
             return
         try:
-            record = AttachRecord(
+            record = KernelRecord(
                 job=ident.job,
                 incarnation=ident.incarnation,
                 comm_hash=call.comm_hash,

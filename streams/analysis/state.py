@@ -16,7 +16,7 @@ from typing import Any, TypeVar, cast
 import numpy as np
 import numpy.typing as npt
 
-from ccld.records import MAX_CHANNELS, KernelBatch, OpType, Status
+from ccld.records import COMM_COLUMN, MAX_CHANNELS, KernelBatch, OpType, Status
 
 I64 = npt.NDArray[np.int64]
 F64 = npt.NDArray[np.float64]
@@ -118,7 +118,8 @@ class JobState:
         self.host_ids: dict[str, int] = {}
         self._host_maps: dict[tuple[str, ...], I64] = {}
         self._host_by_id: dict[int, tuple[tuple[str, ...], I64]] = {}
-        self.pending: list[tuple[float, int, KernelBatch]] = []
+        # (now, communicator index, or one per row for a batch of several communicators, batch)
+        self.pending: list[tuple[float, int | I64, KernelBatch]] = []
         self._new_sizes: dict[int, int] = {}  # comm id -> size of a comm that needs (re)allocation
         self.n_members = 0
         for name, (dt, fill) in self.MEMBER_FIELDS.items():
@@ -163,16 +164,27 @@ class JobState:
 
     # -- ingest: cheap, only queues the batch --------------------------------------------------
     def queue(self, batch: KernelBatch, now: float) -> None:
-        cid = self.comm_index.get(batch.comm_hash)
-        if cid is None:
-            cid = len(self.comm_hashes)
-            self.comm_index[batch.comm_hash] = cid
-            self.comm_hashes.append(batch.comm_hash)
-            c = batch.columns
-            self._new_sizes[cid] = max(int(c["comm_size"].max()), int(c["comm_rank"].max()) + 1)
+        c = batch.columns
+        if batch.one_comm:
+            cid: int | I64 = self._comm(batch.comm_hash, c["comm_size"], c["comm_rank"])
+        else:  # a producer's flush of several communicators: a communicator index per row
+            uniq, inv = np.unique(c[COMM_COLUMN], return_inverse=True)
+            per = [self._comm(int(h), c["comm_size"][inv == j], c["comm_rank"][inv == j])
+                   for j, h in enumerate(uniq.tolist())]
+            cid = np.asarray(per, dtype=np.int64)[inv]
         self.pending.append((now, cid, batch))
         if now > self.last_now:
             self.last_now = now
+
+    def _comm(self, comm_hash: int, size: I64, crank: I64) -> int:
+        """The index of a communicator, registered (its member slice allocated later) when new."""
+        cid = self.comm_index.get(comm_hash)
+        if cid is None:
+            cid = len(self.comm_hashes)
+            self.comm_index[comm_hash] = cid
+            self.comm_hashes.append(comm_hash)
+            self._new_sizes[cid] = max(int(size.max()), int(crank.max()) + 1)
+        return cid
 
     def _allocate(self) -> None:
         """Give new (or grown) communicators their member slices, in one pass."""
@@ -241,16 +253,20 @@ class JobState:
         cols = [b.columns for b in bs]
         cat = {k: np.concatenate([c[k] for c in cols]) for k in BATCH_COLUMNS_USED}
         counts = np.fromiter((c["op_seq"].shape[0] for c in cols), dtype=np.int64, count=len(cols))
-        cid_col = np.repeat(np.fromiter((p[1] for p in pend), dtype=np.int64, count=len(pend)), counts)
+        if all(isinstance(p[1], int) for p in pend):
+            cid_col = np.repeat(np.fromiter((p[1] for p in pend), dtype=np.int64, count=len(pend)), counts)
+        else:  # some batches hold several communicators: their rows carry their own
+            cid_col = np.concatenate([np.full(k, p[1], dtype=np.int64) if isinstance(p[1], int) else p[1]
+                                      for p, k in zip(pend, counts.tolist(), strict=True)])
         # host names: one table per batch, concatenated, indexed once for all rows
         maps = [self._host_map(b.hosts) for b in bs]
         moff = np.cumsum([0] + [m.shape[0] for m in maps[:-1]])
         host = np.concatenate(maps)[np.repeat(moff, counts) + cat["host_idx"]]
         sends = [b.send for b in bs]
         recvs = [b.recv for b in bs]
-        with_counters = [p[1] for p, b in zip(pend, bs, strict=True) if b.channels > 0]
+        with_counters = [_counter_comms(p[1], b) for p, b in zip(pend, bs, strict=True) if b.channels > 0]
         if with_counters:
-            self.c_counters[np.asarray(with_counters, dtype=np.int64)] = True
+            self.c_counters[np.concatenate(with_counters)] = True
         nows = [p[0] for p in pend]
         crank = cat["comm_rank"]
         ok = (crank >= 0) & (crank < self.c_size[cid_col])
@@ -387,6 +403,20 @@ class JobState:
 
     def comm_hex(self, cid: int) -> str:
         return f"{self.comm_hashes[cid] & 0xFFFF_FFFF_FFFF_FFFF:016x}"
+
+
+def _counter_comms(cid: int | I64, b: KernelBatch) -> I64:
+    """The communicators of a batch with counter channels that carry counters.
+
+    A batch of one communicator has them all when it has channels. In a batch of several, rows are
+    padded to the widest communicator's channels, so a communicator of a source without counters
+    (a gloo group beside a probed NCCL one) would look like one whose data never moves: only rows
+    that show a counted element or a known peak say their communicator has counters.
+    """
+    if isinstance(cid, int):
+        return np.asarray([cid], dtype=np.int64)
+    has = (b.send != 0).any(axis=1) | (b.recv != 0).any(axis=1) | (b.peaks >= 0).any(axis=1)
+    return np.unique(cid[has])
 
 
 def _stack_counters(parts: list[I64], fill: int = 0) -> I64:

@@ -390,8 +390,8 @@ class BatchSink(ListSink):
         self.batches.append(batch)
 
 
-def test_a_batch_sink_gets_one_batch_per_communicator_with_the_previous_exit_column() -> None:
-    from ccld.records import KernelBatch
+def test_a_batch_sink_gets_one_batch_per_pump_of_every_communicator_with_the_previous_exit_column() -> None:
+    from ccld.records import COMM_COLUMN, KernelBatch
 
     sink, clock = BatchSink(), Clock()
     tr = Tracker(sink=sink, clock=clock)
@@ -405,6 +405,8 @@ def test_a_batch_sink_gets_one_batch_per_communicator_with_the_previous_exit_col
     tr.exit(b)
     tr.pump()
     assert sink.records == [] and tr.stats.records == 2
-    assert [to_signed64(x.comm_hash) for x in sink.batches] == [to_signed64(COMM), to_signed64(OTHER)]
-    assert all(isinstance(x, KernelBatch) and x.n == 1 for x in sink.batches)
-    assert [int(x.col("t_prev_exit_ns")[0]) for x in sink.batches] == [-1, a.t_exit_ns]
+    [batch] = sink.batches  # one message, not one per communicator
+    assert isinstance(batch, KernelBatch) and batch.n == 2 and not batch.one_comm
+    assert batch.col(COMM_COLUMN).tolist() == [to_signed64(COMM), to_signed64(OTHER)]
+    assert batch.col("t_prev_exit_ns").tolist() == [-1, a.t_exit_ns]
+    assert [r.t_prev_exit_ns for r in batch.records()] == [-1, a.t_exit_ns]

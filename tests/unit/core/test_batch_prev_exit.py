@@ -32,3 +32,15 @@ def test_batch_of_an_older_writer_decodes() -> None:
     b = _batch()
     got = decode_metrics(written_by(old, b))
     assert got.records() == b.records() and got.columns["t_prev_exit_ns"].tolist() == [-1, -1, -1]
+
+
+def test_records_carry_it_to_the_batch_and_back() -> None:
+    """``KernelRecord.t_prev_exit_ns`` is the column's row form; the single-record schema has no such field."""
+    from ccld.schemas.codec import encode
+
+    recs = [make_kernel_record(rank=r, comm_rank=r, t_prev_exit_ns=100 * r - 1) for r in range(3)]
+    b = KernelBatch.from_records(recs)
+    assert b.columns["t_prev_exit_ns"].tolist() == [-1, 99, 199]
+    assert decode_metrics(encode_batch(b)).records() == recs
+    one = decode_metrics(encode("KernelRecord", recs[1].to_dict()))  # the field is left out on the wire
+    assert one.records()[0].t_prev_exit_ns == -1

@@ -120,3 +120,27 @@ def test_the_job_runs_near_300_collectives_per_rank_second(rs: types.ModuleType)
     assert 250 <= rate["median"] <= 350, rate
     with pytest.raises(ValueError):
         rs.job_scenario(100, 6.0)
+
+
+def test_regroup_sends_what_rank_processes_send(rs: types.ModuleType) -> None:
+    """Per delivery time: one message per rank (all its communicators), or per rank and communicator."""
+    from ccld.producers.simulator.sim import simulate
+
+    sc = rs.job_scenario(64, 4.0)
+    stream = list(simulate(sc))
+    by_rank = list(rs.regroup(stream, "rank"))
+    by_rank_comm = list(rs.regroup(stream, "rank-comm"))
+    rows = sorted(r for _, b in stream for r in map(repr, b.records()))
+    for out in (by_rank, by_rank_comm):
+        assert sorted(r for _, b in out for r in map(repr, b.records())) == rows  # nothing lost or repeated
+        assert all(len(set(b.columns["rank"].tolist())) == 1 for _, b in out)
+        assert [t for t, _ in out] == sorted(t for t, _ in out)
+    per_time = {(t, int(b.columns["rank"][0])) for t, b in by_rank}
+    assert len(per_time) == len(by_rank)  # one message per rank and delivery time
+    assert all(b.one_comm for _, b in by_rank_comm) and not all(b.one_comm for _, b in by_rank)
+    assert len(by_rank) < len(by_rank_comm)
+    seqs = [b.batch_seq for _, b in by_rank if b.producer == by_rank[0][1].producer]
+    assert seqs == list(range(1, len(seqs) + 1))  # each rank a producer with its own sequence
+    assert list(rs.regroup(stream, "comm")) == stream
+    # the collective rate read back from the records does not depend on how they were grouped
+    assert rs.collectives_per_rank_s(by_rank, 1.0, 3.0) == rs.collectives_per_rank_s(stream, 1.0, 3.0)

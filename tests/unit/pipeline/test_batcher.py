@@ -1,4 +1,4 @@
-"""The producer's bounded batcher: batching per communicator and the drop policy."""
+"""The producer's bounded batcher: one batch per job incarnation and flush, and the drop policy."""
 
 from __future__ import annotations
 
@@ -11,16 +11,21 @@ def batcher(queue_max: int = 10, batch_max: int = 4) -> RecordBatcher:
     return RecordBatcher(producer_id="p", batch_max=batch_max, queue_max=queue_max, linger_s=0.5)
 
 
-def test_batches_are_per_communicator_and_cut_by_size_or_linger() -> None:
+def test_one_batch_holds_every_communicator_of_a_flush_and_is_cut_by_size_or_linger() -> None:
+    """A rank is in several communicators: one message per flush, not one per communicator."""
     b = batcher(queue_max=100)
-    for i in range(5):
+    for i in range(3):
         b.add(make_kernel_record(op_seq=i), 0.0)
     b.add(make_kernel_record(comm_hash=99), 0.0)
+    b.add(make_kernel_record(op_seq=3), 0.0)
     full = b.ready(0.1)
     assert [x.n for x in full] == [4] and full[0].comm_hash == make_kernel_record().comm_hash
-    late = b.ready(0.6)
-    assert sorted(x.n for x in late) == [1, 1] and len(b) == 0
-    assert [x.batch_seq for x in full + late] == [0, 1, 2]
+    assert [r.comm_hash for r in full[0].records()] == [make_kernel_record().comm_hash] * 3 + [99]
+    assert not full[0].one_comm
+    b.add(make_kernel_record(job="other"), 0.2)  # another job (or incarnation) is never mixed in
+    late = b.ready(0.8)
+    assert sorted((x.job, x.n) for x in late) == sorted([("other", 1), (make_kernel_record().job, 1)])
+    assert len(b) == 0 and [x.batch_seq for x in full + late] == [0, 1, 2]
 
 
 def test_full_queue_drops_oldest_progress_first_and_keeps_enter_exit() -> None:
