@@ -216,7 +216,7 @@ def fault_during_outage(broker: ChaosBroker, settings: Settings, worker: WorkerP
                 "duration_s": duration_s, "faults": [{"kind": "H1", "rank": rank, "onset_s": onset_s}],
                 "expect": [{"kind": "H1", "rank": rank}]}
     dry = subprocess.run([sys.executable, "-P", "-m", "ccld.cli", "simulate", json.dumps(scenario), "--dry-run"],
-                         capture_output=True, text=True, check=True, timeout=120)
+                         env=child_env(settings), capture_output=True, text=True, check=True, timeout=120)
     expected = int(json.loads(dry.stdout)["records"])
     proc = subprocess.Popen(
         [sys.executable, "-P", "-m", "ccld.cli", "simulate", json.dumps(scenario), "--realtime",
