@@ -13,9 +13,10 @@ from collections.abc import Mapping
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
+from ccld.bounded import DEFAULT_INTERVAL_S, DETAIL_MODES
 from ccld.errors import ConfigError
 from ccld.producers.attach.sinks import KafkaSink, sink_from_spec
-from ccld.producers.attach.tracker import DEFAULT_INTERVAL_S, DETAIL_MODES, RecordSink, Tracker
+from ccld.producers.attach.tracker import RecordSink, Tracker
 from ccld.records import KernelBatch, KernelRecord
 from ccld.settings import Settings
 
