@@ -169,6 +169,7 @@ class FrameTracker:
         self._forget_ns = int(forget_s * 1e9)
         self._comms: dict[int, _Comm] = {}
         self._next_state_ns: int | None = None
+        self._last_end_ns = -1
         self._k_raw: int | None = None  # last raw kernel_index
         self._k = 0  # unwrapped kernel_index
         self._done = 0  # unwrapped kernels_done
@@ -260,8 +261,9 @@ class FrameTracker:
         self._k_raw = snap.kernel_index
         self._done = self._k - ((snap.kernel_index - snap.kernels_done) % (1 << 32))
         inside = self._done < self._k
-        if self._done > 0:
-            self._exits.add(snap.t_end_ns)  # the latest end (the kernel before the one inside, if any)
+        if self._done > 0 and snap.t_end_ns != self._last_end_ns:
+            self._last_end_ns = snap.t_end_ns  # the latest end (the kernel before the one inside, if any)
+            self._exits.add(snap.t_end_ns)
         out: list[KernelRecord] = []
         first = self._reported + 1
         oldest = self._k - layout.N_SUBBLOCKS + 1
