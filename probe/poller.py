@@ -10,9 +10,10 @@ its cost"; ``ccld.bounded``): per communicator and ``state_interval_s`` (1 s) it
 (PROGRESS of the kernel inside, else IDLE), the ENTERED + PROGRESS of a kernel a poll caught in
 flight (at most one such look per communicator and interval), and the DONE of the kernels
 ``detail_sampled`` picks at the stride the attachment would pick. For a rank in C communicators
-running r_c kernels per second: at most sum over c of (3 + min(r_c, 10)) records per interval,
-whatever the collective rate and the poll interval. ``detail="all"`` sends every kernel's DONE
-and a PROGRESS at every poll (the per-kernel format, for debugging).
+running r_c kernels per second: records per 1-s interval = sum over c of (at most 3 + min(r_c, 8)
+on average; the hash picks a few more or fewer ops from one second to the next), whatever the
+collective rate and the poll interval (the per-kernel format sent r_c). ``detail="all"`` sends
+every kernel's DONE and a PROGRESS at every poll (the per-kernel format, for debugging).
 
 The poller never raises into the training process: sink errors, torn reads and bad frames are
 counted in ``stats`` and logged sparingly; ``missed_kernels`` counts kernels overwritten before
