@@ -47,7 +47,9 @@ def _poller(group: RingGroup, out: list[KernelRecord], interval_s: float) -> Pro
     if group.frames is None:
         raise ValueError("the group was built without probe frames")
     srcs = group.frames.sources(bindings(group.nranks), group.clock_offset_ns)
-    return ProbePoller(srcs, out.append, interval_s=interval_s)
+    # the per-kernel format: these checks compare every kernel's DONE and every poll's heartbeat
+    # with the plan, not the bounded format a job sends
+    return ProbePoller(srcs, out.append, interval_s=interval_s, detail="all")
 
 
 def _inputs(cp: Any, nranks: int, n: int, seed: int) -> tuple[list[Any], np.ndarray]:

@@ -4,7 +4,8 @@
 it) launches the enter (phase 0) or exit (phase 1) marker on the current CUDA stream — PyTorch's
 when torch is loaded, else CuPy's — into the frame of the Trace ID's communicator. Frames are
 allocated at first use (``max_comms`` of them, pinned and mapped). ``attach_poller`` starts a
-``ProbePoller`` over the frames; frames of communicators seen later join it.
+``ProbePoller`` over the frames (the bounded record format); frames of communicators seen later
+join it.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from ccld.probe.errors import ProbeError
 from ccld.probe.frame import read_consistent
 from ccld.probe.poller import FrameSource, ProbePoller, Sink
 from ccld.probe.tracker import RankBinding
+from ccld.producers.bounded import DEFAULT_INTERVAL_S as DEFAULT_STATE_INTERVAL_S
 from ccld.records import TraceId
 
 ENTER, EXIT = 0, 1
@@ -86,15 +88,23 @@ class MarkerSession:
         return "inside" if snap.inside else "idle"
 
     def attach_poller(
-        self, binding_for: Callable[[int], RankBinding], sink: Sink, interval_s: float = 0.1
+        self,
+        binding_for: Callable[[int], RankBinding],
+        sink: Sink,
+        interval_s: float = 0.1,
+        *,
+        detail: str = "sampled",
+        state_interval_s: float = DEFAULT_STATE_INTERVAL_S,
     ) -> ProbePoller:
-        """Start a poller over this session's frames; ``binding_for(comm_hash)`` names the rank."""
+        """Start a poller over this session's frames; ``binding_for(comm_hash)`` names the rank.
+        It sends the bounded record format (``detail="all"``: every kernel, for debugging)."""
         with self._lock:
             self._binding_for = binding_for
             srcs = [
                 FrameSource(self.frames.buffer(i), binding_for(h), self.clock_offset_ns) for h, i in self._index.items()
             ]
-            self._poller = ProbePoller(srcs, sink, interval_s=interval_s)
+            self._poller = ProbePoller(srcs, sink, interval_s=interval_s, detail=detail,
+                                       state_interval_s=state_interval_s)  # fmt: skip
         return self._poller.start()
 
 

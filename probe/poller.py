@@ -1,11 +1,25 @@
 """The host poller: one thread per process reads every frame at an interval and emits records.
 
-It reads frames with the seqlock (``frame.read_consistent``), turns the changes into kernel
-records (``tracker.FrameTracker``) and hands each to ``sink`` — normally
-``MetricsProducer.submit``, which never blocks. The poller never raises into the training
-process: sink errors, torn reads and bad frames are counted in ``stats`` and logged sparingly.
-Memory is bounded: fixed state per frame and at most ``max_records_per_poll`` records per poll
-(the rest are dropped and counted). It runs unchanged over GPU-mapped frames and the CPU twin.
+It reads frames with the seqlock (``frame.read_consistent``) every ``interval_s`` (100 ms),
+turns the changes into records (``tracker.FrameTracker``) and hands each to ``sink`` — normally
+``MetricsProducer.submit``, which never blocks — or, with ``batch_sink``, each poll's records as
+one ``KernelBatch`` per job incarnation (all its communicators, as the batcher groups them).
+
+What it sends is the bounded record format of every CCL-D source (README, "Record format and
+its cost"; ``ccld.producers.bounded``): per communicator and ``state_interval_s`` (1 s) its state
+(PROGRESS of the kernel inside, else IDLE), the ENTERED + PROGRESS of a kernel a poll caught in
+flight (at most one such look per communicator and interval), and the DONE of the kernels
+``detail_sampled`` picks at the stride the attachment would pick. For a rank in C communicators
+running r_c kernels per second: records per 1-s interval = sum over c of (at most 3 + min(r_c, 8)
+on average; the hash picks a few more or fewer ops from one second to the next), whatever the
+collective rate and the poll interval (the per-kernel format sent r_c). ``detail="all"`` sends
+every kernel's DONE and a PROGRESS at every poll (the per-kernel format, for debugging).
+
+The poller never raises into the training process: sink errors, torn reads and bad frames are
+counted in ``stats`` and logged sparingly; ``missed_kernels`` counts kernels overwritten before
+a poll saw them, ``unsampled`` those the sampling left out. Memory is bounded: fixed state per
+frame and communicator and at most ``max_records_per_poll`` records per poll (the rest are
+dropped and counted). It runs unchanged over GPU-mapped frames and the CPU twin.
 """
 
 from __future__ import annotations
@@ -25,11 +39,14 @@ from ccld.probe import layout
 from ccld.probe.errors import FrameError
 from ccld.probe.frame import read_consistent
 from ccld.probe.tracker import ClockMap, CountOf, FrameTracker, RankBinding, Rates
-from ccld.records import KernelRecord, TraceId
+from ccld.producers.bounded import DEFAULT_INTERVAL_S as DEFAULT_STATE_INTERVAL_S
+from ccld.producers.bounded import DETAIL_MODES, ExitLog
+from ccld.records import DETAIL_OPS_PER_S, KernelBatch, KernelRecord, TraceId
 
 log = logging.getLogger(__name__)
 
 Sink = Callable[[KernelRecord], None]
+BatchSink = Callable[[KernelBatch], None]
 DEFAULT_INTERVAL_S = 0.1
 
 
@@ -85,17 +102,31 @@ class ProbePoller:
         count_of: CountOf | None = None,
         read_retries: int = 8,
         max_records_per_poll: int = 4096,
+        detail: str = "sampled",
+        state_interval_s: float = DEFAULT_STATE_INTERVAL_S,
+        detail_budget: float = DETAIL_OPS_PER_S,
+        batch_sink: BatchSink | None = None,
     ) -> None:
         if interval_s <= 0:
             raise ConfigError(f"interval_s must be > 0, got {interval_s}")
+        if state_interval_s <= 0:
+            raise ConfigError(f"state_interval_s must be > 0, got {state_interval_s}")
+        if detail not in DETAIL_MODES:
+            raise ConfigError(f"unknown detail mode {detail!r}: use one of {', '.join(DETAIL_MODES)}")
         for s in sources:
             _check_source(s)
         self._sources = list(sources)
         self._sink = sink
+        self._batch_sink = batch_sink
         self.interval_s = interval_s
+        #: "sampled" (the bounded format) or "all" (every kernel's DONE, a PROGRESS every poll)
+        self.detail = detail
+        self.state_interval_s = state_interval_s
+        self.detail_budget = detail_budget
         self._clock = clock_ns
         self._count_of = count_of
-        self._trackers = [FrameTracker(s.binding, count_of) for s in self._sources]
+        self._exits: dict[int, ExitLog] = {}  # per rank: the ends its frames showed (t_prev_exit_ns)
+        self._trackers = [self._tracker(s.binding) for s in self._sources]
         self._clocks = [ClockMap(s.clock_offset_ns) for s in self._sources]
         self._retries = read_retries
         self._max_records = max_records_per_poll
@@ -111,15 +142,22 @@ class ProbePoller:
             "torn_reads": 0,
             "bad_frames": 0,
             "missed_kernels": 0,
+            "details": 0,
+            "unsampled": 0,
             "errors": 0,
         }
+
+    def _tracker(self, binding: RankBinding) -> FrameTracker:
+        exits = self._exits.setdefault(binding.rank, ExitLog())
+        return FrameTracker(binding, self._count_of, detail=self.detail, interval_s=self.state_interval_s,
+                            detail_budget=self.detail_budget, exits=exits)  # fmt: skip
 
     def add_source(self, source: FrameSource) -> int:
         """Watch one more frame (e.g. a communicator created later); returns its index."""
         _check_source(source)
         with self._lock:
             self._sources.append(source)
-            self._trackers.append(FrameTracker(source.binding, self._count_of))
+            self._trackers.append(self._tracker(source.binding))
             self._clocks.append(ClockMap(source.clock_offset_ns))
             return len(self._sources) - 1
 
@@ -133,17 +171,18 @@ class ProbePoller:
             self._last_error_log = now
             log.warning(msg, *args)
 
-    def poll_once(self) -> int:
-        """Read every frame once and hand the records to the sink; returns how many. Never raises."""
+    def poll_once(self, *, final: bool = False) -> int:
+        """Read every frame once and hand the records to the sink; returns how many. Never raises.
+        ``final``: every communicator's state goes out whether or not an interval ended."""
         with self._lock:
             try:
-                return self._poll()
+                return self._poll(final)
             except Exception as exc:  # the training process must never see the probe fail
                 self.stats["errors"] += 1
                 self._log_sparingly("probe poll failed: %r", exc)
                 return 0
 
-    def _poll(self) -> int:
+    def _poll(self, final: bool) -> int:
         self.stats["polls"] += 1
         records: list[KernelRecord] = []
         for src, tracker, clock in zip(self._sources, self._trackers, self._clocks, strict=True):
@@ -160,12 +199,35 @@ class ProbePoller:
                 self._log_sparingly("frame of rank %d has version %d", src.binding.rank, snap.version)
                 continue
             clock.observe(snap.last_update_ns, host_now)
-            missed = tracker.missed
-            records.extend(tracker.update(snap, clock.to_gpu(host_now)))
+            missed, details, unsampled = tracker.missed, tracker.details, tracker.unsampled
+            records.extend(tracker.update(snap, clock.to_gpu(host_now), final=final))
             self.stats["missed_kernels"] += tracker.missed - missed
+            self.stats["details"] += tracker.details - details
+            self.stats["unsampled"] += tracker.unsampled - unsampled
         if len(records) > self._max_records:
             self.stats["dropped"] += len(records) - self._max_records
             records = records[: self._max_records]
+        bs = self._batch_sink
+        sent = self._deliver(records) if bs is None else self._deliver_batches(bs, records)
+        self.stats["records"] += sent
+        return sent
+
+    def _deliver_batches(self, sink: BatchSink, records: list[KernelRecord]) -> int:
+        """One batch per job incarnation, all of its communicators (as the producers' batcher groups)."""
+        groups: dict[tuple[str, int], list[KernelRecord]] = {}
+        for rec in records:
+            groups.setdefault((rec.job, rec.incarnation), []).append(rec)
+        sent = 0
+        for recs in groups.values():
+            try:
+                sink(KernelBatch.from_records(recs))
+                sent += len(recs)
+            except Exception as exc:  # a broken sink costs records, never the training process
+                self.stats["sink_errors"] += len(recs)
+                self._log_sparingly("probe batch sink failed: %r", exc)
+        return sent
+
+    def _deliver(self, records: list[KernelRecord]) -> int:
         sent = 0
         for rec in records:
             try:
@@ -174,7 +236,6 @@ class ProbePoller:
             except Exception as exc:  # a broken sink costs records, never the training process
                 self.stats["sink_errors"] += 1
                 self._log_sparingly("probe sink failed: %r", exc)
-        self.stats["records"] += sent
         return sent
 
     def _run(self) -> None:
@@ -196,13 +257,14 @@ class ProbePoller:
         return self
 
     def stop(self, timeout_s: float = 2.0, final_poll: bool = True) -> None:
-        """Stop the thread; by default poll once more so the last ends are reported."""
+        """Stop the thread; by default poll once more so the last ends and every communicator's
+        state are reported."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout_s)
             self._thread = None
         if final_poll:
-            self.poll_once()
+            self.poll_once(final=True)
 
     def __enter__(self) -> ProbePoller:
         return self.start()

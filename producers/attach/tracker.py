@@ -11,10 +11,11 @@ and its cost"), so the record rate does not grow with the collective rate:
   once as well (a "look": at most one per communicator and interval, never twice for one op),
   so a rank stuck in a new op shows up within ``heartbeat_s``, not at the next interval;
 - **detail**: the ``DONE`` record of an op only when ``ccld.records.detail_sampled(comm_hash,
-  op_seq, K)`` picks it (:func:`op_sampled`, the same rule in plain Python), with ``K =
+  op_seq, K)`` picks it (``ccld.producers.bounded.op_sampled``, the same rule in plain Python), with ``K =
   detail_one_in(op rate)`` per communicator: the rate is measured over about ``interval_s`` of
   its ops' own entry times and checked at fixed op sequence numbers (raised as soon as the ops
-  seen so far need it), so every rank of the communicator picks the same K from the same op on;
+  seen so far need it; ``ccld.producers.bounded.StrideWindow``, which the GPU probe's poller shares), so
+  every rank of the communicator picks the same K from the same op on;
   at most about ``DETAIL_OPS_PER_S`` (8) details per communicator and second, and every op when
   a communicator runs at most 8 per second. It carries
   ``t_prev_exit_ns``, the end of this rank's previous op on any communicator (the compute gap
@@ -37,46 +38,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from ccld.records import DETAIL_OPS_PER_S, DType, KernelBatch, KernelRecord, OpType, Status, detail_one_in
+from ccld.producers.bounded import DEFAULT_INTERVAL_S, DETAIL_MODES, ExitLog, StrideWindow, op_sampled
+from ccld.records import DETAIL_OPS_PER_S, DType, KernelBatch, KernelRecord, OpType, Status
 
 log = logging.getLogger(__name__)
-
-#: "sampled": the bounded format; "all": a DONE record per op (debugging, one record per call)
-DETAIL_MODES = ("sampled", "all")
-#: how often each communicator's state is sent and its op rate measured (README: sample_interval_s)
-DEFAULT_INTERVAL_S = 1.0
-#: a rate window counts as lasting this long at least (a burst of ops is not a rate)
-RATE_MIN_S = 0.1
-#: rate windows end at multiples of a power of two of op sequence numbers, at least this many
-CHECK_EVERY = 8
-#: ... about ``interval_s`` of ops at the stride in force, or, when the ops slowed down, at the
-#: first multiple of CHECK_EVERY this many intervals after the window began
-WINDOW_MAX = 2
-#: K goes up when the rate exceeds its budget by this factor (details up to 10/s), down only when
-#: the rate times ``LOWER_SLACK`` fits the lower K: a dead band, so a rate near a power-of-two
-#: boundary does not flip K, and ranks measuring it a hair apart still agree
-RAISE_SLACK = 1.25
-LOWER_SLACK = 1.5
-#: every this many windows (at multiples of RESYNC x W) K is set from the rate alone, so ranks
-#: that ever disagreed (one saw an op the other did not) agree again
-RESYNC = 16
-#: exit times remembered to find an op's predecessor (``t_prev_exit_ns``)
-EXITS_KEPT = 256
-
-_M64 = (1 << 64) - 1
-
-
-def op_sampled(comm_hash: int, op_seq: int, one_in: int) -> bool:
-    """``ccld.records.detail_sampled`` for one op in plain Python (the emitter asks it per op;
-    numpy costs more than the mix itself for a scalar). Same 64-bit mix, same answer."""
-    if one_in <= 1:
-        return True
-    x = (comm_hash & _M64) ^ ((op_seq * 0x9E3779B97F4A7C15) & _M64)
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _M64
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _M64
-    x ^= x >> 31
-    return x & (one_in - 1) == 0
-
 
 class RecordSink(Protocol):
     """Where records go: ``MetricsProducer`` satisfies it, so do the file and list sinks. A sink
@@ -130,10 +95,7 @@ class _Comm:
     """What the emitter keeps per communicator: its stride, rate window and newest states."""
 
     active_ns: int  # the last time one of its ops entered or left
-    one_in: int = 1  # detail stride K
-    anchor_seq: int = -1  # the op the rate window starts at, and when it entered (own clock)
-    anchor_ns: int = -1
-    checked_seq: int = -1  # the last op the rate was checked at
+    stride: StrideWindow  # its op rate and detail stride K
     last: OpCall | None = None  # the newest finished op (the IDLE state)
     looked: OpCall | None = None  # the last op in flight shipped by a look
     look_idx: int = -1  # interval of that look
@@ -205,7 +167,7 @@ class Tracker:
         self._thread: threading.Thread | None = None
         self._emit_lock = threading.Lock()
         self._comms: dict[int, _Comm] = {}
-        self._exits: deque[int] = deque(maxlen=EXITS_KEPT)
+        self._exits = ExitLog()
         self._next_state_ns: int | None = None
         self._out: list[KernelRecord] = []  # this pump's records, delivered at its end
 
@@ -363,50 +325,17 @@ class Tracker:
                 oldest = min(self._comms, key=lambda h: self._comms[h].active_ns)
                 del self._comms[oldest]
                 self.stats.comms_forgotten += 1
-            c = self._comms[comm_hash] = _Comm(active_ns=now)
+            c = self._comms[comm_hash] = _Comm(active_ns=now, stride=StrideWindow(self.interval_s, self.detail_budget))
         return c
 
     def _entered(self, call: OpCall, now: int) -> None:
         c = self._comm(call.comm_hash, now)
         c.active_ns = now
-        if not self.per_call:
-            self._measure(c, call)
-            call.one_in = c.one_in
-
-    def _measure(self, c: _Comm, call: OpCall) -> None:
-        """The op rate of the communicator and its stride K, decided at op sequence numbers and
-        measured on the ops' own entry times. A window ends at a multiple of W, a power of two of
-        about one interval's ops at the stride in force (W = 8 while K = 1, so a fast
-        communicator gets its K within its first 8 ops): every rank of the communicator sees the
-        same ops enter at the same pace, so all decide at the same op from about the same rate
-        and pick the same K (a rank that disagreed would send some ops' details the others leave
-        out). K has a dead band (``RAISE_SLACK``, ``LOWER_SLACK``) and is set from the rate alone
-        every ``RESYNC`` windows, so ranks that ever disagreed (one saw the first ops, one did not)
-        agree again. A window whose ops slowed down ends, at a multiple of 8, ``WINDOW_MAX``
-        intervals after it began."""
-        seq, t = call.op_seq, call.t_enter_ns
-        if c.anchor_seq < 0 or seq < c.anchor_seq:  # the first op, or a group made again
-            c.anchor_seq, c.anchor_ns, c.checked_seq, c.one_in = seq, t, seq, 1
-            return
-        if seq // CHECK_EVERY <= c.checked_seq // CHECK_EVERY:
-            return
-        c.checked_seq = seq
-        budget = self.detail_budget
-        w = CHECK_EVERY
-        while w < budget * c.one_in * self.interval_s:
-            w <<= 1
-        el_s = (t - c.anchor_ns) / 1e9
-        if seq // w > c.anchor_seq // w or el_s >= WINDOW_MAX * self.interval_s:
-            rate = (seq - c.anchor_seq) / max(el_s, RATE_MIN_S)
-            up = detail_one_in(rate / RAISE_SLACK, budget)
-            if up > c.one_in or seq // (w * RESYNC) > c.anchor_seq // (w * RESYNC):
-                c.one_in = up
-            else:
-                c.one_in = max(up, min(c.one_in, detail_one_in(rate * LOWER_SLACK, budget)))
-            c.anchor_seq, c.anchor_ns = seq, t
+        if not self.per_call:  # K at op sequence numbers, from the ops' own entry times (StrideWindow)
+            call.one_in = c.stride.observe(call.op_seq, call.t_enter_ns)
 
     def _finished(self, call: OpCall, now: int) -> None:
-        self._exits.append(call.t_exit_ns)
+        self._exits.add(call.t_exit_ns)
         c = self._comm(call.comm_hash, now)
         c.active_ns = now
         last = c.last
@@ -476,11 +405,7 @@ class Tracker:
     def _t_prev(self, call: OpCall) -> int:
         """End of this rank's previous op on any communicator: the latest exit before ``call`` entered."""
         if call.t_prev_ns == -2:
-            best, t_in = -1, call.t_enter_ns
-            for t in self._exits:
-                if best < t < t_in:
-                    best = t
-            call.t_prev_ns = best
+            call.t_prev_ns = self._exits.before(call.t_enter_ns)
         return call.t_prev_ns
 
     def _emit(self, call: OpCall, status: Status, t_sample_ns: int) -> None:
@@ -533,4 +458,4 @@ class Tracker:
 
     def strides(self) -> dict[int, int]:
         """The detail stride K of each communicator now (tests, stats)."""
-        return {h: c.one_in for h, c in self._comms.items()}
+        return {h: c.stride.one_in for h, c in self._comms.items()}

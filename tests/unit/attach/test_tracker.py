@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from ccld.producers.attach.sinks import ListSink
-from ccld.producers.attach.tracker import EXITS_KEPT, Identity, OpCall, Tracker, op_sampled
+from ccld.producers.attach.tracker import Identity, OpCall, Tracker
+from ccld.producers.bounded import EXITS_KEPT, op_sampled
 from ccld.records import (
     DETAIL_OPS_PER_S,
     DType,

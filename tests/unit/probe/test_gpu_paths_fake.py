@@ -49,7 +49,9 @@ def test_launch_marker_entry_point(fake_cupy: types.ModuleType, monkeypatch: pyt
     poller = s.attach_poller(lambda h: gpu_scenarios.bindings(1)[0], out.append, interval_s=0.01)
     launch_marker(t.pack(), 1)
     poller.stop()
-    assert [getattr(r, "status", None) for r in out][-1] is Status.DONE
+    # the bounded format: the op's DONE (stride 1 at first), then the final poll's IDLE state
+    assert [(getattr(r, "status", None), getattr(r, "op_seq", None)) for r in out][-2:] == [
+        (Status.DONE, 0), (Status.IDLE, 0)]
 
 
 def test_ring_allreduce_and_allgather(fake_cupy: types.ModuleType) -> None:

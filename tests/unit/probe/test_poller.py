@@ -74,7 +74,7 @@ def test_stopped_rank_on_twins_freezes_where_the_plan_says() -> None:
     clock = Clock()
     srcs, writers = _ranks(R, clock)
     out: list[KernelRecord] = []
-    poller = ProbePoller(srcs, out.append, clock_ns=clock)
+    poller = ProbePoller(srcs, out.append, clock_ns=clock, detail="all")  # a heartbeat every poll
     for w in writers:
         w.begin(_trace(0), C)
 

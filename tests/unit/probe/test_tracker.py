@@ -13,14 +13,15 @@ BINDING = RankBinding(job="j", rank=5, comm_rank=1, comm_size=4, world_size=16, 
 
 
 class Rig:
-    """One twin frame, its writer and a tracker sharing a fake clock."""
+    """One twin frame, its writer and a tracker sharing a fake clock (the per-kernel format, whose
+    records follow the frame one to one; ``test_bounded`` covers the bounded format)."""
 
-    def __init__(self, count_of: CountOf | None = None) -> None:
+    def __init__(self, count_of: CountOf | None = None, detail: str = "all") -> None:
         self.now = 1_000
         self.buf = frame_bytes(alloc_frames(1), 0)
         set_enabled(self.buf)
         self.w = TwinKernelWriter(self.buf, clock_ns=lambda: self.now)
-        self.t = FrameTracker(BINDING, count_of)
+        self.t = FrameTracker(BINDING, count_of, detail=detail)
 
     def poll(self) -> list[KernelRecord]:
         snap = frame.read_consistent(self.buf)
