@@ -475,13 +475,20 @@ class KernelBatch:
 
     def take(self, rows: npt.NDArray[np.int64], *, producer: str | None = None, batch_seq: int | None = None
              ) -> KernelBatch:
-        """The batch of the given rows (in that order; at least one), the hosts table kept whole."""
+        """The batch of the given rows (in that order; at least one), the hosts table cut to their hosts.
+
+        Cut, not kept whole: a rank's rows taken from a whole job's batch would otherwise carry every
+        host of the job (512 names at 4,096 ranks), which its own producer never sends.
+        """
         comm = self.columns[COMM_COLUMN][rows]
         if comm.shape[0] == 0:
             raise RecordError("take needs at least one row")
+        columns = {k: v[rows] for k, v in self.columns.items()}
+        used, columns["host_idx"] = np.unique(columns["host_idx"], return_inverse=True)
+        columns["host_idx"] = columns["host_idx"].astype(np.int64).reshape(-1)
         return KernelBatch(
             job=self.job, incarnation=self.incarnation, comm_hash=int(comm[0]), world_size=self.world_size,
-            hosts=self.hosts, columns={k: v[rows] for k, v in self.columns.items()}, send=self.send[rows],
+            hosts=tuple(self.hosts[i] for i in used.tolist()), columns=columns, send=self.send[rows],
             recv=self.recv[rows], producer=self.producer if producer is None else producer,
             batch_seq=self.batch_seq if batch_seq is None else batch_seq, peak_lag=self.peaks[rows],
         )

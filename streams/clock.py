@@ -25,8 +25,12 @@ from typing import Any
 
 #: A message timestamp further than this ahead of the worker's own wall clock is never a time (s).
 MAX_FUTURE_S = 86_400.0
-#: Producers remembered per job at most (the ones heard from longest ago are forgotten first).
-MAX_PRODUCERS = 1024
+#: Producers remembered per job at most (the ones heard from longest ago are forgotten first). Every
+#: rank is a producer: fewer than a job's ranks and every message comes from a forgotten one.
+MAX_PRODUCERS = 16_384
+#: Producers a snapshot keeps (the most recently heard): a median needs no more, and the snapshot is
+#: written every second.
+SNAPSHOT_PRODUCERS = 1024
 #: Recompute the consensus from every producer at most this often (s of worker wall time); in between
 #: it moves with the wall clock. Every rank is a producer: a median over all of them per message cost
 #: 1 ms at a thousand ranks. A timestamp that looks too far ahead is always judged on a fresh one.
@@ -63,7 +67,9 @@ class JobClock:
             self.ignored += 1
             return False
         p = self._producers.pop(producer, None)  # re-inserted last: dict order is least recently heard first
-        fresh = p is None or recv - self._lead_at >= CONSENSUS_EVERY_S or recv < self._lead_at
+        # Not on every new producer: a job's ranks all arrive in its first second (a median over a
+        # thousand per message), and a new one that looks too far ahead gets a fresh consensus below.
+        fresh = recv - self._lead_at >= CONSENSUS_EVERY_S or recv < self._lead_at
         if p is None:
             p = _Producer(ts, recv, recv)
         elif ts >= p.newest_ts:
@@ -121,7 +127,8 @@ class JobClock:
 
     def state_dict(self) -> dict[str, Any]:
         return {"now_s": self.now_s, "moved_recv": self.moved_recv,
-                "producers": {n: [p.newest_ts, p.newest_recv, p.last_recv] for n, p in self._producers.items()}}
+                "producers": {n: [p.newest_ts, p.newest_recv, p.last_recv]
+                              for n, p in list(self._producers.items())[-SNAPSHOT_PRODUCERS:]}}
 
     def load_state_dict(self, d: dict[str, Any]) -> None:
         self.now_s = float(d.get("now_s", 0.0))

@@ -80,6 +80,18 @@ def test_concat_take_and_by_rank_keep_every_row() -> None:
         both.take(np.zeros(0, dtype=np.int64))
 
 
+def test_take_keeps_only_the_hosts_of_its_rows() -> None:
+    rows = [make_kernel_record(rank=r, comm_rank=r, comm_size=6, world_size=6, host=f"node-{r // 2}", op_seq=r)
+            for r in range(6)]
+    whole = KernelBatch.from_records(rows)
+    assert whole.hosts == ("node-0", "node-1", "node-2")
+    part = whole.take(np.asarray([5, 4]))
+    assert part.hosts == ("node-2",) and part.records() == [rows[5], rows[4]]
+    assert decode_metrics(encode_batch(part)).records() == part.records()
+    by = whole.by_rank()
+    assert [by[r].hosts for r in (0, 3)] == [("node-0",), ("node-1",)]
+
+
 def test_the_archive_names_each_rows_communicator() -> None:
     table = metrics_table([(0, 0, mixed())])
     assert table.column("communicator").to_pylist() == [f"{COMM:016x}", f"{-5 & (2**64 - 1):016x}", f"{COMM:016x}"]
