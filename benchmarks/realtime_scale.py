@@ -11,7 +11,8 @@ producers send: the bounded record format (README, "Record format and its cost")
 rank processes send it (``--messages``): ``rank`` (the default, today's producers) one message per
 rank and delivery interval holding all of its communicators; ``rank-comm`` one per rank, communicator
 and interval (producers before they merged communicators); ``comm`` one per communicator holding all
-its ranks (the simulator's own grouping, which no real producer sends). A forked producer process
+its ranks (the simulator's own grouping, which no real producer sends); ``host`` one per host and
+interval holding all its ranks (what a per-host aggregator would send; none exists yet). A forked producer process
 replays the batches by their timestamps on the wall clock through ``MetricsProducer`` (encoding and
 lz4 on the way, as a probe does), stamped with wall-clock time. The broker and the worker are
 ``ccld.stack.up.Pipeline``'s (the worker commits every 0.5 s, so the committed offset is a
@@ -273,13 +274,14 @@ class Generated:
     gen_s: float
 
 
-MESSAGES = ("rank", "rank-comm", "comm")
+MESSAGES = ("rank", "rank-comm", "comm", "host")
 
 
 def regroup(batches: Iterable[tuple[float, KernelBatch]], how: str) -> Iterable[tuple[float, KernelBatch]]:
     """The simulator's batches (one per communicator and delivery time, all its ranks) as rank processes
     send them: per delivery time, one batch per rank (``rank``) or per rank and communicator
-    (``rank-comm``), each rank a producer with its own batch sequence; ``comm`` leaves them as they are."""
+    (``rank-comm``), each rank a producer with its own batch sequence; ``comm`` leaves them as they are;
+    ``host`` is one batch per host (all its ranks and communicators), what a per-host aggregator would send."""
     if how == "comm":
         yield from batches
         return
@@ -292,6 +294,15 @@ def regroup(batches: Iterable[tuple[float, KernelBatch]], how: str) -> Iterable[
     for t, b in itertools.chain(batches, end):
         if t != t_at and at:
             for same in at.values():  # a batch holds one job incarnation (a restart starts another)
+                if how == "host":
+                    whole = KernelBatch.concat(same)
+                    host = whole.columns["host_idx"]
+                    for h in np.unique(host).tolist():
+                        part = whole.take(np.flatnonzero(host == h))
+                        seq[-1 - h] += 1
+                        yield t_at, part.take(np.arange(part.n), producer=f"{part.job}-host-{part.hosts[0]}",
+                                              batch_seq=seq[-1 - h])
+                    continue
                 for rank, part in sorted(KernelBatch.concat(same).by_rank().items()):
                     if how == "rank":
                         pieces = [part]

@@ -137,6 +137,10 @@ def test_regroup_sends_what_rank_processes_send(rs: types.ModuleType) -> None:
         assert [t for t, _ in out] == sorted(t for t, _ in out)
     per_time = {(t, int(b.columns["rank"][0])) for t, b in by_rank}
     assert len(per_time) == len(by_rank)  # one message per rank and delivery time
+    by_host = list(rs.regroup(stream, "host"))
+    assert sorted(r for _, b in by_host for r in map(repr, b.records())) == rows
+    assert all(len(b.hosts) == 1 and b.producer.endswith(b.hosts[0]) for _, b in by_host)
+    assert len({(t, b.hosts[0]) for t, b in by_host}) == len(by_host) < len(by_rank) / 4  # 8 ranks a host
     assert all(b.one_comm for _, b in by_rank_comm) and not all(b.one_comm for _, b in by_rank)
     assert len(by_rank) < len(by_rank_comm)
     seqs = [b.batch_seq for _, b in by_rank if b.producer == by_rank[0][1].producer]
