@@ -293,3 +293,13 @@ def test_the_socket_reaches_the_ranks_environment_only_when_given() -> None:
     off = child_env(base, {}, site_dir="/s", sink="kafka", heartbeat_ms=None)
     assert on[ENV_AGGREGATE_SOCKET] == "/tmp/x/agg.sock" and ENV_AGGREGATE_SOCKET not in off
 
+
+def test_ccld_run_aggregates_by_default() -> None:
+    import argparse
+
+    from ccld.producers.attach import cli
+
+    p = argparse.ArgumentParser()
+    cli.configure(p)
+    assert p.parse_args(["--", "true"]).aggregate is True
+    assert p.parse_args(["--no-aggregate", "--", "true"]).aggregate is False
