@@ -15,7 +15,6 @@ sends directly (counted); an aggregator that cannot start leaves every rank send
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import signal
 import subprocess
@@ -27,7 +26,8 @@ from typing import Any
 from ccld.producers.attach.bootstrap import child_env, write_site_dir
 from ccld.settings import Settings
 
-log = logging.getLogger(__name__)
+#: how long the aggregator's last flush may take after the job exited (a dead broker costs this, once)
+AGGREGATOR_CLOSE_S = 2.0
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -97,8 +97,7 @@ def main(args: argparse.Namespace, settings: Settings) -> int:
         return _run(cmd, args, settings, sink, aggregator)
     finally:
         if aggregator is not None:  # after the job: its ranks' last batches are in the socket by now
-            aggregator.close()
-            print(aggregator.stats_line(), file=sys.stderr)
+            aggregator.close(AGGREGATOR_CLOSE_S)  # logs its stats line
 
 
 def _run(cmd: list[str], args: argparse.Namespace, settings: Settings, sink: str, aggregator: Any) -> int:
