@@ -244,7 +244,11 @@ class HostAggregator:
     def _flush_loop(self) -> None:
         due = self._next_flush(time.monotonic())
         while not self._stop.wait(max(due - time.monotonic(), 0.0)):
-            self.flush()
+            try:
+                self.flush()
+            except Exception:  # noqa: BLE001 - the flusher must survive anything
+                self.stats.internal_errors += 1
+                log.debug("aggregator: a flush failed", exc_info=True)
             due = self._next_flush(time.monotonic())
 
     def flush(self) -> int:
