@@ -10,8 +10,9 @@ standard library): it installs an import hook, and the attachment itself starts 
 Configuration travels in the usual ``CCLD_*`` variables (bootstrap, job, topic prefix ...)
 plus these, which are not Settings fields (Settings rejects unknown ``CCLD_*`` names):
 ``CCLDRUN_ACTIVE`` ("1"), ``CCLDRUN_SINK`` ("kafka" or "jsonl:DIR"),
-``CCLDRUN_HEARTBEAT_MS``, ``CCLDRUN_SOURCE`` (auto, wrap, fr or both), ``CCLDRUN_FR_POLL_MS``
-and ``CCLDRUN_SITE_DIR`` (the generated directory).
+``CCLDRUN_HEARTBEAT_MS``, ``CCLDRUN_SOURCE`` (auto, wrap, fr or both), ``CCLDRUN_FR_POLL_MS``,
+``CCLDRUN_SITE_DIR`` (the generated directory) and ``CCLDRUN_AGGREGATE_SOCKET`` (the host
+aggregator's socket, when ``ccld run`` started one).
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ ENV_HEARTBEAT_MS = "CCLDRUN_HEARTBEAT_MS"
 ENV_SITE_DIR = "CCLDRUN_SITE_DIR"
 ENV_SOURCE = "CCLDRUN_SOURCE"
 ENV_FR_POLL_MS = "CCLDRUN_FR_POLL_MS"
+#: the same name as ``ccld.producers.attach.aggregate.ENV_AGGREGATE_SOCKET`` (this module imports only the stdlib)
+ENV_AGGREGATE_SOCKET = "CCLDRUN_AGGREGATE_SOCKET"
 
 TARGET = "torch.distributed.distributed_c10d"
 
@@ -135,6 +138,7 @@ def _attach_from_env() -> None:
             heartbeat_s=float(heartbeat_ms) / 1000.0 if heartbeat_ms else None,
             source=os.environ.get(ENV_SOURCE) or "auto",
             fr_poll_s=float(poll_ms) / 1000.0 if poll_ms else None,
+            aggregate_socket=os.environ.get(ENV_AGGREGATE_SOCKET) or None,
         )
     except Exception as exc:  # noqa: BLE001 - the job runs on without us
         sys.stderr.write(f"ccld run: attachment not active in pid {os.getpid()}: {exc}\n")
@@ -151,7 +155,7 @@ def activate() -> None:
 
 def child_env(base: dict[str, str], ccld_vars: dict[str, str], *, site_dir: str, sink: str,
               heartbeat_ms: int | None, source: str | None = None, fr_poll_ms: int | None = None,
-              ) -> dict[str, str]:  # fmt: skip
+              aggregate_socket: str | None = None) -> dict[str, str]:  # fmt: skip
     """The environment of a command run under ``ccld run``."""
     env = dict(base)
     env.update(ccld_vars)
@@ -164,6 +168,10 @@ def child_env(base: dict[str, str], ccld_vars: dict[str, str], *, site_dir: str,
         env[ENV_SOURCE] = source
     if fr_poll_ms is not None:
         env[ENV_FR_POLL_MS] = str(int(fr_poll_ms))
+    if aggregate_socket:
+        env[ENV_AGGREGATE_SOCKET] = aggregate_socket
+    else:  # an outer `ccld run`'s aggregator is not this run's
+        env.pop(ENV_AGGREGATE_SOCKET, None)
     old = env.get("PYTHONPATH")
     env["PYTHONPATH"] = site_dir if not old else site_dir + os.pathsep + old
     return env

@@ -4,6 +4,12 @@ Every Python process the command starts (``torchrun`` and each rank it spawns, o
 ``python train.py``) attaches to torch.distributed at start-up through a generated
 ``sitecustomize.py``; the script itself is not changed. Settings reach the children as
 ``CCLD_*`` variables (only those that differ from the defaults are set).
+
+With the Kafka sink, ``--aggregate`` (the default) starts a host aggregator in this process
+before the command (``ccld.producers.attach.aggregate``): the ranks hand it their batches over a
+Unix socket and it sends one message per job and second for all of them, instead of one per rank.
+It is stopped, and flushes what it holds, after the command exits. A rank that cannot reach it
+sends directly (counted); an aggregator that cannot start leaves every rank sending directly.
 """
 
 from __future__ import annotations
@@ -15,9 +21,13 @@ import subprocess
 import sys
 import tempfile
 from types import FrameType
+from typing import Any
 
 from ccld.producers.attach.bootstrap import child_env, write_site_dir
 from ccld.settings import Settings
+
+#: how long the aggregator's last flush may take after the job exited (a dead broker costs this, once)
+AGGREGATOR_CLOSE_S = 2.0
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -35,19 +45,38 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--fr-poll-ms", dest="fr_poll_ms", type=int, default=None,
         help="Flight Recorder poll interval (default 100)",
     )  # fmt: skip
+    parser.add_argument(
+        "--aggregate", action=argparse.BooleanOptionalAction, default=True,
+        help="with the kafka sink: one message per host and second from a local aggregator instead of one "
+        "per rank (default on; a rank that cannot reach it sends directly)",
+    )  # fmt: skip
     parser.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- COMMAND ...", help="the command to run")
 
 
 def prepare_env(
     settings: Settings, site_dir: str, *, sink: str = "kafka", heartbeat_ms: int | None = None,
     base: dict[str, str] | None = None, source: str | None = None, fr_poll_ms: int | None = None,
+    aggregate_socket: str | None = None,
 ) -> dict[str, str]:  # fmt: skip
     """Write the sitecustomize into ``site_dir`` and return the environment that activates it."""
     write_site_dir(site_dir)
     return child_env(
         dict(os.environ) if base is None else base, settings.to_env(), site_dir=site_dir, sink=sink,
-        heartbeat_ms=heartbeat_ms, source=source, fr_poll_ms=fr_poll_ms,
+        heartbeat_ms=heartbeat_ms, source=source, fr_poll_ms=fr_poll_ms, aggregate_socket=aggregate_socket,
     )  # fmt: skip
+
+
+def start_aggregator(settings: Settings) -> Any:
+    """A running ``HostAggregator`` sending through Kafka, or None (said on stderr) when it cannot start."""
+    from ccld.producers.attach.aggregate import HostAggregator
+    from ccld.producers.attach.sinks import KafkaSink
+
+    agg = HostAggregator(sink=KafkaSink(settings, keep_ids=True))
+    try:
+        return agg.start()
+    except OSError as exc:
+        print(f"ccld run: no host aggregator ({exc}); every rank sends directly", file=sys.stderr)
+        return None
 
 
 def main(args: argparse.Namespace, settings: Settings) -> int:
@@ -61,10 +90,22 @@ def main(args: argparse.Namespace, settings: Settings) -> int:
     if sink.partition(":")[0] in ("", "kafka") and not settings.bootstrap:
         print("ccld run: the kafka sink needs --bootstrap (or CCLD_BOOTSTRAP)", file=sys.stderr)
         return 2
+    aggregator = None
+    if getattr(args, "aggregate", False) and sink.partition(":")[0] in ("", "kafka"):
+        aggregator = start_aggregator(settings)
+    try:
+        return _run(cmd, args, settings, sink, aggregator)
+    finally:
+        if aggregator is not None:  # after the job: its ranks' last batches are in the socket by now
+            aggregator.close(AGGREGATOR_CLOSE_S)  # logs its stats line
+
+
+def _run(cmd: list[str], args: argparse.Namespace, settings: Settings, sink: str, aggregator: Any) -> int:
     with tempfile.TemporaryDirectory(prefix="ccld-run-") as site_dir:
         env = prepare_env(
             settings, site_dir, sink=sink, heartbeat_ms=args.heartbeat_ms,
             source=getattr(args, "source", None), fr_poll_ms=getattr(args, "fr_poll_ms", None),
+            aggregate_socket=aggregator.path if aggregator is not None else None,
         )  # fmt: skip
         try:
             proc = subprocess.Popen(cmd, env=env)

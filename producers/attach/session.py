@@ -140,6 +140,7 @@ def attach(
     fr_poll_s: float | None = None,
     detail: str | None = None,
     interval_s: float | None = None,
+    aggregate_socket: str | None = None,
 ) -> Attachment:
     """Observe every torch.distributed collective and p2p call of this process.
 
@@ -158,6 +159,10 @@ def attach(
     communicator's state every ``interval_s`` (default 1 s), an op in flight for ``heartbeat_s``
     at once, and the DONE records of a sample of ops (at most about 8 per second and
     communicator). ``detail="all"`` (or ``CCLDRUN_DETAIL=all``) sends every op's DONE record.
+
+    ``aggregate_socket`` (``ccld run --aggregate`` passes it): the Kafka sink hands its batches to
+    the host's aggregator listening on that Unix socket (``ccld.producers.attach.aggregate``), and
+    sends directly whenever it cannot.
     """
     global _current
     with _lock:
@@ -173,7 +178,7 @@ def attach(
             spec = sink_spec or "kafka"
             if spec.partition(":")[0] in ("", "kafka") and not settings.bootstrap:
                 raise ConfigError("ccld attach needs a broker: set CCLD_BOOTSTRAP or pass --bootstrap")
-            sink = sink_from_spec(spec, settings)
+            sink = sink_from_spec(spec, settings, aggregate_socket=aggregate_socket)
         try:
             from ccld.producers.attach.probe_hook import load_marker_hook
             from ccld.producers.attach.torch_hooks import TorchHooks

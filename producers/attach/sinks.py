@@ -100,9 +100,11 @@ class KafkaSink:
     #: the first batch may wait this long for the broker's partition count (see ``submit_batch``)
     FIRST_WAIT_S = 2.0
 
-    def __init__(self, settings: Settings, producer_id: str | None = None) -> None:
+    def __init__(self, settings: Settings, producer_id: str | None = None, *, keep_ids: bool = False) -> None:
         self.settings = settings
         self.producer_id = producer_id
+        # the host aggregator names and numbers its merged batches itself (one producer per host)
+        self.keep_ids = keep_ids
         self._producer: Any = None
         self._failed = False
         self._last_stats: dict[str, Any] = {}
@@ -133,7 +135,8 @@ class KafkaSink:
     def submit_batch(self, batch: KernelBatch) -> bool:
         """Send a prebuilt batch (any communicators of one job incarnation) now, from the caller's thread.
 
-        It goes out under the producer id ``<id>-b`` with this sink's own batch numbers, so it never
+        It goes out under the producer id ``<id>-b`` with this sink's own batch numbers (unless
+        ``keep_ids``: the host aggregator's batches keep the names it gave them), so it never
         collides with the numbers the producer's batcher gives the ``submit`` path (the worker drops a
         batch whose producer and number it has seen with the same content). The first batch may wait
         ``FIRST_WAIT_S`` for the broker's partition count; after a refusal none waits, so a dead
@@ -145,7 +148,8 @@ class KafkaSink:
         if producer is None:
             self.dropped += batch.n
             return False
-        batch = dataclasses.replace(batch, producer=f"{producer.producer_id}-b", batch_seq=next(self._batch_seq))
+        if not self.keep_ids:
+            batch = dataclasses.replace(batch, producer=f"{producer.producer_id}-b", batch_seq=next(self._batch_seq))
         ok = bool(producer.send_batch(batch, block_s=0.0 if self._refused else self.FIRST_WAIT_S))
         self._refused = not ok
         return ok
@@ -189,10 +193,17 @@ def _bounded(fn: Callable[[], Any], timeout_s: float) -> Any:
     return box[0] if box else None
 
 
-def sink_from_spec(spec: str, settings: Settings, producer_id: str | None = None) -> Any:
-    """``kafka`` (default) or ``jsonl:<dir or file>``."""
+def sink_from_spec(
+    spec: str, settings: Settings, producer_id: str | None = None, aggregate_socket: str | None = None
+) -> Any:
+    """``kafka`` (default) or ``jsonl:<dir or file>``. With ``aggregate_socket``, Kafka batches go
+    through the host's aggregator listening there (``AggregatorSink``; direct when it cannot take them)."""
     kind, _, arg = spec.partition(":")
     if kind in ("", "kafka"):
+        if aggregate_socket:
+            from ccld.producers.attach.aggregate import AggregatorSink
+
+            return AggregatorSink(aggregate_socket, settings)
         return KafkaSink(settings, producer_id)
     if kind == "jsonl" and arg:
         return JsonlSink(arg)
