@@ -6,10 +6,11 @@ Usage: python benchmarks/pipeline_throughput.py [--ranks 1024] [--seconds 120] [
 The workload is a real job's, as the producers send it: the Megatron-style job of
 ``realtime_scale.py`` (about 300 collectives/s per rank, tp 8 x pp 4 x dp R/32, the bounded
 record format), grouped into messages by ``realtime_scale.regroup`` (``--messages rank``, the
-default: one message per rank and delivery second holding all of its communicators, as today's
-producers send; ``rank-comm`` and ``comm`` as there; ``linger`` the old workload: the simulator's
-default job re-batched per communicator into messages of about ``--batch`` records, what a
-producer's linger would collect, which no producer sends). Published once to the embedded broker,
+default: one message per rank and delivery second holding all of its communicators, as ranks
+send without ``ccld run``'s aggregator; ``host`` one per host and second, as the aggregator sends;
+``rank-comm`` and ``comm`` as there; ``linger`` the old workload: the simulator's default job
+re-batched per communicator into messages of about ``--batch`` records, which no producer sends).
+Published once to the embedded broker,
 then read (1) by a plain confluent-kafka consumer that decodes every message into columns, and
 (2) by a real ``ccld worker`` process (decode, analyze, verdicts), timed from "Worker ready" until
 its committed offsets reach the end. Medians over ``--repeat`` runs are printed with the ratio.
@@ -131,7 +132,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     ap.add_argument("--ranks", type=int, default=1024)
     ap.add_argument("--seconds", type=float, default=120.0)
-    ap.add_argument("--messages", choices=["rank", "rank-comm", "comm", "linger"], default="rank",
+    ap.add_argument("--messages", choices=["rank", "rank-comm", "comm", "host", "linger"], default="rank",
                     help="how records are grouped into messages (see the module docstring)")
     ap.add_argument("--batch", type=int, default=1000, help="--messages linger: records per message")
     ap.add_argument("--repeat", type=int, default=3)
