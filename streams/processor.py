@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 import zlib
 from collections import OrderedDict
@@ -32,6 +33,8 @@ log = logging.getLogger(__name__)
 
 #: Remember this many sent (incident, state) pairs per partition for de-duplication.
 SENT_MEMORY = 50_000
+#: Search the analyzer's step patterns for a snapshot at most this often (s of wall time).
+CADENCE_SEARCH_EVERY_S = 1.0
 
 
 @dataclass
@@ -80,6 +83,7 @@ class PartitionProcessor:
         # it): a snapshot taken before a recreated topic was re-read still names the old one.
         self.topic_id: str | None = None
         self._resume_offset: int | None = None  # next_offset of the snapshot we resumed from
+        self._cadence_searched = -math.inf  # monotonic time of the last snapshot that searched step patterns
         # Restored with pending verdicts: some may have reached the topic just before the worker died
         # (acknowledged, not yet snapshotted as sent); the sender checks the topic before sending them.
         self.restored_pending = False
@@ -246,8 +250,17 @@ class PartitionProcessor:
 
     def snapshot(self) -> bytes:
         """Everything needed to resume after a restart, the unacknowledged verdicts included: compact JSON,
-        zlib-compressed (a snapshot is one changelog message, and the broker refuses messages over ~1 MB)."""
-        state = {"jobs": {name: {"analyzer": j.analyzer.state_dict(), "clock": j.clock.state_dict()}
+        zlib-compressed (a snapshot is one changelog message, and the broker refuses messages over ~1 MB).
+
+        The analyzer's step-pattern search runs at most once per ``CADENCE_SEARCH_EVERY_S`` of wall time,
+        however often the worker saves (it saves at the end of every burst of messages).
+        """
+        now = time.monotonic()
+        search = now - self._cadence_searched >= CADENCE_SEARCH_EVERY_S
+        if search:
+            self._cadence_searched = now
+        state = {"jobs": {name: {"analyzer": j.analyzer.state_dict(search_cadence=search),
+                                 "clock": j.clock.state_dict()}
                           for name, j in self.jobs.items()},
                  "sent": list(self._sent), "pending": [v.to_dict() for v, _ in self._pending.values()],
                  "next_offset": self.next_offset, "topic_id": self.topic_id, "counters": self.counters}

@@ -168,15 +168,19 @@ class Analyzer:
         return out
 
     # -- persistence ---------------------------------------------------------------------------
-    def state_dict(self) -> dict[str, Any]:
-        """Compact JSON-serialisable state: emitted/open incidents, duplicate windows, pauses."""
+    def state_dict(self, *, search_cadence: bool = True) -> dict[str, Any]:
+        """Compact JSON-serialisable state: emitted/open incidents, duplicate windows, pauses.
+
+        ``search_cadence=False`` saves the step patterns found so far without searching more (the
+        search is most of a save's cost at thousands of ranks; the worker searches once a second).
+        """
         pauses = dict(self._pauses)
         for ja in self.jobs.values():
             for comm, v in ja.pause_items():
                 pauses[f"{ja.job}|{ja.incarnation}|{comm}"] = v
         cadence = dict(self._cadence)
         for ja in self.jobs.values():
-            for comm, pat in ja.cadence_items():
+            for comm, pat in ja.cadence_items(search_cadence):
                 cadence[f"{ja.job}|{ja.incarnation}|{comm}"] = pat
         return {
             "version": STATE_VERSION,

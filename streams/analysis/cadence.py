@@ -130,16 +130,20 @@ class Cadence:
                 out.append((comm_hex[cid], list(pat)))
         return out
 
-    def items_spread(self, n_comms: int, comm_hex: Callable[[int], str], calls: int) -> list[tuple[str, list[int]]]:
+    def items_spread(self, n_comms: int, comm_hex: Callable[[int], str], calls: int, *,
+                     search: bool = True) -> list[tuple[str, list[int]]]:
         """``items()`` with the search spread over ``calls`` calls: each searches the next share of the
         communicators (round robin, at least ``SPREAD_MIN`` of them) and the rest come from earlier calls.
 
         The worker saves its state every second; searching every communicator of a thousand-rank job
         each time was a third of its CPU, and all of them at once blocks its event loop for 0.3 s.
+        ``search=False`` returns what earlier calls found (a save between the regular ones).
         """
         n = min(n_comms, self.sig.shape[0])
         if n == 0:
             return []
+        if not search:
+            return [v for k, v in sorted(self._found.items()) if v is not None and k < n]
         step = min(n, max(SPREAD_MIN, -(-n // max(1, calls))))
         cids = (self._next + np.arange(step, dtype=np.int64)) % n
         self._next = int((self._next + step) % n)

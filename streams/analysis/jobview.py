@@ -63,10 +63,10 @@ class JobAnalysis:
         """The signature the communicator's cadence predicts at a given op sequence (None: unknown)."""
         return lambda seq: self.cadence.expected(cid, seq, self.js.comm_hex(cid))
 
-    def cadence_items(self) -> list[tuple[str, list[int]]]:
+    def cadence_items(self, search: bool = True) -> list[tuple[str, list[int]]]:
         """The learned step patterns to save; each call searches a share of the communicators (a step's
         pattern changes rarely, and a saved one is only a fallback after a restart)."""
-        return self.cadence.items_spread(self.js.n_comms, self.js.comm_hex, CADENCE_SAVE_SPREAD)
+        return self.cadence.items_spread(self.js.n_comms, self.js.comm_hex, CADENCE_SAVE_SPREAD, search=search)
 
     def learn_pauses(self, diags: dict[int, CommDiag], now: float) -> None:
         """A stall that ended by itself is a pause this communicator may show again."""

@@ -17,14 +17,19 @@ from harness import raw_batches
 pytestmark = pytest.mark.integration
 
 
-def test_submitted_records_arrive_batched_per_communicator(ccld_settings: Settings) -> None:
+def test_submitted_records_arrive_batched_per_job_incarnation_with_each_rows_communicator(
+        ccld_settings: Settings) -> None:
+    """One message per flush holds every communicator of a job incarnation (the worker's cost is per
+    message); each row keeps its own communicator, and incarnations never share a batch."""
     s = ccld_settings.replace(producer_linger_ms=50)
     with MetricsProducer(s, producer_id="p-test") as p:
         for i in range(300):
-            p.submit(make_kernel_record(op_seq=i, comm_hash=1 + i % 3))
+            p.submit(make_kernel_record(op_seq=i, comm_hash=1 + i % 3, incarnation=i % 2))
     batches = raw_batches(s)
-    assert sum(b.n for b in batches) == 300
-    assert all(len(set(b.columns["op_seq"] % 3)) == 1 for b in batches), "a batch mixed communicators"
+    rows = [(b.incarnation, r.comm_hash, r.op_seq) for b in batches for r in b.records()]
+    assert sorted(rows) == sorted((i % 2, 1 + i % 3, i) for i in range(300)), "a record lost, repeated or moved"
+    assert all(len({r.incarnation for r in b.records()}) == 1 for b in batches), "a batch mixed incarnations"
+    assert len(batches) < 300 / 3, "records were not batched across communicators"
     assert {b.producer for b in batches} == {"p-test"}
     assert len({b.batch_seq for b in batches}) == len(batches)
 
