@@ -24,10 +24,11 @@ committed was due (from the replay schedule: Tansu's high watermark is wrong, se
 notes, and is never read); how far the producer itself is behind its schedule; CPU and RSS of the
 broker, worker and producer processes (from /proc). Samples fall 0.1 s before each second's
 delivery burst, the top of the lag's saw-tooth. The worker acks an event only once a snapshot
-(every 1 s) covers it, then commits (every 0.5 s), so the committed lag has a floor of about
-1-2 s even on an idle worker: ``kept_up`` is the issue's bound (lag < 2 s at every sample after
-``--warmup-s`` until the end of the job, and everything committed afterwards), ``sustained`` is capacity (lag
-p95 < 2 s, not growing from the first to the last quarter, drained within 10 s).
+(at the end of each burst, at most every 0.2 s, else every 1 s) covers it, then commits (every
+0.5 s), so the committed lag has a floor of about 1 s even on an idle worker: ``kept_up`` is the
+issue's bound (lag < 2 s at every sample after ``--warmup-s`` until the end of the job, and
+everything committed afterwards), ``sustained`` is capacity (lag p95 < 2 s, not growing from the
+first to the last quarter, drained within 10 s).
 
 A listener reads the verdicts topic; the time from the fault's onset (on the wall clock) to the
 first verdict naming it is compared with the analyzer's own time-to-verdict on the same batches
