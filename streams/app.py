@@ -345,22 +345,24 @@ def create_app(settings: Settings, *, app_id: str | None = None) -> faust.App:
             return
         log.warning("partition %d: the consumer went past offsets %d to %d without delivering them; read back %d "
                     "messages", partition, start, upto - 1, len(messages))
-        for i, (offset, ts, value) in enumerate(messages):
-            if not state.owns(partition, proc):
-                return  # revoked meanwhile: the next owner resumes from the snapshot and catches up itself
-            await deliver(proc, proc.handle(value, topic=settings.metrics_topic, offset=offset, timestamp_s=ts))
-            if i % 200 == 199:
-                await asyncio.sleep(0)  # let the timer and the courier run
+        # The partition's sender waits until the gap is handled: a snapshot older than the last one sent may
+        # be what we resumed from, so a verdict found again in these offsets may already be on the topic,
+        # and is checked against it (``reconcile``) before anything of this partition is sent.
+        async with state.lock(partition):
+            for i, (offset, ts, value) in enumerate(messages):
+                if not state.owns(partition, proc):
+                    return  # revoked meanwhile: the next owner resumes from the snapshot and catches up itself
+                await deliver(proc, proc.handle(value, topic=settings.metrics_topic, offset=offset, timestamp_s=ts))
+                if i % 200 == 199:
+                    await asyncio.sleep(0)  # let the timer run
+            if proc.pending():
+                proc.restored_pending = True
         proc.counters["caught_up_messages"] = proc.counters.get("caught_up_messages", 0) + len(messages)
         if len(messages) < upto - start:  # retention deleted some, or the read timed out: say so, go on
             proc.counters["caught_up_missing"] = proc.counters.get("caught_up_missing", 0) + upto - start - len(
                 messages)
             log.error("partition %d: only %d of the %d messages between offsets %d and %d could be read back",
                       partition, len(messages), upto - start, start, upto - 1)
-        if proc.pending():
-            # A snapshot older than the last one sent may be what we resumed from: a verdict found again in
-            # these offsets may already be on the topic. Check before sending (a repeat, never a loss).
-            proc.restored_pending = True
 
     @app.on_partitions_revoked.connect
     async def on_revoked(sender: Any, /, *args: Any, signal: Any, **kwargs: Any) -> None:
