@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -140,3 +141,21 @@ def impossible_batches() -> dict[str, KernelBatch]:
         "unknown op type": setting("op_type", 42),
         "negative counter": dataclasses.replace(good, send=np.where(good.send == good.send[0, 0], -3, good.send)),
     }
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (from /proc): torchrun puts each worker in its own session, so a
+    test that must stop a whole ``ccld run -- torchrun`` tree finds them here."""
+    kids: dict[int, list[int]] = defaultdict(list)
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        kids[int(fields[1])].append(int(stat.parent.name))
+    out, todo = [], [pid]
+    while todo:
+        for k in kids.get(todo.pop(), []):
+            out.append(k)
+            todo.append(k)
+    return out

@@ -13,7 +13,6 @@ import signal
 import socket
 import subprocess
 import sys
-from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
 
@@ -23,29 +22,13 @@ pytest.importorskip("torch", reason="torch is not installed (pip install 'ccl-d[
 
 from ccld.records import AnomalyKind  # noqa: E402
 from ccld.settings import Settings  # noqa: E402
-from harness import WorkerProcess, collect_verdicts, raw_batches  # noqa: E402
+from harness import WorkerProcess, collect_verdicts, descendants, raw_batches  # noqa: E402
 
 pytestmark = [pytest.mark.integration, pytest.mark.torch]
 
 WORLD = 4
 CULPRIT = 2
 DEMO = "ccld.producers.attach.demo_job"
-
-
-def _descendants(pid: int) -> list[int]:
-    kids: dict[int, list[int]] = defaultdict(list)
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        kids[int(fields[1])].append(int(stat.parent.name))
-    out, todo = [], [pid]
-    while todo:
-        for k in kids.get(todo.pop(), []):
-            out.append(k)
-            todo.append(k)
-    return out
 
 
 def test_h1_through_the_host_aggregator(
@@ -70,7 +53,7 @@ def test_h1_through_the_host_aggregator(
         assert set(hits[0].affected_ranks) == set(range(WORLD)) - {CULPRIT}
         assert "listening on" in run_log, run_log  # the aggregator ran
     finally:
-        for pid in [*_descendants(proc.pid), proc.pid]:  # torchrun puts each worker in its own session
+        for pid in [*descendants(proc.pid), proc.pid]:  # torchrun puts each worker in its own session
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         proc.wait()
@@ -101,7 +84,7 @@ def test_the_ranks_last_records_reach_the_topic_through_the_aggregator(tmp_path:
     try:
         text, _ = proc.communicate(timeout=90)
     finally:
-        for pid in [*_descendants(proc.pid), proc.pid]:
+        for pid in [*descendants(proc.pid), proc.pid]:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         proc.wait()

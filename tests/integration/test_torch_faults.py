@@ -29,7 +29,7 @@ from ccld.producers.attach.session import ENV_DETAIL  # noqa: E402
 from ccld.producers.attach.sinks import read_jsonl  # noqa: E402
 from ccld.records import AnomalyKind, DType, KernelRecord, OpType, Status  # noqa: E402
 from ccld.settings import Settings  # noqa: E402
-from harness import WorkerProcess, collect_verdicts, first_verdict, job_logs  # noqa: E402
+from harness import WorkerProcess, collect_verdicts, descendants, first_verdict, job_logs  # noqa: E402
 
 pytestmark = [pytest.mark.integration, pytest.mark.torch]
 
@@ -147,22 +147,6 @@ def test_a_silent_dtype_mismatch_is_visible_in_the_records(jsonl_run: Runner) ->
         assert odd == ({CULPRIT} if seq >= 3 else set()), (seq, dtypes[seq])
 
 
-def _descendants(pid: int) -> list[int]:
-    kids: dict[int, list[int]] = defaultdict(list)
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        kids[int(fields[1])].append(int(stat.parent.name))
-    out, todo = [], [pid]
-    while todo:
-        for k in kids.get(todo.pop(), []):
-            out.append(k)
-            todo.append(k)
-    return out
-
-
 def test_ccld_run_attaches_every_rank_torchrun_starts(tmp_path: Path) -> None:
     import sys
 
@@ -175,7 +159,7 @@ def test_ccld_run_attaches_every_rank_torchrun_starts(tmp_path: Path) -> None:
     try:
         text, _ = proc.communicate(timeout=90)
     finally:
-        for pid in [*_descendants(proc.pid), proc.pid]:  # torchrun puts each worker in its own session
+        for pid in [*descendants(proc.pid), proc.pid]:  # torchrun puts each worker in its own session
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         proc.wait()
@@ -274,7 +258,7 @@ def test_h2_through_ccld_run_and_torchrun(
         assert hits, f"{[v.describe() for v in got]}\n{(tmp_path / 'run.log').read_text(errors='replace')[-3000:]}"
         assert hits[0].root_cause_ranks == (1,), hits[0].describe()
     finally:
-        for pid in [*_descendants(proc.pid), proc.pid]:  # torchrun puts each worker in its own session
+        for pid in [*descendants(proc.pid), proc.pid]:  # torchrun puts each worker in its own session
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         proc.wait()
