@@ -484,8 +484,8 @@ class KernelBatch:
         if comm.shape[0] == 0:
             raise RecordError("take needs at least one row")
         columns = {k: v[rows] for k, v in self.columns.items()}
-        used, columns["host_idx"] = np.unique(columns["host_idx"], return_inverse=True)
-        columns["host_idx"] = columns["host_idx"].astype(np.int64).reshape(-1)
+        used, inverse = np.unique(columns["host_idx"], return_inverse=True)
+        columns["host_idx"] = inverse.astype(np.int64).reshape(-1)
         return KernelBatch(
             job=self.job, incarnation=self.incarnation, comm_hash=int(comm[0]), world_size=self.world_size,
             hosts=tuple(self.hosts[i] for i in used.tolist()), columns=columns, send=self.send[rows],

@@ -327,6 +327,18 @@ def create_app(settings: Settings, *, app_id: str | None = None) -> faust.App:
             except Exception as exc:  # the next checkpoint retries; until then nothing more is committed
                 log.warning("partition %d: snapshot not written: %s: %s", msg.partition, type(exc).__name__, exc)
 
+    async def handle_read_back(partition: int, proc: PartitionProcessor,
+                               messages: list[tuple[int, float | None, bytes | None]]) -> bool:
+        """Handle messages read back from the broker (``read_partition``) in order; False when the partition
+        was revoked half way (its next owner resumes from the snapshot and reads them itself)."""
+        for i, (offset, ts, value) in enumerate(messages):
+            if not state.owns(partition, proc):
+                return False
+            await deliver(proc, proc.handle(value, topic=settings.metrics_topic, offset=offset, timestamp_s=ts))
+            if i % 200 == 199:
+                await asyncio.sleep(0)  # let the agent, timer and courier run
+        return True
+
     async def catch_up(partition: int, proc: PartitionProcessor, upto: int) -> None:
         """Read back and handle the offsets between what ``proc`` has seen and ``upto``, the consumer's next.
 
@@ -349,12 +361,8 @@ def create_app(settings: Settings, *, app_id: str | None = None) -> faust.App:
         # be what we resumed from, so a verdict found again in these offsets may already be on the topic,
         # and is checked against it (``reconcile``) before anything of this partition is sent.
         async with state.lock(partition):
-            for i, (offset, ts, value) in enumerate(messages):
-                if not state.owns(partition, proc):
-                    return  # revoked meanwhile: the next owner resumes from the snapshot and catches up itself
-                await deliver(proc, proc.handle(value, topic=settings.metrics_topic, offset=offset, timestamp_s=ts))
-                if i % 200 == 199:
-                    await asyncio.sleep(0)  # let the timer run
+            if not await handle_read_back(partition, proc, messages):
+                return  # revoked meanwhile: the next owner resumes from the snapshot and catches up itself
             if proc.pending():
                 proc.restored_pending = True
         proc.counters["caught_up_messages"] = proc.counters.get("caught_up_messages", 0) + len(messages)
@@ -419,14 +427,10 @@ def create_app(settings: Settings, *, app_id: str | None = None) -> faust.App:
             return
         log.warning("partition %d: re-reading %d messages of the recreated topic (offsets 0 to %d)", partition,
                     len(messages), upto - 1)
-        for i, (offset, ts, value) in enumerate(messages):
-            if not state.owns(partition, proc):
-                log.warning("partition %d: revoked while re-reading the recreated topic; its next owner re-reads it",
-                            partition)
-                return
-            await deliver(proc, proc.handle(value, topic=settings.metrics_topic, offset=offset, timestamp_s=ts))
-            if i % 200 == 199:
-                await asyncio.sleep(0)  # let the agent, timer and courier run
+        if not await handle_read_back(partition, proc, messages):
+            log.warning("partition %d: revoked while re-reading the recreated topic; its next owner re-reads it",
+                        partition)
+            return
         proc.counters["backfilled_messages"] = proc.counters.get("backfilled_messages", 0) + len(messages)
         proc.topic_id = topic
         try:
