@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -159,3 +160,11 @@ def descendants(pid: int) -> list[int]:
             out.append(k)
             todo.append(k)
     return out
+
+
+def kill_tree(proc: subprocess.Popen[bytes]) -> None:
+    """SIGKILL ``proc`` and every process below it (torchrun puts each worker in its own session), then reap it."""
+    for pid in [*descendants(proc.pid), proc.pid]:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    proc.wait()

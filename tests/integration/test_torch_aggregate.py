@@ -7,9 +7,6 @@ still name the rank that never reached its step.
 
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
 import socket
 import subprocess
 import sys
@@ -22,7 +19,7 @@ pytest.importorskip("torch", reason="torch is not installed (pip install 'ccl-d[
 
 from ccld.records import AnomalyKind  # noqa: E402
 from ccld.settings import Settings  # noqa: E402
-from harness import WorkerProcess, collect_verdicts, descendants, raw_batches  # noqa: E402
+from harness import WorkerProcess, collect_verdicts, kill_tree, raw_batches  # noqa: E402
 
 pytestmark = [pytest.mark.integration, pytest.mark.torch]
 
@@ -53,10 +50,7 @@ def test_h1_through_the_host_aggregator(
         assert set(hits[0].affected_ranks) == set(range(WORLD)) - {CULPRIT}
         assert "listening on" in run_log, run_log  # the aggregator ran
     finally:
-        for pid in [*descendants(proc.pid), proc.pid]:  # torchrun puts each worker in its own session
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        proc.wait()
+        kill_tree(proc)
         log.close()
     batches = [b for b in raw_batches(fast, idle_s=2.0) if b.job == fast.job]
     host = f"{socket.gethostname()}-agg-"
@@ -84,10 +78,7 @@ def test_the_ranks_last_records_reach_the_topic_through_the_aggregator(tmp_path:
     try:
         text, _ = proc.communicate(timeout=90)
     finally:
-        for pid in [*descendants(proc.pid), proc.pid]:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        proc.wait()
+        kill_tree(proc)
     out = text.decode(errors="replace")
     assert proc.returncode == 0, out[-3000:]
     assert "rank batches" in out and "dropped 0 rows" in out and "0 undecodable" in out, out[-3000:]

@@ -9,7 +9,6 @@ their records to JSON-lines files and the records themselves are checked.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import subprocess
@@ -29,7 +28,7 @@ from ccld.producers.attach.session import ENV_DETAIL  # noqa: E402
 from ccld.producers.attach.sinks import read_jsonl  # noqa: E402
 from ccld.records import AnomalyKind, DType, KernelRecord, OpType, Status  # noqa: E402
 from ccld.settings import Settings  # noqa: E402
-from harness import WorkerProcess, collect_verdicts, descendants, first_verdict, job_logs  # noqa: E402
+from harness import WorkerProcess, collect_verdicts, first_verdict, job_logs, kill_tree  # noqa: E402
 
 pytestmark = [pytest.mark.integration, pytest.mark.torch]
 
@@ -159,10 +158,7 @@ def test_ccld_run_attaches_every_rank_torchrun_starts(tmp_path: Path) -> None:
     try:
         text, _ = proc.communicate(timeout=90)
     finally:
-        for pid in [*descendants(proc.pid), proc.pid]:  # torchrun puts each worker in its own session
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        proc.wait()
+        kill_tree(proc)
     assert proc.returncode == 0, text.decode(errors="replace")[-3000:]
     recs = read_jsonl(sorted(out.glob("*.jsonl")))
     assert {r.rank for r in recs} == set(range(WORLD)) and {r.job for r in recs} == {"via-torchrun"}
@@ -258,10 +254,7 @@ def test_h2_through_ccld_run_and_torchrun(
         assert hits, f"{[v.describe() for v in got]}\n{(tmp_path / 'run.log').read_text(errors='replace')[-3000:]}"
         assert hits[0].root_cause_ranks == (1,), hits[0].describe()
     finally:
-        for pid in [*descendants(proc.pid), proc.pid]:  # torchrun puts each worker in its own session
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        proc.wait()
+        kill_tree(proc)
         log.close()
 
 
