@@ -294,6 +294,16 @@ def detail_sampled(comm_hash: npt.ArrayLike, op_seq: npt.ArrayLike, one_in: npt.
 
 
 #: The largest per-channel peak backlog a kernel reports (16 bits in the probing frame: it saturates there).
+def comm_group(comm_hash: npt.ArrayLike, groups: int) -> I64:
+    """The group (0 to ``groups`` - 1) of each communicator, for analysis spread over several shards.
+
+    The hash's unsigned value modulo ``groups``: communicator hashes are uniform, every producer and
+    worker computes the same group with no coordination, and one communicator is never split.
+    """
+    h = np.asarray(comm_hash, dtype=np.int64).view(np.uint64)
+    return (h % np.uint64(max(groups, 1))).astype(np.int64)
+
+
 PEAK_LAG_MAX = 0xFFFF
 
 #: Each row's communicator hash in a batch of several communicators; absent on the wire (and filled
@@ -499,6 +509,17 @@ class KernelBatch:
         order = np.argsort(rank, kind="stable")
         cuts = np.flatnonzero(np.diff(rank[order])) + 1
         return {int(rank[part[0]]): self.take(part) for part in np.split(order, cuts) if part.size}
+
+    def by_group(self, groups: int) -> dict[int, KernelBatch]:
+        """The rows of each communicator group (``comm_group``) as its own batch, same producer and
+        sequence number (each group's analyzer remembers duplicates on its own); the batch itself
+        when all its rows are in one group."""
+        g = comm_group(self.columns[COMM_COLUMN], groups)
+        if self.n == 0 or not (g != g[0]).any():
+            return {int(g[0]) if self.n else 0: self}
+        order = np.argsort(g, kind="stable")
+        cuts = np.flatnonzero(np.diff(g[order])) + 1
+        return {int(g[part[0]]): self.take(part) for part in np.split(order, cuts)}
 
     def records(self) -> list[KernelRecord]:
         """The row form (slow; for tests, dead letters and the archive, not the hot path)."""

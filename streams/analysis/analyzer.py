@@ -11,17 +11,18 @@ from __future__ import annotations
 import logging
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from ccld.errors import RecordError
 from ccld.records import KernelBatch, Verdict
-from ccld.streams.analysis.hangs import CommDiag, diagnose
-from ccld.streams.analysis.incidents import KIND_RANK, Candidate, IncidentBook
-from ccld.streams.analysis.jobview import JobAnalysis, hang_candidate, slow_candidate
+from ccld.streams.analysis.incidents import IncidentBook
+from ccld.streams.analysis.jobview import JobAnalysis
 from ccld.streams.analysis.settings import AnalyzerSettings
-from ccld.streams.analysis.waitfor import resolve
+from ccld.streams.analysis.shard import ShardReport, Watch, shard_report
+from ccld.streams.analysis.stage import JobStage
+
+if TYPE_CHECKING:
+    from ccld.streams.analysis.sharded import ShardedAnalyzer
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +36,8 @@ class Analyzer:
     def __init__(self, settings: AnalyzerSettings | None = None) -> None:
         self.settings = settings or AnalyzerSettings()
         self.jobs: dict[tuple[str, int], JobAnalysis] = {}
-        self.book = IncidentBook(self.settings.resolved_memory, self.settings.update_min_interval_s)
+        self.stage = JobStage(self.settings)
+        self._watch: dict[tuple[str, int], Watch] = {}  # per job: findings checked for their end
         self._batches: dict[str, OrderedDict[int, str]] = {}  # producer -> batch_seq -> content mark
         self._pauses: dict[str, list[float]] = {}  # "job|inc|comm" -> benign pauses (restored state)
         self._cadence: dict[str, list[int]] = {}  # "job|inc|comm" -> signature pattern (restored state)
@@ -82,90 +84,53 @@ class Analyzer:
 
     # -- decisions -----------------------------------------------------------------------------
     def evaluate(self, now: float) -> list[Verdict]:
-        """Verdicts (OPEN, UPDATE, RESOLVED) that are new since the last call."""
+        """Verdicts (OPEN, UPDATE, RESOLVED) that are new since the last call: every job's shard
+        report, decided at once by the job stage (the single-process analyzer is one shard)."""
         self._stats["evaluations"] += 1
-        out: list[Verdict] = []
-        newest: dict[str, int] = {}
-        for job, inc in self.jobs:
-            newest[job] = max(inc, newest.get(job, inc))
-        for mk, incd in list(self.book.open.items()):
-            c = incd.first
-            if newest.get(c.job, c.incarnation) > c.incarnation:
-                out.extend(self.book.resolve(mk, now, f"job restarted as incarnation {newest[c.job]}"))
+        out = self.stage.restarted(self.newest_incarnations(), now)
         for key, ja in list(self.jobs.items()):
-            out.extend(self._evaluate_job(ja, now))
-            if now - ja.js.last_now > self.settings.job_expiry_s and not any(
-                (c.first.job, c.first.incarnation) == key for c in self.book.open.values()
-            ):
-                del self.jobs[key]  # an incarnation that stopped reporting long ago: forget it
+            out.extend(self.stage.decide([(0, self._report(key, ja, now))], now))
+            if now - ja.js.last_now > self.settings.job_expiry_s and not self.stage.has_open(key):
+                self._forget(key)  # an incarnation that stopped reporting long ago: forget it
         self._stats["verdicts"] += len(out)
         self._stats["communicators"] = sum(j.js.n_comms for j in self.jobs.values())
         return out
 
-    def _evaluate_job(self, ja: JobAnalysis, now: float) -> list[Verdict]:
-        s = self.settings
-        js = ja.js
-        rows = js.take_rows()
-        if rows is not None and rows.n:
-            self._stats["out_of_order"] += js.apply_latest(rows)
-            ja.ops.add(js, rows)
-        completed = ja.ops.take_completed(js, now, s.finalize_timeout_s)
-        self._stats["ops_completed"] += completed.n
-        ja.cadence.update(completed.cid, completed.seq, completed.sig, js.n_comms)
-        touched = ja.slow.update(js, completed)
-        verdicts: list[Verdict] = []
-        cands: list[Candidate] = []
-        # slowdowns
-        best: dict[str, Candidate] = {}  # per incident key, the most specific class (S3 over S2 over S1)
-        for bi in ja.slow.alarmed(touched).tolist():
-            for f in ja.slow.findings(js, bi):
-                c = slow_candidate(ja, f)
-                held = best.get(c.match_key)
-                if held is None or KIND_RANK[c.kind] > KIND_RANK[held.kind]:
-                    best[c.match_key] = c
-        cands.extend(best.values())
-        # hangs
-        stalled = np.flatnonzero((js.c_inside > 0) & (now - js.c_progress_now >= s.wait_edge_min_s))
-        diags: dict[int, CommDiag] = {}
-        stall_s: dict[int, float] = {}
-        for cid in stalled.tolist():
-            mark = float(js.c_progress_now[cid])
-            cached = ja.diag_cache.get(cid)
-            if cached is None or cached[0] != mark:
-                d = diagnose(js, cid, ja.known_sigs(cid), ja.expected_sig(cid))
-                ja.diag_cache[cid] = (mark, d)
-            else:
-                d = cached[1]
-            if d is not None:
-                diags[cid] = d
-                stall_s[cid] = now - mark
-        ja.learn_pauses(diags, now)
-        if diags:
-            sig = tuple(sorted((cid, float(js.c_progress_now[cid])) for cid in diags))
-            if sig != ja.roots_sig:
-                ja.roots_sig = sig
-                ja.roots = resolve(diags, stall_s)
-            for root in ja.roots:
-                c2 = hang_candidate(ja, root, stall_s.get(root.cid, 0.0), now)
-                if c2 is not None:
-                    cands.append(c2)
-        else:
-            ja.roots_sig, ja.roots = (), []
-        for c in cands:
-            verdicts.extend(self.book.report(c, now))
-        verdicts.extend(self._resolutions(ja, now))
-        return verdicts
+    def reports(self, now: float) -> list[ShardReport]:
+        """This analyzer as one shard of its jobs: every job's report, for a job stage elsewhere.
 
-    def _resolutions(self, ja: JobAnalysis, now: float) -> list[Verdict]:
-        out: list[Verdict] = []
-        for key, inc in list(self.book.open.items()):
-            c = inc.first
-            if (c.job, c.incarnation) != (ja.job, ja.incarnation):
-                continue
-            ev = ja.resolution(c)
-            if ev:
-                out.extend(self.book.resolve(key, now, ev))
+        A job silent past the expiry is forgotten once none of its findings is still being watched
+        for its end (the stage, not the shard, knows which became incidents).
+        """
+        self._stats["evaluations"] += 1
+        out: list[ShardReport] = []
+        for key, ja in list(self.jobs.items()):
+            out.append(self._report(key, ja, now))
+            if now - ja.js.last_now > self.settings.job_expiry_s and not self._watch[key].items:
+                self._forget(key)
+        self._stats["communicators"] = sum(j.js.n_comms for j in self.jobs.values())
         return out
+
+    def newest_incarnations(self) -> dict[str, int]:
+        newest: dict[str, int] = {}
+        for job, inc in self.jobs:
+            newest[job] = max(inc, newest.get(job, inc))
+        return newest
+
+    def _report(self, key: tuple[str, int], ja: JobAnalysis, now: float) -> ShardReport:
+        watch = self._watch.get(key)
+        if watch is None:
+            watch = self._watch[key] = Watch()
+        return shard_report(ja, watch, now, self._stats)
+
+    def _forget(self, key: tuple[str, int]) -> None:
+        del self.jobs[key]
+        self._watch.pop(key, None)
+        self.stage.forget(key)
+
+    @property
+    def book(self) -> IncidentBook:
+        return self.stage.book
 
     # -- persistence ---------------------------------------------------------------------------
     def state_dict(self, *, search_cadence: bool = True) -> dict[str, Any]:
@@ -224,13 +189,21 @@ def analyze_batches(
     tick_s: float = 1.0,
     *,
     then: Iterable[float] = (),
+    groups: int = 1,
 ) -> list[Verdict]:
     """Feed ``(arrival time, batch)`` pairs (non-decreasing time) and evaluate every ``tick_s``.
 
     After the last batch the analyzer evaluates once more, then at every time of ``then``
-    (a post-mortem replay lets the clock run on past the hang thresholds).
+    (a post-mortem replay lets the clock run on past the hang thresholds). ``groups`` > 1 spreads
+    each job's communicators over that many shards and one job stage (``sharded.ShardedAnalyzer``).
     """
-    a = Analyzer(settings)
+    a: Analyzer | ShardedAnalyzer
+    if groups > 1:
+        from ccld.streams.analysis.sharded import ShardedAnalyzer  # it builds on Analyzer
+
+        a = ShardedAnalyzer(groups, settings)
+    else:
+        a = Analyzer(settings)
     out: list[Verdict] = []
     next_tick: float | None = None
     now = 0.0

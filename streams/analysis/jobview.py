@@ -1,4 +1,4 @@
-"""One job incarnation as the analyzer sees it, and root findings turned into verdict candidates.
+"""One job incarnation (or one shard of its communicators) as the analyzer sees it; slow findings as candidates.
 
 Holds the job's state (``JobState``), open ops, slow baselines, cached communicator diagnoses,
 learned benign pauses, and applies the hang thresholds: a configured minimum per class, raised
@@ -21,7 +21,6 @@ from ccld.streams.analysis.ops import OpTable
 from ccld.streams.analysis.settings import AnalyzerSettings
 from ccld.streams.analysis.slow import SlowDetector, SlowFinding
 from ccld.streams.analysis.state import JobState
-from ccld.streams.analysis.waitfor import HangRoot
 
 BARRIER = int(OpType.BARRIER)
 #: A saved state searches 1/this of the communicators' step patterns (the worker saves every second).
@@ -45,8 +44,6 @@ class JobAnalysis:
         self.ops = OpTable(settings)
         self.slow = SlowDetector(settings)
         self.diag_cache: dict[int, tuple[float, CommDiag | None]] = {}
-        self.roots_sig: tuple[tuple[int, float], ...] = ()
-        self.roots: list[HangRoot] = []
         self.stalls: dict[int, _Stall] = {}
         self.pauses: dict[int, list[float]] = {}
         self.restored_pauses: dict[str, list[float]] = {}
@@ -106,15 +103,20 @@ class JobAnalysis:
 
     # -- candidates ----------------------------------------------------------------------------
     def hosts_of(self, ranks: tuple[int, ...]) -> tuple[str, ...]:
+        """The hosts of ``ranks`` (each once, in the ranks' order; unknown ones left out)."""
+        m = self.host_map(ranks)
+        return tuple(dict.fromkeys(m[r] for r in ranks if r in m))
+
+    def host_map(self, ranks: tuple[int, ...] | list[int]) -> dict[int, str]:
+        """Global rank -> host, for those of ``ranks`` this job has seen a host for (one pass over the members)."""
         js = self.js
-        out: list[str] = []
-        for r in ranks:
-            hit = np.flatnonzero((js.m_grank == r) & (js.m_host >= 0))
-            if hit.size:
-                h = js.host_names[int(js.m_host[hit[0]])]
-                if h not in out:
-                    out.append(h)
-        return tuple(out)
+        if not ranks:
+            return {}
+        g = js.m_grank
+        idx = np.flatnonzero((js.m_host >= 0) & np.isin(g, np.asarray(ranks, dtype=np.int64)))
+        u, first = np.unique(g[idx], return_index=True)  # the first member row of each rank, as before
+        return {int(r): js.host_names[int(js.m_host[idx[f]])]
+                for r, f in zip(u.tolist(), first.tolist(), strict=True)}
 
     def resolution(self, c: Candidate) -> str:
         """Evidence text when the incident of ``c`` is over, else ''."""
@@ -148,57 +150,6 @@ def dur(s: float) -> str:
     if a < 1.0:
         return f"{s * 1e3:.3g} ms"
     return f"{s:.3g} s" if a < 100 else f"{s:.0f} s"
-
-
-def _ranks(rs: tuple[int, ...] | list[int], limit: int = 8) -> str:
-    rs = list(rs)
-    head = ",".join(map(str, rs[:limit]))
-    return head + (f" and {len(rs) - limit} more" if len(rs) > limit else "")
-
-
-def hang_candidate(ja: JobAnalysis, root: HangRoot, stall: float, now: float) -> Candidate | None:
-    """A verdict candidate for a hang root, or None while below its threshold."""
-    d = root.diag
-    thr = ja.threshold(root.kind, root.cid, d.op_type)
-    if stall < thr:
-        return None
-    js = ja.js
-    op = d.op_name
-    waiting = d.waiting.tolist()
-    if root.kind == AnomalyKind.H1:
-        ev = (
-            f"ranks {_ranks(waiting)} entered {op} #{d.seq} and waited {max(d.wait_own_s, stall):.1f} s; "
-            f"rank{'s' if len(root.roots) > 1 else ''} {_ranks(root.roots)} never entered and "
-            f"{'are' if len(root.roots) > 1 else 'is'} in no collective"
-        )
-        conf = 0.95 if len(root.via) > 0 else 0.9
-    elif root.kind == AnomalyKind.H2:
-        ev = f"{d.note}; no progress for {stall:.1f} s (differs in {d.mismatch_field})"
-        conf = 0.97
-    else:
-        ev = f"{d.note}; counters frozen for {stall:.1f} s" if d.note else f"counters frozen for {stall:.1f} s"
-        conf = 0.9 if d.link is not None else 0.6
-    if len(root.via) > 1:
-        ev += f"; {len(root.affected)} ranks in {len(root.via)} communicators wait for it"
-    return Candidate(
-        kind=root.kind,
-        job=ja.job,
-        incarnation=ja.incarnation,
-        communicator=js.comm_hex(root.cid),
-        op_seq=d.seq,
-        op_type=op,
-        root_cause_ranks=root.roots,
-        affected_ranks=root.affected,
-        confidence=conf,
-        evidence=ev,
-        onset_time=float(js.c_progress_now[root.cid]),
-        root_cause_hosts=ja.hosts_of(root.roots),
-        link=d.link,
-        channel=d.channel,
-        mismatch_field=d.mismatch_field,
-        details={"stall_s": f"{stall:.1f}", "threshold_s": f"{thr:.1f}", "communicators": str(len(root.via))},
-        resolve_key=("hang", d.seq),
-    )
 
 
 def _no_link(f: SlowFinding) -> str:

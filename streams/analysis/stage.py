@@ -1,0 +1,182 @@
+"""The per-job half of the analysis: shard reports in, hang roots across all communicators, verdicts out.
+
+A job's shards (``shard.shard_report``) each see some of its communicators. The job stage keeps,
+per job incarnation, the newest stalled communicators of every shard, resolves the wait-for
+relation over all of them (``waitfor.resolve``: a rank missing from one op that waits in another
+is a victim, not a root), picks the most specific slow finding per incident, and owns the
+incident book: it alone turns candidates into OPEN, UPDATE and RESOLVED verdicts. Everything it
+decides comes from the reports, so it runs next to the shards (one process) or behind them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from ccld.records import AnomalyKind, Verdict
+from ccld.streams.analysis.hangs import CommDiag
+from ccld.streams.analysis.incidents import KIND_RANK, Candidate, IncidentBook
+from ccld.streams.analysis.settings import AnalyzerSettings
+from ccld.streams.analysis.shard import ShardReport, Stall
+from ccld.streams.analysis.waitfor import HangRoot, resolve
+
+
+@dataclass
+class _JobView:
+    """What the stage knows of one job incarnation: each shard's newest stalls and hosts, the roots."""
+
+    stalls: dict[int, tuple[Stall, ...]] = field(default_factory=dict)  # by shard
+    hosts: dict[int, Mapping[int, str]] = field(default_factory=dict)  # by shard
+    last_now: float = 0.0
+    roots_sig: tuple[tuple[str, float], ...] = ()
+    roots: list[tuple[HangRoot, Stall]] = field(default_factory=list)
+
+
+class JobStage:
+    """Decides the verdicts of any number of jobs from their shards' reports."""
+
+    def __init__(self, settings: AnalyzerSettings) -> None:
+        self.settings = settings
+        self.book = IncidentBook(settings.resolved_memory, settings.update_min_interval_s)
+        self.views: dict[tuple[str, int], _JobView] = {}
+
+    def restarted(self, newest: Mapping[str, int], now: float) -> list[Verdict]:
+        """Close the open incidents of incarnations older than their job's ``newest``."""
+        out: list[Verdict] = []
+        for mk, incd in list(self.book.open.items()):
+            c = incd.first
+            if newest.get(c.job, c.incarnation) > c.incarnation:
+                out.extend(self.book.resolve(mk, now, f"job restarted as incarnation {newest[c.job]}"))
+        return out
+
+    def has_open(self, key: tuple[str, int]) -> bool:
+        return any((c.first.job, c.first.incarnation) == key for c in self.book.open.values())
+
+    def forget(self, key: tuple[str, int]) -> None:
+        self.views.pop(key, None)
+
+    def decide(self, reports: Sequence[tuple[int, ShardReport]], now: float) -> list[Verdict]:
+        """One job's evaluation from the ``(shard, report)`` pairs of its shards that evaluated now.
+
+        A shard that did not report keeps its last stalls (a stall is a state): its communicators
+        are still stalled as far as the stage knows.
+        """
+        if not reports:
+            return []
+        job, inc = reports[0][1].job, reports[0][1].incarnation
+        v = self.views.setdefault((job, inc), _JobView())
+        for shard, rep in reports:
+            v.stalls[shard], v.hosts[shard] = rep.stalls, rep.hosts
+            v.last_now = max(v.last_now, rep.now)
+        cands = best_slow(c for _, rep in reports for c in rep.slow)
+        cands.extend(self._hangs(v, job, inc))
+        verdicts: list[Verdict] = []
+        for c in cands:
+            verdicts.extend(self.book.report(c, now))
+        ended: dict[tuple[str, str, int], str] = {}
+        for _, rep in reports:
+            ended.update(rep.over)
+        for mk, incd in list(self.book.open.items()):
+            c = incd.first
+            if (c.job, c.incarnation) == (job, inc):
+                ev = ended.get((c.communicator, *c.resolve_key))
+                if ev:
+                    verdicts.extend(self.book.resolve(mk, now, ev))
+        return verdicts
+
+    def _hangs(self, v: _JobView, job: str, inc: int) -> list[Candidate]:
+        stalls = sorted((st for sh in sorted(v.stalls) for st in v.stalls[sh]), key=lambda st: st.comm)
+        if not stalls:
+            v.roots_sig, v.roots = (), []
+            return []
+        sig = tuple((st.comm, st.onset) for st in stalls)
+        if sig != v.roots_sig:  # the roots change only when a communicator stalls or moves again
+            v.roots_sig = sig
+            diags: dict[int, CommDiag] = {i: st.diag for i, st in enumerate(stalls)}
+            roots = resolve(diags, {i: st.stall_s for i, st in enumerate(stalls)})
+            v.roots = [(r, stalls[r.cid]) for r in roots]
+        by_comm = {st.comm: st for st in stalls}
+        out: list[Candidate] = []
+        for root, st in v.roots:
+            cur = by_comm[st.comm]  # the newest stall time of the root's communicator
+            c = hang_candidate(root, cur, self._hosts(v, root.roots), job, inc)
+            if c is not None:
+                out.append(c)
+        return out
+
+    @staticmethod
+    def _hosts(v: _JobView, ranks: tuple[int, ...]) -> tuple[str, ...]:
+        out: list[str] = []
+        for r in ranks:
+            for sh in sorted(v.hosts):
+                h = v.hosts[sh].get(r)
+                if h is not None:
+                    if h not in out:
+                        out.append(h)
+                    break
+        return tuple(out)
+
+
+def best_slow(cands: Iterable[Candidate]) -> list[Candidate]:
+    """Per incident (match key), the most specific slow class found (S3 over S2 over S1).
+
+    Among equally specific ones the first by communicator and op wins, so the choice is the same
+    whichever shard reported first.
+    """
+    best: dict[str, Candidate] = {}
+    for c in sorted(cands, key=lambda c: (c.communicator, c.op_seq)):
+        held = best.get(c.match_key)
+        if held is None or KIND_RANK[c.kind] > KIND_RANK[held.kind]:
+            best[c.match_key] = c
+    return list(best.values())
+
+
+def _ranks(rs: tuple[int, ...] | list[int], limit: int = 8) -> str:
+    rs = list(rs)
+    head = ",".join(map(str, rs[:limit]))
+    return head + (f" and {len(rs) - limit} more" if len(rs) > limit else "")
+
+
+def hang_candidate(root: HangRoot, st: Stall, hosts: tuple[str, ...], job: str, incarnation: int
+                   ) -> Candidate | None:
+    """A verdict candidate for a hang root, or None while its communicator's stall is below its threshold."""
+    d = root.diag
+    stall, thr = st.stall_s, st.threshold_s
+    if stall < thr:
+        return None
+    op = d.op_name
+    waiting = d.waiting.tolist()
+    if root.kind == AnomalyKind.H1:
+        ev = (
+            f"ranks {_ranks(waiting)} entered {op} #{d.seq} and waited {max(d.wait_own_s, stall):.1f} s; "
+            f"rank{'s' if len(root.roots) > 1 else ''} {_ranks(root.roots)} never entered and "
+            f"{'are' if len(root.roots) > 1 else 'is'} in no collective"
+        )
+        conf = 0.95 if len(root.via) > 0 else 0.9
+    elif root.kind == AnomalyKind.H2:
+        ev = f"{d.note}; no progress for {stall:.1f} s (differs in {d.mismatch_field})"
+        conf = 0.97
+    else:
+        ev = f"{d.note}; counters frozen for {stall:.1f} s" if d.note else f"counters frozen for {stall:.1f} s"
+        conf = 0.9 if d.link is not None else 0.6
+    if len(root.via) > 1:
+        ev += f"; {len(root.affected)} ranks in {len(root.via)} communicators wait for it"
+    return Candidate(
+        kind=root.kind,
+        job=job,
+        incarnation=incarnation,
+        communicator=st.comm,
+        op_seq=d.seq,
+        op_type=op,
+        root_cause_ranks=root.roots,
+        affected_ranks=root.affected,
+        confidence=conf,
+        evidence=ev,
+        onset_time=st.onset,
+        root_cause_hosts=hosts,
+        link=d.link,
+        channel=d.channel,
+        mismatch_field=d.mismatch_field,
+        details={"stall_s": f"{stall:.1f}", "threshold_s": f"{thr:.1f}", "communicators": str(len(root.via))},
+        resolve_key=("hang", d.seq),
+    )
