@@ -37,7 +37,7 @@ MAGIC = b"\xc3\x01"
 HEADER_SIZE = 10
 
 #: The schemas this build writes, by record name.
-CURRENT = ("KernelRecord", "KernelBatch", "Verdict", "DeadLetter")
+CURRENT = ("KernelRecord", "KernelBatch", "Verdict", "DeadLetter", "ShardReport")
 
 
 @dataclass(frozen=True)

@@ -11,17 +11,26 @@ is the same two halves with one shard.
 A report is compact: a handful of slow candidates, one :class:`Stall` per stalled communicator
 (its diagnosis names ranks, never records), the hosts of the ranks it names, and the evidence that
 incidents of its communicators are over.
+
+A report travels from its shard to the job stage as an Avro ``ShardReport`` (``schemas/ShardReport.avsc``):
+``encode_report`` / ``decode_report`` here, on top of the codec's schema-agnostic ``encode`` / ``decode``.
+The dict form lives with the dataclasses rather than in ``ccld.schemas``, which holds the wire
+contract every stage shares and imports nothing of any stage (producers load it too).
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from ccld.streams.analysis.hangs import CommDiag, diagnose
+from ccld.errors import RecordError, SchemaError
+from ccld.records import AnomalyKind
+from ccld.schemas.codec import decode, encode
+from ccld.streams.analysis.hangs import I64, CommDiag, diagnose
 from ccld.streams.analysis.incidents import Candidate
 from ccld.streams.analysis.jobview import JobAnalysis, slow_candidate
 
@@ -39,6 +48,31 @@ class Stall:
     threshold_s: float  # the hang threshold of ``diag.kind`` for this communicator
     onset: float  # analyzer time of the last progress
 
+    def to_dict(self) -> dict[str, Any]:
+        d = self.diag
+        return {
+            "comm": self.comm, "stall_s": float(self.stall_s), "threshold_s": float(self.threshold_s),
+            "onset": float(self.onset), "seq": int(d.seq), "op_type": int(d.op_type), "kind": d.kind.value,
+            "waiting": _ranks_out(d.waiting), "missing": _ranks_out(d.missing), "culprits": _ranks_out(d.culprits),
+            "link": _link_out(d.link), "channel": _opt_int(d.channel), "mismatch_field": d.mismatch_field,
+            "wait_own_s": float(d.wait_own_s), "frozen_own_s": float(d.frozen_own_s), "note": d.note,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Stall:
+        """The inverse of ``to_dict``; ``diag.cid`` is -1, the sender's index meaning nothing here.
+
+        A missing or mistyped field raises KeyError, TypeError or ValueError (``ShardReport.from_dict``
+        turns them into ``RecordError``).
+        """
+        diag = CommDiag(
+            cid=-1, seq=int(d["seq"]), op_type=int(d["op_type"]), kind=AnomalyKind(d["kind"]),
+            waiting=_ranks_in(d["waiting"]), missing=_ranks_in(d["missing"]), culprits=_ranks_in(d["culprits"]),
+            link=_link_in(d["link"]), channel=_opt_int(d["channel"]), mismatch_field=_opt_str(d["mismatch_field"]),
+            wait_own_s=float(d["wait_own_s"]), frozen_own_s=float(d["frozen_own_s"]), note=str(d["note"]),
+        )
+        return cls(str(d["comm"]), diag, float(d["stall_s"]), float(d["threshold_s"]), float(d["onset"]))
+
 
 @dataclass(frozen=True)
 class ShardReport:
@@ -51,6 +85,101 @@ class ShardReport:
     stalls: tuple[Stall, ...] = ()  # every stalled communicator of the shard (a state, not an event)
     hosts: dict[int, str] = field(default_factory=dict)  # global rank -> host: the missing ranks and culprits
     over: dict[tuple[str, str, int], str] = field(default_factory=dict)  # (comm, family, value) -> evidence
+
+    def to_dict(self) -> dict[str, Any]:
+        """The ``ShardReport`` record less ``shard``, which the sender knows and the report does not."""
+        return {
+            "job": self.job, "incarnation": int(self.incarnation), "now": float(self.now),
+            "slow": [_candidate_out(c) for c in self.slow],
+            "stalls": [st.to_dict() for st in self.stalls],
+            "hosts": [{"rank": int(r), "host": h} for r, h in self.hosts.items()],
+            "over": [{"comm": c, "family": f, "value": int(v), "evidence": ev} for (c, f, v), ev in self.over.items()],
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> ShardReport:
+        """The inverse of ``to_dict``; a missing or mistyped field raises ``RecordError``."""
+        try:
+            job, inc = str(d["job"]), int(d["incarnation"])
+            return cls(
+                job, inc, float(d["now"]),
+                slow=tuple(_candidate_in(c, job, inc) for c in d["slow"]),
+                stalls=tuple(Stall.from_dict(st) for st in d["stalls"]),
+                hosts={int(h["rank"]): str(h["host"]) for h in d["hosts"]},
+                over={(str(o["comm"]), str(o["family"]), int(o["value"])): str(o["evidence"]) for o in d["over"]},
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise RecordError(f"shard report lacks or mistypes a field: {exc}") from exc
+
+
+def encode_report(report: ShardReport, shard: int) -> bytes:
+    """One ``ShardReport`` message: the report of shard ``shard`` (its metrics partition)."""
+    return encode("ShardReport", {**report.to_dict(), "shard": shard})
+
+
+def decode_report(raw: bytes) -> tuple[int, ShardReport]:
+    """``(shard, report)`` of one message; any bad message raises ``SchemaError`` with its reason."""
+    _, rec = decode(raw, reader="ShardReport")
+    shard = int(rec["shard"])
+    if shard < 0:
+        raise SchemaError("bad-record", f"shard report of shard {shard}")
+    try:
+        return shard, ShardReport.from_dict(rec)
+    except RecordError as exc:
+        raise SchemaError("bad-record", str(exc)) from exc
+
+
+# --- wire form of the parts (Avro has no tuples, numpy arrays or optional numpy scalars) -------------
+
+
+def _candidate_out(c: Candidate) -> dict[str, Any]:
+    # job and incarnation are the report's: every candidate of a report has them
+    return {
+        "kind": c.kind.value, "communicator": c.communicator, "op_seq": int(c.op_seq), "op_type": c.op_type,
+        "root_cause_ranks": [int(r) for r in c.root_cause_ranks], "affected_ranks": [int(r) for r in c.affected_ranks],
+        "confidence": float(c.confidence), "evidence": c.evidence, "onset_time": float(c.onset_time),
+        "root_cause_hosts": list(c.root_cause_hosts), "link": _link_out(c.link), "channel": _opt_int(c.channel),
+        "p": None if c.p is None else float(c.p), "mismatch_field": c.mismatch_field, "details": dict(c.details),
+        "resolve_family": c.resolve_key[0], "resolve_value": int(c.resolve_key[1]),
+    }
+
+
+def _candidate_in(d: Mapping[str, Any], job: str, incarnation: int) -> Candidate:
+    return Candidate(
+        kind=AnomalyKind(d["kind"]), job=job, incarnation=incarnation, communicator=str(d["communicator"]),
+        op_seq=int(d["op_seq"]), op_type=str(d["op_type"]),
+        root_cause_ranks=tuple(int(r) for r in d["root_cause_ranks"]),
+        affected_ranks=tuple(int(r) for r in d["affected_ranks"]),
+        confidence=float(d["confidence"]), evidence=str(d["evidence"]), onset_time=float(d["onset_time"]),
+        root_cause_hosts=tuple(str(h) for h in d["root_cause_hosts"]), link=_link_in(d["link"]),
+        channel=_opt_int(d["channel"]), p=None if d["p"] is None else float(d["p"]),
+        mismatch_field=_opt_str(d["mismatch_field"]), details={str(k): str(v) for k, v in d["details"].items()},
+        resolve_key=(str(d["resolve_family"]), int(d["resolve_value"])),
+    )
+
+
+def _ranks_out(a: I64) -> list[int]:
+    return [int(r) for r in a.tolist()]
+
+
+def _ranks_in(values: Iterable[int]) -> I64:
+    return np.asarray(list(values), dtype=np.int64)
+
+
+def _link_out(link: tuple[int, int] | None) -> dict[str, int] | None:
+    return None if link is None else {"src": int(link[0]), "dst": int(link[1])}
+
+
+def _link_in(d: Mapping[str, Any] | None) -> tuple[int, int] | None:
+    return None if d is None else (int(d["src"]), int(d["dst"]))
+
+
+def _opt_int(v: Any) -> int | None:
+    return None if v is None else int(v)
+
+
+def _opt_str(v: Any) -> str | None:
+    return None if v is None else str(v)
 
 
 class Watch:

@@ -7,6 +7,7 @@ in one communicator leaves victims waiting in others, on other shards.
 
 from __future__ import annotations
 
+from collections import Counter
 from functools import cache
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from ccld.producers.simulator.scenario import Scenario, load_scenarios
 from ccld.producers.simulator.sim import simulate
 from ccld.records import COMM_COLUMN, KernelBatch, Verdict, comm_group
 from ccld.streams.analysis.analyzer import Analyzer, analyze_batches
+from ccld.streams.analysis.shard import ShardReport, decode_report, encode_report
 
 SUITES = Path(__file__).resolve().parents[3] / "benchmarks" / "scenarios"
 #: one scenario of every class (and the restart, recreate and pair cases) at 16 ranks
@@ -48,6 +50,24 @@ def test_spreading_a_job_over_shards_changes_no_verdict(suite: str, sid: str) ->
     single = [_key(v) for v in analyze_batches(batches, tick_s=1.0)]
     assert single or not _scenarios(suite)[sid].expect, "no verdict for a fault: the comparison would be empty"
     assert [_key(v) for v in analyze_batches(batches, tick_s=1.0, groups=3)] == single
+
+
+@pytest.mark.parametrize("sid", ["H1-16-002", "H2-16-061", "H3-16-097", "S2-16-189", "S3-16-236"])
+def test_reports_carried_as_messages_change_no_verdict(sid: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the stage behind a topic: every report it decides from has been encoded and decoded
+    batches = _batches("standard", sid)
+    direct = [_key(v) for v in analyze_batches(batches, tick_s=1.0, groups=3)]
+    carried: Counter[str] = Counter()
+    reports = Analyzer.reports
+
+    def through_the_wire(self: Analyzer, now: float) -> list[ShardReport]:
+        out = [decode_report(encode_report(rep, 0))[1] for rep in reports(self, now)]
+        carried.update(slow=sum(len(r.slow) for r in out), stalls=sum(len(r.stalls) for r in out))
+        return out
+
+    monkeypatch.setattr(Analyzer, "reports", through_the_wire)
+    assert [_key(v) for v in analyze_batches(batches, tick_s=1.0, groups=3)] == direct
+    assert carried["stalls" if sid.startswith("H") else "slow"] > 0, carried
 
 
 def test_shards_deciding_alone_would_name_the_victims() -> None:
