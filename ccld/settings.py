@@ -98,6 +98,7 @@ class Settings:
     bootstrap: str = ""  # Kafka bootstrap servers; empty: start the embedded broker
     topic_prefix: str = "ccl-d."  # topics are <prefix>metrics, <prefix>verdicts, <prefix>deadletter
     metrics_partitions: int = 4  # partitions of the metrics topic (the most workers that share the load)
+    analysis_groups: int = 1  # spread each job's communicators over this many metrics partitions (1: one per job)
     verdicts_partitions: int = 1  # partitions of the verdicts topic
     deadletter_partitions: int = 1  # partitions of the dead-letter topic
     replication_factor: int = 1  # replication of topics CCL-D creates
@@ -136,7 +137,7 @@ class Settings:
     analyzer: AnalyzerSettings = field(default_factory=AnalyzerSettings)
 
     def topic(self, kind: str) -> str:
-        """Full topic name of ``metrics``, ``verdicts``, ``deadletter`` or ``findings``."""
+        """Full topic name of ``metrics``, ``verdicts``, ``deadletter`` or ``reports``."""
         return f"{self.topic_prefix}{kind}"
 
     @property
@@ -150,6 +151,11 @@ class Settings:
     @property
     def deadletter_topic(self) -> str:
         return self.topic("deadletter")
+
+    @property
+    def reports_topic(self) -> str:
+        """Shard reports, for the job stage (used when ``analysis_groups`` > 1)."""
+        return self.topic("reports")
 
     def replace(self, **changes: Any) -> Settings:
         """A copy with some fields changed (``analyzer_<name>`` keys change analyzer fields)."""
@@ -241,9 +247,15 @@ def _coerce(key: str, f: dataclasses.Field[Any], value: Any, source: str) -> Any
 
 
 def _validate(s: Settings) -> None:
-    for name in ("metrics_partitions", "verdicts_partitions", "deadletter_partitions", "replication_factor"):
+    for name in ("metrics_partitions", "verdicts_partitions", "deadletter_partitions", "replication_factor",
+                 "analysis_groups"):
         if getattr(s, name) < 1:
             raise ConfigError(f"{name} must be at least 1, got {getattr(s, name)}")
+    if s.analysis_groups > s.metrics_partitions:
+        # two groups of a job on one partition would be analyzed as one shard: allowed by the design, but
+        # the point of groups is one partition each
+        raise ConfigError(f"analysis_groups ({s.analysis_groups}) must not exceed metrics_partitions "
+                          f"({s.metrics_partitions})")
     if s.producer_batch_max < 1 or s.producer_queue_max < s.producer_batch_max:
         raise ConfigError("producer_queue_max must be at least producer_batch_max, which must be >= 1")
     if s.producer_message_timeout_ms < 1 or s.producer_connect_timeout_s <= 0:

@@ -28,7 +28,7 @@ from confluent_kafka import TIMESTAMP_CREATE_TIME, KafkaError, KafkaException, M
 from ccld.errors import BrokerError
 from ccld.producers.batcher import RecordBatcher
 from ccld.producers.spool import Position, Spool, SpooledMessage
-from ccld.records import KernelBatch, KernelRecord, comm_hex
+from ccld.records import KernelBatch, KernelRecord, comm_group, comm_hex, to_signed64
 from ccld.schemas.codec import encode_batch
 from ccld.security import kafka_config
 from ccld.settings import Settings
@@ -85,6 +85,25 @@ LOST_KEYS = ("expired_records", "refused_records", "error_records", "spool_lost_
 def job_partition(job: str, partitions: int) -> int:
     """The metrics partition of a job: stable across processes and languages (CRC-32)."""
     return zlib.crc32(job.encode("utf-8")) % max(partitions, 1)
+
+
+def metrics_partition(job: str, comm_hash: int, partitions: int, groups: int = 1) -> int:
+    """The metrics partition of a job's communicator: the job's own partition, moved on by the
+    communicator's group (``comm_group``) when the job is spread over ``groups`` partitions."""
+    home = job_partition(job, partitions)
+    if groups <= 1:
+        return home
+    return (home + int(comm_group(comm_hash, groups))) % max(partitions, 1)
+
+
+def key_partition(key: bytes, partitions: int, groups: int = 1) -> int:
+    """``metrics_partition`` from a message key (``batch_key``: the job and the first row's communicator)."""
+    job, comm, _ = key.decode(errors="replace").rsplit("/", 2)
+    try:
+        h = int(comm, 16)
+    except ValueError:
+        h = 0
+    return metrics_partition(job, to_signed64(h), partitions, groups)
 
 
 def batch_key(batch: KernelBatch) -> bytes:
@@ -424,15 +443,26 @@ class MetricsProducer:
         log.debug("delivery failed: %s", err)
 
     def _produce(self, batch: KernelBatch, timestamp_ms: int | None, block_s: float) -> bool:
+        """Produce ``batch``: one message, or one per communicator group when jobs are spread over groups."""
+        groups = self.settings.analysis_groups
+        if groups <= 1:
+            return self._produce_one(batch, timestamp_ms, block_s)
+        ok = True
+        for _, part in sorted(batch.by_group(groups).items()):
+            ok = self._produce_one(part, timestamp_ms, block_s) and ok
+        return ok
+
+    def _produce_one(self, batch: KernelBatch, timestamp_ms: int | None, block_s: float) -> bool:
         n = batch.n
+        groups = self.settings.analysis_groups
         spool = self._spool
         if spool is not None and (self._outage or spool.pending_messages or self._partitions is None):
             # Behind older spooled messages (keep the order: the replay sends it when its turn
             # comes), or no broker has told us the partition count yet (the replay picks it then).
             partitions = self._partitions
-            return self._to_spool(SpooledMessage(
-                key=batch_key(batch), value=encode_batch(batch), records=n, timestamp_ms=timestamp_ms,
-                partition=job_partition(batch.job, partitions) if partitions is not None else -1))
+            part = -1 if partitions is None else metrics_partition(batch.job, batch.comm_hash, partitions, groups)
+            return self._to_spool(SpooledMessage(key=batch_key(batch), value=encode_batch(batch), records=n,
+                                                 timestamp_ms=timestamp_ms, partition=part))
         partitions = self._partition_count(wait_s=block_s)
         if partitions is None:
             self._count(produce_errors=1)
@@ -442,7 +472,7 @@ class MetricsProducer:
         kwargs: dict[str, Any] = {
             "value": encode_batch(batch),
             "key": batch_key(batch),
-            "partition": job_partition(batch.job, partitions),
+            "partition": metrics_partition(batch.job, batch.comm_hash, partitions, groups),
             "on_delivery": lambda err, msg: self._on_delivery(err, msg, n),
         }
         if timestamp_ms is not None:
@@ -504,8 +534,8 @@ class MetricsProducer:
                 replay.stale_records += msg.records
             else:
                 partition = msg.partition
-                if partition < 0:  # spooled before the partition count was known: the key names the job
-                    partition = job_partition(msg.key.decode(errors="replace").rsplit("/", 2)[0], self._partitions)
+                if partition < 0:  # spooled before the partition count was known: the key names job and group
+                    partition = key_partition(msg.key, self._partitions, self.settings.analysis_groups)
                 kwargs: dict[str, Any] = {
                     "value": msg.value, "key": msg.key, "partition": partition,
                     "on_delivery": lambda err, _m, r=msg.records: self._on_replayed(replay, err, r),

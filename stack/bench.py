@@ -229,7 +229,8 @@ def analyze_in_process(sc: Scenario, settings: Settings | None = None) -> list[V
     from ccld.streams.analysis.analyzer import analyze_batches
 
     analyzer = None if settings is None else settings.analyzer
-    return list(analyze_batches(simulate(sc), settings=analyzer, tick_s=1.0))
+    groups = 1 if settings is None else settings.analysis_groups
+    return list(analyze_batches(simulate(sc), settings=analyzer, tick_s=1.0, groups=groups))
 
 
 def _run_one(item: tuple[dict[str, Any], Settings | None]) -> tuple[str, list[dict[str, Any]], float]:
@@ -291,12 +292,14 @@ class KafkaSuiteRunner:
 
     GAP_S = 600.0  # simulated seconds between two scenarios on the worker's clock
 
-    def __init__(self, settings: Settings, *, settle_s: float = 4.0, timeout_s: float = 300.0) -> None:
+    def __init__(self, settings: Settings, *, settle_s: float = 4.0, timeout_s: float = 300.0,
+                 workers: int = 1) -> None:
         tag = f"{int(time.time())}-{os.getpid()}"
         self.settings = settings.replace(worker_app_id=f"ccld-bench-{tag}", topic_prefix=f"ccld-bench-{tag}.",
                                          worker_commit_interval_s=0.5)
         self.settle_s = settle_s
         self.timeout_s = timeout_s
+        self.workers = workers
         self.offset_s = 0.0
         self.sent = 0
         self._verdicts: dict[str, list[Verdict]] = {}
@@ -309,7 +312,8 @@ class KafkaSuiteRunner:
         from ccld.stack.up import Pipeline
 
         logs = Path(tempfile.mkdtemp(prefix="ccld-bench-"))
-        pipeline = self._stack.enter_context(Pipeline(self.settings, log_dir=logs).start(worker=True, sink=False))
+        pipeline = self._stack.enter_context(
+            Pipeline(self.settings, log_dir=logs).start(worker=True, sink=False, workers=self.workers))
         self.pipeline = pipeline
         self.settings = pipeline.settings
         log.info("through Kafka at %s (worker log in %s)", self.settings.bootstrap, logs)
@@ -353,9 +357,10 @@ class KafkaSuiteRunner:
 
         offset = self.offset_s
         self.offset_s += sc.duration_s + self.GAP_S
-        counts = publish(sc, _Shifted(self.producer, offset), job=sc.id)
+        publish(sc, _Shifted(self.producer, offset), job=sc.id)
         self.producer.flush(60.0)
-        self.sent += counts["batches"]
+        # messages, not batches: with analysis groups a batch goes out as one message per group
+        self.sent = self.producer.stats["sent_batches"]
         deadline = time.monotonic() + self.timeout_s
         while self._committed() < self.sent:
             if self.pipeline.dead_children():
@@ -384,6 +389,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     acc.add_argument("--limit", type=int, default=0, help="only the first N scenarios")
     acc.add_argument("--id", action="append", default=[], dest="ids", help="only this scenario id (repeatable)")
     acc.add_argument("--jobs", type=int, default=1, help="processes for the in-process path (default 1)")
+    acc.add_argument("--workers", type=int, default=1, help="worker processes for --through-kafka (default 1)")
+    acc.add_argument("--groups", type=int, default=0,
+                     help="spread each job over this many communicator groups (analysis_groups): through Kafka, "
+                          "one metrics partition each; in process, shards and one job stage (default: the setting)")
 
 
 def _fmt(v: float | None, spec: str = ".3f") -> str:
@@ -428,8 +437,13 @@ def main(args: argparse.Namespace, settings: Settings) -> int:
         print(f"[{i:>{len(str(total))}}/{total}] {'ok  ' if row['ok'] else 'FAIL'} {sc.id:28} {sc.ranks:5d} ranks "
               f"expect {exp:18} got {got}{ttv} ({wall:.2f}s)", flush=True)
 
+    if args.workers < 1:
+        raise CcldError(f"--workers must be at least 1, got {args.workers}")
+    if args.groups:
+        settings = settings.replace(analysis_groups=args.groups,
+                                    metrics_partitions=max(settings.metrics_partitions, args.groups))
     if args.through_kafka:
-        with KafkaSuiteRunner(settings) as kafka:
+        with KafkaSuiteRunner(settings, workers=args.workers) as kafka:
             verdicts = run_suite(scenarios, kafka, settings=settings, progress=progress)
     else:
         verdicts = run_suite(scenarios, None, settings=settings, jobs=max(1, args.jobs), progress=progress)

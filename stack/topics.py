@@ -21,6 +21,8 @@ def topic_specs(settings: Settings) -> dict[str, int]:
         settings.metrics_topic: settings.metrics_partitions,
         settings.verdicts_topic: settings.verdicts_partitions,
         settings.deadletter_topic: settings.deadletter_partitions,
+        # shard reports go to their job's partition: as many as the metrics topic, so the job stage spreads too
+        settings.reports_topic: settings.metrics_partitions,
     }
 
 

@@ -54,7 +54,8 @@ class Pipeline:
         self._backoff_factory = backoff
         self.backoff: dict[str, Backoff] = {}  # "broker", "worker", "sink"
 
-    def start(self, *, worker: bool = True, sink: bool = True) -> Pipeline:
+    def start(self, *, worker: bool = True, sink: bool = True, workers: int = 1) -> Pipeline:
+        """Start the broker (unless the settings name one), ``workers`` workers and the sink."""
         try:
             if not self.settings.bootstrap:
                 self.broker = EmbeddedBroker(self.port).start()
@@ -64,7 +65,9 @@ class Pipeline:
                 wait_until_answers(self.settings.bootstrap, config=kafka_config(self.settings))
             ensure_topics(self.settings)
             if worker:
-                self._spawn("worker")
+                for i in range(max(workers, 1)):
+                    # several workers share the load (the metrics partitions); each has its own log
+                    self._spawn("worker" if i == 0 else f"worker-{i + 1}")
             if sink:
                 self._spawn("sink")
         except BaseException:
@@ -76,23 +79,24 @@ class Pipeline:
     def _backoff(self, name: str) -> Backoff:
         return self.backoff.setdefault(name, self._backoff_factory())
 
-    def _spawn(self, command: str) -> None:
-        old = self.children.get(command)
+    def _spawn(self, name: str) -> None:
+        """Start child ``name``: ``worker``, ``worker-<n>`` (another worker) or ``sink``."""
+        old = self.children.get(name)
         if old is not None and old.poll() is None:
-            raise RuntimeError(f"{command} is already running (pid {old.pid})")
+            raise RuntimeError(f"{name} is already running (pid {old.pid})")
         out: int = subprocess.DEVNULL
         if self.log_dir is not None:
             self.log_dir.mkdir(parents=True, exist_ok=True)
-            out = os.open(self.log_dir / f"{command}.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            out = os.open(self.log_dir / f"{name}.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
-            self.children[command] = subprocess.Popen(
-                [sys.executable, "-P", "-m", "ccld.cli", command], env=child_env(self.settings),
+            self.children[name] = subprocess.Popen(
+                [sys.executable, "-P", "-m", "ccld.cli", name.partition("-")[0]], env=child_env(self.settings),
                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
             )
         finally:
             if out != subprocess.DEVNULL:
                 os.close(out)  # the child has its own copy; a restarted child must not leak ours
-        self._backoff(command).started(time.monotonic())
+        self._backoff(name).started(time.monotonic())
 
     def dead_children(self) -> list[str]:
         return [name for name, p in self.children.items() if p.poll() is not None]
@@ -195,13 +199,15 @@ class Pipeline:
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, default=9092, help="embedded broker port (0 picks a free one)")
     parser.add_argument("--logs", type=Path, default=Path("ccld-logs"), help="where worker.log and sink.log go")
+    parser.add_argument("--workers", type=int, default=1,
+                        help="worker processes (they share the metrics partitions; default 1)")
 
 
 def main(args: argparse.Namespace, settings: Settings) -> int:
     pipeline = Pipeline(settings, port=args.port, log_dir=args.logs)
     stop_on_sigterm()
     try:
-        pipeline.start()
+        pipeline.start(workers=args.workers)
         print(f"bootstrap: {pipeline.settings.bootstrap}", flush=True)
         print(f"worker and sink running (logs in {args.logs}/); archive in {settings.archive_dir}/; "
               f"a dead worker, sink or broker is restarted; Ctrl-C stops everything", flush=True)

@@ -25,20 +25,25 @@ log as one JSON line (``counters {...}``) when they change, and at shutdown.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
+import tempfile
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from pathlib import Path
+from typing import Any, Generic, TypeVar
 
 import faust
 
+from ccld.producers.kafka import job_partition
 from ccld.records import DeadLetter, Verdict
 from ccld.security import faust_kwargs
 from ccld.settings import Settings
 from ccld.stack.topics import ensure_topics
 from ccld.streams.processor import Output, PartitionProcessor, ProcessorOptions
 from ccld.streams.recovery import read_partition, topic_id, verdict_keys_on_topic
+from ccld.streams.stage import StageProcessor
 
 log = logging.getLogger(__name__)
 
@@ -69,14 +74,20 @@ def processor_options(settings: Settings) -> ProcessorOptions:
                             dead_letter_raw_max=settings.worker_deadletter_raw_max_bytes)
 
 
-class WorkerState:
-    """Processors by partition, plus what to snapshot when and which consumed events it covers."""
+P = TypeVar("P", PartitionProcessor, StageProcessor)
 
-    def __init__(self, settings: Settings, table: Any) -> None:
+
+class WorkerState(Generic[P]):
+    """One topic's processors by partition, plus what to snapshot when and which consumed events it covers."""
+
+    def __init__(self, settings: Settings, table: Any, topic: str | None = None,
+                 restore: Callable[[int, bytes | None], P] | None = None) -> None:
         self.settings = settings
         self.table = table
+        self.topic = topic or settings.metrics_topic
         self.options = processor_options(settings)
-        self.processors: dict[int, PartitionProcessor] = {}
+        self._restore = restore
+        self.processors: dict[int, P] = {}
         self.last_snapshot: dict[int, float] = {}
         # One sender per partition at a time: the agent and the timer both flush pending verdicts.
         self.locks: dict[int, asyncio.Lock] = {}
@@ -92,14 +103,15 @@ class WorkerState:
         self.topic_id: str | None = None
         self.checkpoint_locks: dict[int, asyncio.Lock] = {}
 
-    def processor(self, partition: int) -> PartitionProcessor:
+    def processor(self, partition: int) -> P:
         proc = self.processors.get(partition)
         if proc is None:
             raw = self.table.data.get(self.key(partition)) if self.table is not None else None
-            proc = PartitionProcessor.restore(partition, self.settings.analyzer, raw, self.options)
+            assert self._restore is not None
+            proc = self._restore(partition, raw)
             if raw:
-                log.info("partition %d: resumed from a %d-byte snapshot (%d verdicts pending)", partition, len(raw),
-                         len(proc.pending()))
+                log.info("%s partition %d: resumed from a %d-byte snapshot (%d verdicts pending)", self.topic,
+                         partition, len(raw), len(proc.pending()))
             self.processors[partition] = proc
             self.last_snapshot[partition] = time.monotonic()
         return proc
@@ -108,9 +120,9 @@ class WorkerState:
         return self.locks.setdefault(partition, asyncio.Lock())
 
     def key(self, partition: int) -> bytes:
-        return f"{self.settings.metrics_topic}:{partition}".encode()
+        return f"{self.topic}:{partition}".encode()
 
-    def _due(self, partition: int, force: bool, idle: bool = False) -> PartitionProcessor | None:
+    def _due(self, partition: int, force: bool, idle: bool = False) -> P | None:
         proc = self.processors.get(partition)
         every = SNAPSHOT_IDLE_S if idle else SNAPSHOT_EVERY_S
         if self.table is None or proc is None or (
@@ -154,7 +166,7 @@ class WorkerState:
             for e in covered:
                 await self.ack(e)
 
-    def owns(self, partition: int, proc: PartitionProcessor) -> bool:
+    def owns(self, partition: int, proc: P) -> bool:
         """Whether ``proc`` is still this worker's processor of ``partition`` (not revoked meanwhile)."""
         return self.processors.get(partition) is proc
 
@@ -166,10 +178,15 @@ class WorkerState:
 
 def create_app(settings: Settings, *, app_id: str | None = None) -> faust.App:
     """Build the worker app for ``settings`` (bootstrap must be set)."""
+    faust_dir = Path(tempfile.gettempdir()) / "ccld-faust"
+    faust_dir.mkdir(exist_ok=True)
     app = faust.App(
         app_id or settings.worker_app_id,
         broker=f"kafka://{settings.bootstrap}",
         store="memory://",
+        # Faust makes this folder even with the memory store (nothing is kept in it): not in the user's
+        # working directory, where every app id (each test, each bench run) would leave one behind
+        datadir=str(faust_dir / "{conf.name}-data"),
         processing_guarantee="at_least_once",
         broker_session_timeout=settings.session_timeout_ms / 1000.0,
         broker_heartbeat_interval=settings.heartbeat_ms / 1000.0,
@@ -196,10 +213,29 @@ def create_app(settings: Settings, *, app_id: str | None = None) -> faust.App:
     # bytes keys and values: Faust then uses the raw codec for both (no JSON round trip).
     table = app.Table("analyzer-state", default=None, partitions=settings.metrics_partitions,
                       key_type=bytes, value_type=bytes)
-    state = WorkerState(settings, table)
+    options = processor_options(settings)
+    shard = settings.analysis_groups > 1  # jobs spread over partitions: a job stage on the reports topic decides
+    if shard:
+        options = dataclasses.replace(options, shard=True)
+    state: WorkerState[PartitionProcessor] = WorkerState(
+        settings, table, restore=lambda p, raw: PartitionProcessor.restore(p, settings.analyzer, raw, options))
+    states: list[WorkerState[Any]] = [state]
     app.ccld_state = state  # type: ignore[attr-defined]
+    reports = app.topic(settings.reports_topic, value_type=bytes, key_type=bytes,
+                        value_serializer="raw", key_serializer="raw", internal=False)
+    stage: WorkerState[StageProcessor] | None = None
+    if shard:
+        stage_table = app.Table("stage-state", default=None, partitions=settings.metrics_partitions,
+                                key_type=bytes, value_type=bytes)
+        stage = WorkerState(settings, stage_table, settings.reports_topic,
+                            restore=lambda p, raw: StageProcessor.restore(
+                                p, settings.analyzer, raw, groups=settings.analysis_groups,
+                                dead_letter_raw_max=settings.worker_deadletter_raw_max_bytes))
+        stage.wake = state.wake  # one courier sends the verdicts of both
+        states.append(stage)
+        app.ccld_stage = stage  # type: ignore[attr-defined]
 
-    async def send_dead_letter(proc: PartitionProcessor, dl: DeadLetter, raw: bytes) -> None:
+    async def send_dead_letter(proc: PartitionProcessor | StageProcessor, dl: DeadLetter, raw: bytes) -> None:
         log.warning("dead letter from %s[%d]@%d: %s: %s", dl.source_topic, dl.source_partition,
                     dl.source_offset, dl.reason, dl.detail[:200])
         for attempt in range(1, DEAD_LETTER_ATTEMPTS + 1):
@@ -217,9 +253,9 @@ def create_app(settings: Settings, *, app_id: str | None = None) -> faust.App:
         log.error("dead letter LOST after %d attempts: %s[%d]@%d reason %s (%d raw bytes)", DEAD_LETTER_ATTEMPTS,
                   dl.source_topic, dl.source_partition, dl.source_offset, dl.reason, len(dl.raw))
 
-    async def flush_verdicts(partition: int, proc: PartitionProcessor) -> None:
+    async def flush_verdicts(st: WorkerState[P], partition: int, proc: P) -> None:
         """Send every pending verdict of ``partition``, each marked sent only after the broker's ack."""
-        async with state.lock(partition):
+        async with st.lock(partition):
             if proc.restored_pending and proc.pending():
                 await reconcile(partition, proc)
             items = proc.pending()
@@ -228,7 +264,7 @@ def create_app(settings: Settings, *, app_id: str | None = None) -> faust.App:
             sent: list[Verdict] = []
             try:
                 # The pending verdicts reach the changelog before they reach the verdicts topic.
-                await state.checkpoint(partition, force=True)
+                await st.checkpoint(partition, force=True)
                 for v, raw in items:
                     fut = await verdicts.send(key=v.incident_id.encode(), value=raw, force=True)
                     await fut  # resolves on the broker's acknowledgement (acks=all), raises on failure
@@ -241,11 +277,11 @@ def create_app(settings: Settings, *, app_id: str | None = None) -> faust.App:
                             len(proc.pending()), type(exc).__name__, exc)
             if sent:
                 try:
-                    await state.checkpoint(partition, force=True)
+                    await st.checkpoint(partition, force=True)
                 except Exception as exc:  # noqa: BLE001 - a later snapshot carries it; at worst a repeat
                     log.warning("partition %d: snapshot after verdicts failed: %s", partition, exc)
 
-    async def reconcile(partition: int, proc: PartitionProcessor) -> None:
+    async def reconcile(partition: int, proc: PartitionProcessor | StageProcessor) -> None:
         """Mark sent the restored pending verdicts that are already on the verdicts topic (no repeat)."""
         try:
             on_topic = await asyncio.to_thread(verdict_keys_on_topic, settings)
@@ -260,14 +296,27 @@ def create_app(settings: Settings, *, app_id: str | None = None) -> faust.App:
         log.info("partition %d: %d restored pending verdicts were already on the topic, %d to send", partition,
                  len(done), len(proc.pending()))
 
-    async def deliver(proc: PartitionProcessor, out: Output) -> None:
+    async def deliver(proc: PartitionProcessor | StageProcessor, out: Output) -> None:
         # Dead letters are awaited here: the event is held (and later acked) only once they are on the broker.
         for dl, raw in out.dead_letters:
             await send_dead_letter(proc, dl, raw)
         if proc.pending():
             state.wake.set()  # verdicts go out from the courier; they are in every snapshot until acknowledged
+        if isinstance(proc, PartitionProcessor):
+            await send_reports(proc)
 
-    def restore_assigned() -> None:
+    async def send_reports(proc: PartitionProcessor) -> None:
+        """Shard mode: the reports go to their job's partition of the reports topic. Not held for an ack: a
+        shard reports every job again each second, and the end of a finding for ``OVER_REPORT_S``."""
+        for key, raw in proc.take_reports():
+            try:
+                part = job_partition(key.decode(), settings.metrics_partitions)
+                await reports.send(key=key, value=raw, partition=part, force=True)
+            except Exception as exc:  # noqa: BLE001 - counted; the next report carries the same state
+                proc.counters["report_send_failures"] = proc.counters.get("report_send_failures", 0) + 1
+                log.warning("partition %d: report not sent: %s: %s", proc.partition, type(exc).__name__, exc)
+
+    def restore_assigned(st: WorkerState[Any]) -> None:
         # A restarted worker must send the verdicts its snapshot holds pending even if no new message
         # ever arrives on their partition: restore every assigned partition that has a snapshot, once
         # the table's recovery from the changelog has finished (before that its snapshot may be stale).
@@ -275,9 +324,8 @@ def create_app(settings: Settings, *, app_id: str | None = None) -> faust.App:
         if recovery is None or not recovery.completed.is_set() or recovery.in_recovery or app.rebalancing:
             return
         for tp in app.consumer.assignment():
-            if (tp.topic == settings.metrics_topic and tp.partition not in state.processors
-                    and state.key(tp.partition) in table.data):
-                state.processor(tp.partition)
+            if tp.topic == st.topic and tp.partition not in st.processors and st.key(tp.partition) in st.table.data:
+                st.processor(tp.partition)
 
     @app.task
     async def courier() -> None:
@@ -289,15 +337,17 @@ def create_app(settings: Settings, *, app_id: str | None = None) -> faust.App:
             except TimeoutError:
                 pass
             state.wake.clear()
-            restore_assigned()
-            for partition, proc in list(state.processors.items()):
-                try:
-                    await flush_verdicts(partition, proc)
-                    await state.checkpoint(partition, force=False)
-                except asyncio.CancelledError:
-                    raise
-                except Exception as exc:  # noqa: BLE001 - retried on the next round
-                    log.warning("partition %d: courier round failed: %s: %s", partition, type(exc).__name__, exc)
+            for st in states:
+                restore_assigned(st)
+                for partition, proc in list(st.processors.items()):
+                    try:
+                        await flush_verdicts(st, partition, proc)
+                        await st.checkpoint(partition, force=False)
+                    except asyncio.CancelledError:
+                        raise
+                    except Exception as exc:  # noqa: BLE001 - retried on the next round
+                        log.warning("%s partition %d: courier round failed: %s: %s", st.topic, partition,
+                                    type(exc).__name__, exc)
 
     @app.agent(metrics, name="ccld-analyze")
     async def analyze(stream: Any) -> None:
@@ -326,6 +376,32 @@ def create_app(settings: Settings, *, app_id: str | None = None) -> faust.App:
                 raise
             except Exception as exc:  # the next checkpoint retries; until then nothing more is committed
                 log.warning("partition %d: snapshot not written: %s: %s", msg.partition, type(exc).__name__, exc)
+
+    if stage is not None:
+        st_stage = stage
+
+        @app.agent(reports, name="ccld-decide")
+        async def decide(stream: Any) -> None:
+            """The job stage: each shard report decided at once; its verdicts go out from the courier."""
+            manual = stream.noack()  # acked after the snapshot that covers them, as the analyze agent does
+            st_stage.ack = manual.ack
+            async for event in manual.events():
+                msg = event.message
+                try:
+                    proc = st_stage.processor(msg.partition)
+                    await deliver(proc, proc.handle(msg.value, topic=msg.topic, offset=msg.offset))
+                except asyncio.CancelledError:
+                    raise
+                except Exception:  # handle() never raises; a bug elsewhere must not stop the stream
+                    log.exception("job stage failed on %s[%d]@%d; going on", msg.topic, msg.partition, msg.offset)
+                st_stage.held.setdefault(msg.partition, []).append(event)
+                try:
+                    await st_stage.checkpoint(msg.partition, force=False)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:  # the next checkpoint retries
+                    log.warning("reports partition %d: snapshot not written: %s: %s", msg.partition,
+                                type(exc).__name__, exc)
 
     async def handle_read_back(partition: int, proc: PartitionProcessor,
                                messages: list[tuple[int, float | None, bytes | None]]) -> bool:
@@ -377,9 +453,10 @@ def create_app(settings: Settings, *, app_id: str | None = None) -> faust.App:
         # Another worker owns these now: save what we know and stop ticking them (no double verdicts).
         revoked = args[0] if args else kwargs.get("revoked", ())
         for tp in revoked:
-            if tp.topic == settings.metrics_topic and tp.partition in state.processors:
-                state.maybe_snapshot(tp.partition, force=True)
-                state.drop(tp.partition)
+            for st in states:
+                if tp.topic == st.topic and tp.partition in st.processors:
+                    st.maybe_snapshot(tp.partition, force=True)
+                    st.drop(tp.partition)
 
     @app.timer(TOPIC_CHECK_EVERY_S)
     async def watch_topics() -> None:
@@ -454,14 +531,17 @@ def create_app(settings: Settings, *, app_id: str | None = None) -> faust.App:
                 # still found, and kept pending, while the broker is unreachable.
                 if proc.tick():
                     state.wake.set()
+                if shard:
+                    await send_reports(proc)
             except Exception:  # the timer must survive anything one partition does
                 log.exception("tick failed on partition %d", partition)
 
     @app.on_before_shutdown.connect
     async def on_shutdown(sender: Any, /, *args: Any, signal: Any, **kwargs: Any) -> None:
         # The consumer has committed its last offsets; the producer flushes after this signal.
-        for partition in list(state.processors):
-            state.maybe_snapshot(partition, force=True)
+        for st in states:
+            for partition in list(st.processors):
+                st.maybe_snapshot(partition, force=True)
         log.info("counters %s", counters_line(state))
 
     return app

@@ -17,22 +17,21 @@ import logging
 import math
 import time
 import zlib
-from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from ccld.errors import SchemaError
 from ccld.records import DeadLetter, Verdict
-from ccld.schemas.codec import DEAD_LETTER_RAW_MAX, decode_metrics, encode_dead_letter, encode_verdict, make_dead_letter
+from ccld.schemas.codec import DEAD_LETTER_RAW_MAX, decode_metrics, encode_dead_letter, make_dead_letter
 from ccld.streams.analysis.analyzer import Analyzer
 from ccld.streams.analysis.settings import AnalyzerSettings
+from ccld.streams.analysis.shard import encode_report
 from ccld.streams.clock import JobClock
+from ccld.streams.outbox import Outbox
 
 log = logging.getLogger(__name__)
 
-#: Remember this many sent (incident, state) pairs per partition for de-duplication.
-SENT_MEMORY = 50_000
 #: Search the analyzer's step patterns for a snapshot at most this often (s of wall time).
 CADENCE_SEARCH_EVERY_S = 1.0
 
@@ -53,6 +52,7 @@ class ProcessorOptions:
     clock_max_skew_s: float = 30.0  # see JobClock
     clock_active_s: float = 120.0  # see JobClock
     dead_letter_raw_max: int = DEAD_LETTER_RAW_MAX  # raw bytes kept in a dead letter
+    shard: bool = False  # jobs spread over partitions: report to the job stage instead of deciding verdicts
 
 
 @dataclass
@@ -64,7 +64,7 @@ class JobState:
     last_eval: float = -1e18  # job-clock time of the last evaluation from handle()
 
 
-class PartitionProcessor:
+class PartitionProcessor(Outbox):
     """Per-job analyzers and clocks, pending verdicts and de-duplication for one partition of the metrics topic."""
 
     def __init__(self, partition: int, settings: AnalyzerSettings, state: Mapping[str, Any] | None = None,
@@ -73,9 +73,6 @@ class PartitionProcessor:
         self.options = options or ProcessorOptions()
         self.counters: dict[str, int] = {"messages": 0, "records": 0, "dead_letters": 0, "bad_value": 0,
                                          "verdicts": 0, "duplicate_verdicts": 0, "verdict_send_failures": 0}
-        self._sent: OrderedDict[str, None] = OrderedDict()
-        # Verdicts handed out but not yet acknowledged by the broker, in the order they were found.
-        self._pending: OrderedDict[str, tuple[Verdict, bytes]] = OrderedDict()
         self.settings = settings
         self.jobs: dict[str, JobState] = {}  # by job name, least recently fed first
         self.next_offset = -1  # offset after the last message handled
@@ -84,17 +81,12 @@ class PartitionProcessor:
         self.topic_id: str | None = None
         self._resume_offset: int | None = None  # next_offset of the snapshot we resumed from
         self._cadence_searched = -math.inf  # monotonic time of the last snapshot that searched step patterns
-        # Restored with pending verdicts: some may have reached the topic just before the worker died
-        # (acknowledged, not yet snapshotted as sent); the sender checks the topic before sending them.
-        self.restored_pending = False
+        self._init_outbox(state)
+        # Shard mode (jobs spread over several partitions): reports for the job stage, no verdicts here.
+        self._reports: list[tuple[bytes, bytes]] = []
         if state:
             # Counters carry on across restarts and rebalances (replayed messages count again as messages).
             self.counters.update({str(k): int(v) for k, v in dict(state.get("counters", {})).items()})
-            self._sent.update((k, None) for k in state.get("sent", ()))
-            for d in state.get("pending", ()):
-                v = Verdict.from_dict(d)
-                self._pending[v.dedupe_key] = (v, encode_verdict(v))
-            self.restored_pending = bool(self._pending)
             if "analyzer" in state and "jobs" not in state:
                 log.warning("partition %d: snapshot from before per-job clocks; analyzer state starts empty",
                             partition)
@@ -181,13 +173,8 @@ class PartitionProcessor:
     def dead_letter(self, raw: bytes | None, reason: str, detail: str, *, topic: str,
                     offset: int) -> tuple[DeadLetter, bytes]:
         """A counted dead letter for ``raw`` (cut to ``dead_letter_raw_max`` bytes), encoded."""
-        self.counters["dead_letters"] += 1
-        dl = make_dead_letter(raw, reason, detail, source_topic=topic, source_partition=self.partition,
-                              source_offset=offset, time_ms=int(time.time() * 1000),
-                              raw_max=self.options.dead_letter_raw_max)
-        if len(dl.raw) < len(raw or b""):
-            self.counters["dead_letters_truncated"] = self.counters.get("dead_letters_truncated", 0) + 1
-        return dl, encode_dead_letter(dl)
+        return counted_dead_letter(self.counters, raw, reason, detail, topic=topic, partition=self.partition,
+                                   offset=offset, raw_max=self.options.dead_letter_raw_max)
 
     def tick(self, recv_s: float | None = None) -> list[tuple[Verdict, bytes]]:
         """Re-evaluate on a timer: each job's clock advances by the wall time the job was quiet."""
@@ -209,18 +196,22 @@ class PartitionProcessor:
 
     def _evaluate_job(self, name: str, job: JobState, now: float) -> None:
         try:
+            if self.options.shard:
+                for rep in job.analyzer.reports(now):
+                    self._reports.append((rep.job.encode(), encode_report(rep, self.partition)))
+                self.counters["reports"] = self.counters.get("reports", 0) + 1
+                return
             found = job.analyzer.evaluate(now)
         except Exception:  # an analyzer bug in one job must not stop the others or the timer
             log.exception("partition %d: evaluating job %s failed", self.partition, name)
             self.counters["analyzer_errors"] = self.counters.get("analyzer_errors", 0) + 1
             return
-        for v in found:
-            key = v.dedupe_key
-            if key in self._sent or key in self._pending:
-                self.counters["duplicate_verdicts"] += 1
-                continue
-            self._pending[key] = (v, encode_verdict(v))
-            log.info("verdict found, pending until the broker acknowledges it: %s", v.describe())
+        self.found(found)
+
+    def take_reports(self) -> list[tuple[bytes, bytes]]:
+        """Shard mode: the encoded reports (key: the job) found since the last call, for the reports topic."""
+        out, self._reports = self._reports, []
+        return out
 
     def report(self) -> dict[str, int]:
         """The counters plus what the analyzers kept: ``analyzed_records`` counts each record once,
@@ -231,20 +222,6 @@ class PartitionProcessor:
         out["jobs"] = len(self.jobs)
         out["pending_verdicts"] = len(self._pending)
         return out
-
-    def pending(self) -> list[tuple[Verdict, bytes]]:
-        """Verdicts found but not yet acknowledged by the broker, oldest first."""
-        return list(self._pending.values())
-
-    def mark_sent(self, verdict: Verdict) -> None:
-        """The broker acknowledged the verdict: never hand it out again (until SENT_MEMORY forgets it)."""
-        key = verdict.dedupe_key
-        if self._pending.pop(key, None) is None and key in self._sent:
-            return
-        self._sent[key] = None
-        if len(self._sent) > SENT_MEMORY:
-            self._sent.popitem(last=False)
-        self.counters["verdicts"] += 1
 
     # --- recovery -----------------------------------------------------------------------------
 
@@ -262,8 +239,8 @@ class PartitionProcessor:
         state = {"jobs": {name: {"analyzer": j.analyzer.state_dict(search_cadence=search),
                                  "clock": j.clock.state_dict()}
                           for name, j in self.jobs.items()},
-                 "sent": list(self._sent), "pending": [v.to_dict() for v, _ in self._pending.values()],
-                 "next_offset": self.next_offset, "topic_id": self.topic_id, "counters": self.counters}
+                 **self.outbox_state(), "next_offset": self.next_offset, "topic_id": self.topic_id,
+                 "counters": self.counters}
         return zlib.compress(json.dumps(state, separators=(",", ":")).encode(), 1)
 
     @classmethod
@@ -278,3 +255,14 @@ class PartitionProcessor:
                 log.error("partition %d: snapshot unreadable (%s: %s); starting empty", partition,
                           type(exc).__name__, exc)
         return cls(partition, settings, options=options)
+
+
+def counted_dead_letter(counters: dict[str, int], raw: bytes | None, reason: str, detail: str, *, topic: str,
+                        partition: int, offset: int, raw_max: int) -> tuple[DeadLetter, bytes]:
+    """A dead letter for ``raw`` (cut to ``raw_max`` bytes), encoded, and counted in ``counters``."""
+    counters["dead_letters"] = counters.get("dead_letters", 0) + 1
+    dl = make_dead_letter(raw, reason, detail, source_topic=topic, source_partition=partition,
+                          source_offset=offset, time_ms=int(time.time() * 1000), raw_max=raw_max)
+    if len(dl.raw) < len(raw or b""):
+        counters["dead_letters_truncated"] = counters.get("dead_letters_truncated", 0) + 1
+    return dl, encode_dead_letter(dl)

@@ -34,8 +34,10 @@ class WorkerProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         start_len = self.log_path.stat().st_size if self.log_path.exists() else 0
         out = open(self.log_path, "ab")  # noqa: SIM115 - closed with the process
+        # run beside its log: Faust makes its data folder (<app id>-data) in the working directory
         self.proc = subprocess.Popen([sys.executable, "-P", "-m", "ccld.cli", "worker"], env=child_env(self.settings),
-                                     stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+                                     stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                                     cwd=self.log_path.parent)
         deadline = time.monotonic() + ready_timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

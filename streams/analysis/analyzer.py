@@ -157,6 +157,8 @@ class Analyzer:
             "pauses": pauses,
             # learned multi-signature cadences (a few ints each), newest jobs last, bounded
             "cadence": dict(list(cadence.items())[-CADENCE_STATE_MAX:]),
+            # findings watched for their end: a shard restarted after a hang ended still reports its end
+            "watch": {f"{job}|{inc}": w.state_dict() for (job, inc), w in self._watch.items() if w.items},
             "stats": dict(self._stats),
         }
 
@@ -171,6 +173,9 @@ class Analyzer:
                 a._batches[str(p)] = OrderedDict((int(k), str(v)) for k, v in seqs)
             a._pauses = {str(k): [float(x) for x in v] for k, v in state.get("pauses", {}).items()}
             a._cadence = {str(k): [int(x) for x in v] for k, v in state.get("cadence", {}).items()}
+            for k, items in state.get("watch", {}).items():
+                job, inc = str(k).rsplit("|", 1)
+                a._watch[(job, int(inc))] = Watch.from_state(items)
             for k, v in state.get("stats", {}).items():
                 if k in a._stats:
                     a._stats[k] = int(v)

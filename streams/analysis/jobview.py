@@ -118,23 +118,23 @@ class JobAnalysis:
         return {int(r): js.host_names[int(js.m_host[idx[f]])]
                 for r, f in zip(u.tolist(), first.tolist(), strict=True)}
 
-    def resolution(self, c: Candidate) -> str:
-        """Evidence text when the incident of ``c`` is over, else ''."""
+    def resolution(self, comm: str, fam: str, val: int, op: str) -> str:
+        """Evidence text when the finding ``(fam, val)`` (a candidate's resolve key) on communicator
+        ``comm`` (its op named ``op``) is over, else ''."""
         js = self.js
-        cid = js.comm_index.get(_signed(int(c.communicator, 16)))
+        cid = js.comm_index.get(_signed(int(comm, 16)))
         if cid is None or cid >= js.c_size.shape[0]:
             return ""
-        fam, val = c.resolve_key
         if fam == "hang":
             sl = js.members_of(cid)
             # a member finished the op (its DONE), or a heartbeat shows it idle after it or beyond it
             over = (js.m_seq[sl] > val) | ((js.m_seq[sl] == val) & js.m_done[sl])
             if bool((js.m_last_done[sl] >= val).any() or over.any()):
-                return f"progress resumed: {c.op_type} #{val} completed"
+                return f"progress resumed: {op} #{val} completed"
             return ""
         bi = self.slow.lookup(np.asarray([cid]), np.asarray([val], dtype=np.int64), create=False)[0]
         if bi >= 0 and self.slow.resolved(int(bi)):
-            return f"the last {self.s.slow_resolve_ops} {c.op_type} ops ran at their baseline again"
+            return f"the last {self.s.slow_resolve_ops} {op} ops ran at their baseline again"
         return ""
 
 

@@ -36,6 +36,8 @@ from ccld.streams.analysis.jobview import JobAnalysis, slow_candidate
 
 #: Incidents a shard keeps checking for their end (per job); the oldest beyond it are forgotten.
 WATCH_MEMORY = 4096
+#: A finding's end is reported this long (job time, s) before the shard stops watching it.
+OVER_REPORT_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -183,30 +185,52 @@ def _opt_str(v: Any) -> str | None:
 
 
 class Watch:
-    """The (communicator, resolve key) pairs a shard has reported: checked for their end every evaluation.
+    """The findings a shard has reported, by (communicator, family, value): checked for their end at
+    every evaluation (the op's name is kept for the evidence text).
 
     The shard does not know which of its findings became incidents (the job stage decides), so it
-    checks each one it reported until it is over; the job stage ignores the ends of non-incidents.
+    checks each one it reported, and reports the end of each at every evaluation for ``OVER_REPORT_S``
+    of job time: a report lost or read late by the stage costs a second, never a resolution. The
+    evidence is computed afresh each time, so a finding that comes back is not reported over.
     """
 
     def __init__(self) -> None:
-        self.items: OrderedDict[tuple[str, str, int], Candidate] = OrderedDict()
+        self.items: OrderedDict[tuple[str, str, int], str] = OrderedDict()
+        self.over_since: dict[tuple[str, str, int], float] = {}
 
     def add(self, c: Candidate) -> None:
         key = (c.communicator, *c.resolve_key)
-        self.items[key] = c
+        self.items[key] = c.op_type
         self.items.move_to_end(key)
         while len(self.items) > WATCH_MEMORY:
-            self.items.popitem(last=False)
+            old, _ = self.items.popitem(last=False)
+            self.over_since.pop(old, None)
 
-    def ended(self, ja: JobAnalysis) -> dict[tuple[str, str, int], str]:
+    def ended(self, ja: JobAnalysis, now: float) -> dict[tuple[str, str, int], str]:
         out: dict[tuple[str, str, int], str] = {}
-        for key, c in list(self.items.items()):
-            ev = ja.resolution(c)
-            if ev:
-                out[key] = ev
+        for key, op in list(self.items.items()):
+            ev = ja.resolution(*key, op)
+            if not ev:
+                self.over_since.pop(key, None)
+                continue
+            out[key] = ev
+            if now - self.over_since.setdefault(key, now) >= OVER_REPORT_S:
                 del self.items[key]
+                del self.over_since[key]
         return out
+
+    def state_dict(self) -> list[list[Any]]:
+        return [[*k, op, self.over_since.get(k)] for k, op in self.items.items()]
+
+    @classmethod
+    def from_state(cls, items: list[list[Any]]) -> Watch:
+        w = cls()
+        for comm, fam, val, op, since in items[-WATCH_MEMORY:]:
+            key = (str(comm), str(fam), int(val))
+            w.items[key] = str(op)
+            if since is not None:
+                w.over_since[key] = float(since)
+        return w
 
 
 def shard_report(ja: JobAnalysis, watch: Watch, now: float, stats: dict[str, Any]) -> ShardReport:
@@ -248,4 +272,4 @@ def shard_report(ja: JobAnalysis, watch: Watch, now: float, stats: dict[str, Any
     # of that op knows its host (the rank reported there before); waiting ranks need none
     named = sorted({r for d in diags.values() for a in (d.missing, d.culprits) for r in a.tolist() if r >= 0})
     return ShardReport(ja.job, ja.incarnation, now, tuple(slow), tuple(stalls), ja.host_map(named),
-                       watch.ended(ja))
+                       watch.ended(ja, now))

@@ -38,5 +38,5 @@ class ShardedAnalyzer:
                 by_job.setdefault((rep.job, rep.incarnation), []).append((g, rep))
         out = self.stage.restarted(newest, now)
         for reports in by_job.values():
-            out.extend(self.stage.decide(reports, now))
+            out.extend(self.stage.decide(reports, now, need=len(reports)))  # every shard of the job reports
         return out

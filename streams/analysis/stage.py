@@ -10,8 +10,8 @@ decides comes from the reports, so it runs next to the shards (one process) or b
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 
 from ccld.records import AnomalyKind, Verdict
 from ccld.streams.analysis.hangs import CommDiag
@@ -27,6 +27,7 @@ class _JobView:
 
     stalls: dict[int, tuple[Stall, ...]] = field(default_factory=dict)  # by shard
     hosts: dict[int, Mapping[int, str]] = field(default_factory=dict)  # by shard
+    seen: dict[int, float] = field(default_factory=dict)  # by shard: the job time of its newest report
     last_now: float = 0.0
     roots_sig: tuple[tuple[str, float], ...] = ()
     roots: list[tuple[HangRoot, Stall]] = field(default_factory=list)
@@ -55,11 +56,17 @@ class JobStage:
     def forget(self, key: tuple[str, int]) -> None:
         self.views.pop(key, None)
 
-    def decide(self, reports: Sequence[tuple[int, ShardReport]], now: float) -> list[Verdict]:
+    def decide(self, reports: Sequence[tuple[int, ShardReport]], now: float, *, need: int = 1,
+               live: Collection[int] | None = None) -> list[Verdict]:
         """One job's evaluation from the ``(shard, report)`` pairs of its shards that evaluated now.
 
         A shard that did not report keeps its last stalls (a stall is a state): its communicators
-        are still stalled as far as the stage knows.
+        are still stalled as far as the stage knows. Hangs are judged only once ``need`` shards of
+        the job have reported, from the stalls of the ``live`` ones (None: all), as of the job time
+        every live shard has reached (the watermark), never ahead of the slowest: a rank missing
+        from one shard's stalled op may be a victim waiting in a communicator of a shard whose
+        reports of that moment have not arrived yet. Who is live and how many to wait for is the
+        caller's (it knows the wall clock and the job's shards; ``stage.StageProcessor``).
         """
         if not reports:
             return []
@@ -67,12 +74,16 @@ class JobStage:
         v = self.views.setdefault((job, inc), _JobView())
         for shard, rep in reports:
             v.stalls[shard], v.hosts[shard] = rep.stalls, rep.hosts
+            v.seen[shard] = max(v.seen.get(shard, rep.now), rep.now)
             v.last_now = max(v.last_now, rep.now)
-        cands = best_slow(c for _, rep in reports for c in rep.slow)
-        cands.extend(self._hangs(v, job, inc))
         verdicts: list[Verdict] = []
-        for c in cands:
+        for c in best_slow(c for _, rep in reports for c in rep.slow):
             verdicts.extend(self.book.report(c, now))
+        alive = [sh for sh in v.seen if live is None or sh in live]
+        if len(v.seen) >= need and alive:
+            mark = min(v.seen[sh] for sh in alive)
+            for c in self._hangs(v, job, inc, alive, mark):
+                verdicts.extend(self.book.report(c, mark))
         ended: dict[tuple[str, str, int], str] = {}
         for _, rep in reports:
             ended.update(rep.over)
@@ -84,8 +95,10 @@ class JobStage:
                     verdicts.extend(self.book.resolve(mk, now, ev))
         return verdicts
 
-    def _hangs(self, v: _JobView, job: str, inc: int) -> list[Candidate]:
-        stalls = sorted((st for sh in sorted(v.stalls) for st in v.stalls[sh]), key=lambda st: st.comm)
+    def _hangs(self, v: _JobView, job: str, inc: int, alive: Collection[int], mark: float) -> list[Candidate]:
+        # each stall as it stood at the watermark: one that began after it is not known to every shard yet
+        stalls = sorted((replace(st, stall_s=mark - st.onset) for sh in sorted(v.stalls) if sh in alive
+                         for st in v.stalls[sh] if st.onset <= mark), key=lambda st: st.comm)
         if not stalls:
             v.roots_sig, v.roots = (), []
             return []

@@ -1,0 +1,69 @@
+"""Verdicts between being found and being acknowledged by the broker, and those already sent.
+
+Shared by both kinds of partition processor (``processor.PartitionProcessor`` on the metrics
+topic, ``stage.StageProcessor`` on the reports topic): a verdict found twice (a message delivered
+twice, a restart from a snapshot) is handed out once, and one never acknowledged is handed out
+again, after a restart too (``pending`` is in every snapshot).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from ccld.records import Verdict
+from ccld.schemas.codec import encode_verdict
+
+log = logging.getLogger(__name__)
+
+#: Remember this many sent (incident, state) pairs per partition for de-duplication.
+SENT_MEMORY = 50_000
+
+
+class Outbox:
+    """Pending and sent verdicts of one partition; subclasses provide ``counters``."""
+
+    counters: dict[str, int]
+
+    def _init_outbox(self, state: Mapping[str, Any] | None) -> None:
+        self._sent: OrderedDict[str, None] = OrderedDict()
+        # Verdicts handed out but not yet acknowledged by the broker, in the order they were found.
+        self._pending: OrderedDict[str, tuple[Verdict, bytes]] = OrderedDict()
+        # Restored with pending verdicts: some may have reached the topic just before the worker died
+        # (acknowledged, not yet snapshotted as sent); the sender checks the topic before sending them.
+        self.restored_pending = False
+        if state:
+            self._sent.update((k, None) for k in state.get("sent", ()))
+            for d in state.get("pending", ()):
+                v = Verdict.from_dict(d)
+                self._pending[v.dedupe_key] = (v, encode_verdict(v))
+            self.restored_pending = bool(self._pending)
+
+    def outbox_state(self) -> dict[str, Any]:
+        return {"sent": list(self._sent), "pending": [v.to_dict() for v, _ in self._pending.values()]}
+
+    def found(self, verdicts: Iterable[Verdict]) -> None:
+        """Hand out new verdicts (pending until acknowledged); repeats are counted and dropped."""
+        for v in verdicts:
+            key = v.dedupe_key
+            if key in self._sent or key in self._pending:
+                self.counters["duplicate_verdicts"] += 1
+                continue
+            self._pending[key] = (v, encode_verdict(v))
+            log.info("verdict found, pending until the broker acknowledges it: %s", v.describe())
+
+    def pending(self) -> list[tuple[Verdict, bytes]]:
+        """Verdicts found but not yet acknowledged by the broker, oldest first."""
+        return list(self._pending.values())
+
+    def mark_sent(self, verdict: Verdict) -> None:
+        """The broker acknowledged the verdict: never hand it out again (until SENT_MEMORY forgets it)."""
+        key = verdict.dedupe_key
+        if self._pending.pop(key, None) is None and key in self._sent:
+            return
+        self._sent[key] = None
+        if len(self._sent) > SENT_MEMORY:
+            self._sent.popitem(last=False)
+        self.counters["verdicts"] += 1
