@@ -71,7 +71,7 @@ def publish(settings: Settings, batches: list[tuple[float, KernelBatch]]) -> dic
     """Produce everything; returns the number of messages per partition."""
     per_part: dict[int, int] = defaultdict(int)
     with MetricsProducer(settings, background=False) as p:
-        from ccld.producers.kafka import job_partition
+        from ccld.records import job_partition
 
         for t, b in batches:
             p.send_batch(b, timestamp_ms=int(t * 1000))

@@ -431,7 +431,7 @@ def in_process_ttv(g: Generated, expect: Expectation, onset_s: float) -> float |
 
 
 def run_one(ranks: int, args: argparse.Namespace, progress: Callable[[str], None]) -> dict[str, Any]:
-    from ccld.producers.kafka import job_partition
+    from ccld.records import job_partition
     from ccld.settings import Settings
     from ccld.stack.broker import HOST, free_port
     from ccld.stack.up import Pipeline

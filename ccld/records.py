@@ -10,6 +10,7 @@ from __future__ import annotations
 import enum
 import math
 import struct
+import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -302,6 +303,20 @@ def comm_group(comm_hash: npt.ArrayLike, groups: int) -> I64:
     """
     h = np.asarray(comm_hash, dtype=np.int64).view(np.uint64)
     return (h % np.uint64(max(groups, 1))).astype(np.int64)
+
+
+def job_partition(job: str, partitions: int) -> int:
+    """The metrics partition of a job: stable across processes and languages (CRC-32)."""
+    return zlib.crc32(job.encode("utf-8")) % max(partitions, 1)
+
+
+def metrics_partition(job: str, comm_hash: int, partitions: int, groups: int = 1) -> int:
+    """The metrics partition of a job's communicator: the job's own partition, moved on by the
+    communicator's group (``comm_group``) when the job is spread over ``groups`` partitions."""
+    home = job_partition(job, partitions)
+    if groups <= 1:
+        return home
+    return (home + int(comm_group(comm_hash, groups))) % max(partitions, 1)
 
 
 PEAK_LAG_MAX = 0xFFFF

@@ -20,7 +20,6 @@ import logging
 import threading
 import time
 import uuid
-import zlib
 from typing import Any
 
 from confluent_kafka import TIMESTAMP_CREATE_TIME, KafkaError, KafkaException, Message, Producer
@@ -28,7 +27,7 @@ from confluent_kafka import TIMESTAMP_CREATE_TIME, KafkaError, KafkaException, M
 from ccld.errors import BrokerError
 from ccld.producers.batcher import RecordBatcher
 from ccld.producers.spool import Position, Spool, SpooledMessage
-from ccld.records import KernelBatch, KernelRecord, comm_group, comm_hex, to_signed64
+from ccld.records import KernelBatch, KernelRecord, comm_hex, metrics_partition, to_signed64
 from ccld.schemas.codec import encode_batch
 from ccld.security import kafka_config
 from ccld.settings import Settings
@@ -80,20 +79,6 @@ SPOOLABLE_ERRORS = frozenset({
 #: stats keys whose records did not reach the broker and never will (the loss counters)
 LOST_KEYS = ("expired_records", "refused_records", "error_records", "spool_lost_records",
              "dropped_progress", "dropped_critical")
-
-
-def job_partition(job: str, partitions: int) -> int:
-    """The metrics partition of a job: stable across processes and languages (CRC-32)."""
-    return zlib.crc32(job.encode("utf-8")) % max(partitions, 1)
-
-
-def metrics_partition(job: str, comm_hash: int, partitions: int, groups: int = 1) -> int:
-    """The metrics partition of a job's communicator: the job's own partition, moved on by the
-    communicator's group (``comm_group``) when the job is spread over ``groups`` partitions."""
-    home = job_partition(job, partitions)
-    if groups <= 1:
-        return home
-    return (home + int(comm_group(comm_hash, groups))) % max(partitions, 1)
 
 
 def key_partition(key: bytes, partitions: int, groups: int = 1) -> int:

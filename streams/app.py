@@ -25,7 +25,6 @@ log as one JSON line (``counters {...}``) when they change, and at shutdown.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import logging
 import tempfile
@@ -36,8 +35,7 @@ from typing import Any, Generic, TypeVar
 
 import faust
 
-from ccld.producers.kafka import job_partition
-from ccld.records import DeadLetter, Verdict
+from ccld.records import DeadLetter, Verdict, job_partition
 from ccld.security import faust_kwargs
 from ccld.settings import Settings
 from ccld.stack.topics import ensure_topics
@@ -71,7 +69,9 @@ def counters_line(state: WorkerState) -> str:
 def processor_options(settings: Settings) -> ProcessorOptions:
     return ProcessorOptions(eval_every_s=settings.worker_tick_s, clock_max_skew_s=settings.worker_clock_max_skew_s,
                             clock_active_s=settings.worker_clock_active_s,
-                            dead_letter_raw_max=settings.worker_deadletter_raw_max_bytes)
+                            dead_letter_raw_max=settings.worker_deadletter_raw_max_bytes,
+                            shard=settings.analysis_groups > 1, partitions=settings.metrics_partitions,
+                            groups=settings.analysis_groups)
 
 
 P = TypeVar("P", PartitionProcessor, StageProcessor)
@@ -214,9 +214,7 @@ def create_app(settings: Settings, *, app_id: str | None = None) -> faust.App:
     table = app.Table("analyzer-state", default=None, partitions=settings.metrics_partitions,
                       key_type=bytes, value_type=bytes)
     options = processor_options(settings)
-    shard = settings.analysis_groups > 1  # jobs spread over partitions: a job stage on the reports topic decides
-    if shard:
-        options = dataclasses.replace(options, shard=True)
+    shard = options.shard  # jobs spread over partitions: a job stage on the reports topic decides
     state: WorkerState[PartitionProcessor] = WorkerState(
         settings, table, restore=lambda p, raw: PartitionProcessor.restore(p, settings.analyzer, raw, options))
     states: list[WorkerState[Any]] = [state]

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ccld.errors import SchemaError
-from ccld.records import DeadLetter, Verdict
+from ccld.records import COMM_COLUMN, DeadLetter, KernelBatch, Verdict, comm_group, job_partition
 from ccld.schemas.codec import DEAD_LETTER_RAW_MAX, decode_metrics, encode_dead_letter, make_dead_letter
 from ccld.streams.analysis.analyzer import Analyzer
 from ccld.streams.analysis.settings import AnalyzerSettings
@@ -53,6 +53,8 @@ class ProcessorOptions:
     clock_active_s: float = 120.0  # see JobClock
     dead_letter_raw_max: int = DEAD_LETTER_RAW_MAX  # raw bytes kept in a dead letter
     shard: bool = False  # jobs spread over partitions: report to the job stage instead of deciding verdicts
+    partitions: int = 0  # of the metrics topic (0: unknown, the routing is not checked)
+    groups: int = 1  # analysis_groups: where each communicator's rows must arrive
 
 
 @dataclass
@@ -82,6 +84,7 @@ class PartitionProcessor(Outbox):
         self._resume_offset: int | None = None  # next_offset of the snapshot we resumed from
         self._cadence_searched = -math.inf  # monotonic time of the last snapshot that searched step patterns
         self._init_outbox(state)
+        self._misrouted: set[str] = set()  # jobs already reported as misrouted (one error line each)
         # Shard mode (jobs spread over several partitions): reports for the job stage, no verdicts here.
         self._reports: list[tuple[bytes, bytes]] = []
         if state:
@@ -148,6 +151,7 @@ class PartitionProcessor(Outbox):
             out.dead_letters.append(self.dead_letter(raw, "decode-error", f"{type(exc).__name__}: {exc}",
                                                      topic=topic, offset=offset))
             return out
+        self._check_route(batch, topic, offset)
         job = self.jobs.pop(batch.job, None) or self._new_job()
         self.jobs[batch.job] = job  # re-inserted last: the least recently fed job comes first
         producer = batch.producer or f"job:{batch.job}/{batch.incarnation}"
@@ -169,6 +173,27 @@ class PartitionProcessor(Outbox):
             self._evaluate_job(batch.job, job, now)
             out.verdicts = self.pending()
         return out
+
+    def _check_route(self, batch: KernelBatch, topic: str, offset: int) -> None:
+        """Count (and say once per job) rows on a partition their job and communicator group do not map
+        to: a producer whose ``analysis_groups`` differs from the workers'. Its rows are still analyzed,
+        but a communicator split over two partitions, or a job's groups decided apart, gives wrong roots."""
+        p, g = self.options.partitions, self.options.groups
+        if p <= 0:
+            return
+        if g <= 1:
+            bad = batch.n if job_partition(batch.job, p) != self.partition else 0
+        else:
+            home = job_partition(batch.job, p)
+            bad = int(((home + comm_group(batch.columns[COMM_COLUMN], g)) % p != self.partition).sum())
+        if bad:
+            self.counters["misrouted_rows"] = self.counters.get("misrouted_rows", 0) + bad
+            if batch.job not in self._misrouted:
+                self._misrouted.add(batch.job)
+                log.error("partition %d: %s@%d: %d rows of job %s belong on another partition: its producers' "
+                          "CCLD_ANALYSIS_GROUPS (or partition count) differs from the workers' (%d groups, %d "
+                          "partitions); verdicts of this job may name victims as roots", self.partition, topic,
+                          offset, bad, batch.job, g, p)
 
     def dead_letter(self, raw: bytes | None, reason: str, detail: str, *, topic: str,
                     offset: int) -> tuple[DeadLetter, bytes]:

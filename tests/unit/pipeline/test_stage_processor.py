@@ -15,7 +15,7 @@ import pytest
 
 from ccld.producers.simulator.scenario import Scenario, load_scenarios
 from ccld.producers.simulator.sim import simulate
-from ccld.records import COMM_COLUMN, KernelBatch, comm_group
+from ccld.records import COMM_COLUMN, KernelBatch, comm_group, job_partition, metrics_partition
 from ccld.schemas.codec import decode_dead_letter, encode_batch
 from ccld.settings import AnalyzerSettings
 from ccld.streams.processor import PartitionProcessor, ProcessorOptions
@@ -131,3 +131,29 @@ def test_one_flush_goes_out_as_one_message_per_group() -> None:
     b = KernelBatch.concat([b for _, b in BATCHES[:60]], producer="host-0", batch_seq=3)
     split = b.by_group(GROUPS)
     assert len(split) == GROUPS and sum(p.n for p in split.values()) == b.n
+
+
+def test_rows_on_a_partition_their_group_does_not_map_to_are_counted() -> None:
+    # a producer whose CCLD_ANALYSIS_GROUPS differs from the workers' sends rows where no shard expects them
+    b = KernelBatch.concat([b for _, b in BATCHES[:60]], producer="host-0", batch_seq=3)
+    home = job_partition(b.job, 4)
+    for groups in (1, GROUPS):
+        right = {metrics_partition(b.job, int(c), 4, groups) for c in np.unique(b.columns[COMM_COLUMN])}
+        wrong = next(p for p in range(4) if p not in right)
+        for p, expect_bad in ((wrong, b.n), (home, 0 if groups == 1 else None)):
+            proc = PartitionProcessor(p, AnalyzerSettings(),
+                                      options=ProcessorOptions(shard=groups > 1, partitions=4, groups=groups))
+            proc.handle(encode_batch(b), topic="m", offset=0, timestamp_s=1.0)
+            bad = proc.counters.get("misrouted_rows", 0)
+            if expect_bad is None:  # the home partition holds group 0's rows only: the others are misrouted
+                g0 = int((comm_group(b.columns[COMM_COLUMN], groups) == 0).sum())
+                assert bad == b.n - g0 > 0
+            else:
+                assert bad == expect_bad, (groups, p)
+    # split as the producer splits it, every part lands where it belongs
+    for part in b.by_group(GROUPS).values():
+        p = metrics_partition(part.job, part.comm_hash, 4, GROUPS)
+        proc = PartitionProcessor(p, AnalyzerSettings(), options=ProcessorOptions(shard=True, partitions=4,
+                                                                                   groups=GROUPS))
+        proc.handle(encode_batch(part), topic="m", offset=0, timestamp_s=1.0)
+        assert proc.counters.get("misrouted_rows", 0) == 0
