@@ -179,6 +179,12 @@ class KernelRecord:
     #: Carried by ``KernelBatch`` (column ``t_prev_exit_ns``) and ``to_dict``/``from_dict`` (JSON lines);
     #: the single-record Avro schema has no such field (a single record on the wire reads as -1).
     t_prev_exit_ns: int = -1
+    #: the exit happened within +/- this of ``t_exit_ns`` (ns); 0: timed exactly (the probe, the function
+    #: wrapper, the simulator). A source that only sees an op finish between two looks (the Flight Recorder
+    #: poller on gloo: between two polls) sets half that window, so the analyzer can tell noise of its own
+    #: measurement from a slower op. Carried like ``t_prev_exit_ns`` (column ``t_exit_err_ns``, JSON lines);
+    #: not in the single-record Avro schema (a single record on the wire reads as 0).
+    t_exit_err_ns: int = 0
 
     def __post_init__(self) -> None:
         if self.rank < 0 or not 0 <= self.comm_rank < max(self.comm_size, 1):
@@ -187,6 +193,8 @@ class KernelRecord:
             raise RecordError("send_counts and recv_counts must have the same length, at most 8")
         if self.peak_lag and len(self.peak_lag) != len(self.send_counts):
             raise RecordError("peak_lag must be empty (unknown) or one value per counter channel")
+        if not 0 <= self.t_exit_err_ns <= MAX_TIME_NS:
+            raise RecordError(f"t_exit_err_ns {self.t_exit_err_ns} outside [0, {MAX_TIME_NS}]")
 
     @property
     def trace_id(self) -> TraceId:
@@ -214,6 +222,7 @@ class KernelRecord:
             "send_counts": list(self.send_counts),
             "recv_counts": list(self.recv_counts),
             "t_prev_exit_ns": self.t_prev_exit_ns,  # not in the Avro schema: the encoder ignores it
+            "t_exit_err_ns": self.t_exit_err_ns,  # nor is this
         }
 
     @classmethod
@@ -241,6 +250,7 @@ class KernelRecord:
                 recv_counts=tuple(int(x) for x in d["recv_counts"]),
                 # absent from the single-record schema and from JSON lines of writers before it
                 t_prev_exit_ns=int(d.get("t_prev_exit_ns", -1)),
+                t_exit_err_ns=int(d.get("t_exit_err_ns", 0)),
             )
         except (KeyError, TypeError) as exc:
             raise RecordError(f"kernel record lacks or mistypes a field: {exc}") from exc
@@ -331,6 +341,8 @@ OPTIONAL_BATCH_COLUMNS: dict[str, int] = {
     # end of this rank's previous op on any communicator: with sampled detail (only some ops sent
     # in full) the analyzer cannot see the previous op itself, yet needs the compute gap before this one
     "t_prev_exit_ns": -1,
+    # how far from t_exit_ns the exit may have been (0: timed exactly, and every row of older writers)
+    "t_exit_err_ns": 0,
 }
 
 
@@ -431,9 +443,9 @@ class KernelBatch:
             h = hosts.setdefault(r.host, len(hosts))
             rows.append(
                 (r.op_seq, int(r.op_type), int(r.dtype), r.count, r.peer, r.rank, r.comm_rank, r.comm_size,
-                 int(r.status), h, r.t_enter_ns, r.t_exit_ns, r.t_sample_ns, r.t_prev_exit_ns)
+                 int(r.status), h, r.t_enter_ns, r.t_exit_ns, r.t_sample_ns, r.t_prev_exit_ns, r.t_exit_err_ns)
             )
-        names = (*BATCH_COLUMNS, "t_prev_exit_ns")
+        names = (*BATCH_COLUMNS, "t_prev_exit_ns", "t_exit_err_ns")
         table = np.asarray(rows, dtype=np.int64).reshape(len(rows), len(names))
         channels = max(len(r.send_counts) for r in records)
         send = np.zeros((len(records), channels), dtype=np.int64)
@@ -564,6 +576,7 @@ class KernelBatch:
                     recv_counts=tuple(self.recv[i].tolist()),
                     peak_lag=() if (self.peaks[i] < 0).all() else tuple(self.peaks[i].tolist()),
                     t_prev_exit_ns=cols["t_prev_exit_ns"][i],
+                    t_exit_err_ns=cols["t_exit_err_ns"][i],
                 )
             )
         return out
@@ -748,7 +761,7 @@ _BOUNDED: tuple[tuple[str, int, int | None], ...] = (
     ("rank", 0, None), ("comm_rank", 0, None), ("comm_size", 1, None), ("op_seq", 0, MAX_TIME_NS),
     ("op_type", 0, len(_OP_TYPES) - 1), ("dtype", 0, len(_DTYPES) - 1), ("status", 0, len(_STATUSES) - 1),
     ("count", 0, MAX_COUNT), ("peer", -1, MAX_TIME_NS), ("t_enter_ns", -1, MAX_TIME_NS),
-    ("t_exit_ns", -1, MAX_TIME_NS), ("t_sample_ns", -1, MAX_TIME_NS),
+    ("t_exit_ns", -1, MAX_TIME_NS), ("t_sample_ns", -1, MAX_TIME_NS), ("t_exit_err_ns", 0, MAX_TIME_NS),
 )
 
 
@@ -826,6 +839,8 @@ def batch_value_problems(batch: KernelBatch) -> list[str]:
         t = c[name]
         # -1 is the documented "not observed"; any other negative value or an int64-extreme one is corrupt.
         check(((t < 0) & (t != -1)) | (t > MAX_TIME_NS), f"{name} negative or int64-extreme", t)
+    err = c["t_exit_err_ns"]
+    check((err < 0) | (err > MAX_TIME_NS), "t_exit_err_ns negative or int64-extreme", err)
     if batch.channels:
         counters = np.concatenate([batch.send, batch.recv], axis=1)
         check(np.asarray(((counters < 0) | (counters > MAX_COUNT)).any(axis=1)),

@@ -153,8 +153,12 @@ def encode_batch(batch: KernelBatch) -> bytes:
         # all unknown (every row of an older source, every non-DONE row) travels as the empty default
         "peak_lag": b"" if not (batch.peaks >= 0).any() else np.ascontiguousarray(batch.peaks, dtype="<i8").tobytes(),
     }
-    for name in (*BATCH_COLUMNS, *OPTIONAL_BATCH_COLUMNS):
+    for name in BATCH_COLUMNS:
         rec[name] = np.ascontiguousarray(batch.columns[name], dtype="<i8").tobytes()
+    for name, unknown in OPTIONAL_BATCH_COLUMNS.items():
+        # a column that says nothing (every row its "unknown" value) travels as the empty default
+        col = batch.columns[name]
+        rec[name] = b"" if not (col != unknown).any() else np.ascontiguousarray(col, dtype="<i8").tobytes()
     # one communicator (every batch of a source that sends per communicator): no column, 8 bytes a row saved
     comm = batch.columns[COMM_COLUMN]
     rec[COMM_COLUMN] = b"" if batch.one_comm else np.ascontiguousarray(comm, dtype="<i8").tobytes()

@@ -24,7 +24,9 @@ channel in the order the dump lists them, as the wrapper numbers them.
 Times: an entry enters at its own ``time_created_ns`` (wall clock, converted to the tracker's
 clock). Gloo writes no start or completion time, so an operation finishes, as far as we know,
 between the poll that last saw it in flight (or its creation) and the poll that sees it retired:
-the midpoint is used, so a duration is known to half a poll interval at best.
+the midpoint is used, and each exit says how far off it may be (``t_exit_err_ns``: half that
+window; 0 for an exit Flight Recorder timed itself, ``time_discovered_completed_ns``), so the
+analyzer does not take a midpoint's noise for a slower operation.
 
 Records: the poller only enters and exits calls in the tracker, which sends the bounded format
 (each communicator's state every interval, an op in flight for a heartbeat at once, the DONE
@@ -269,7 +271,7 @@ class FrPoller:
             seq = fr_int(e.get("collective_seq_id"))
             if opened is not None:
                 if _done(e, opened[2], completed.get(opened[1] or "")):
-                    self._exit(rid, self._t_exit(e, offset, now, prev, opened[0].t_enter_ns))
+                    self._exit(rid, *self._t_exit(e, offset, now, prev, opened[0].t_enter_ns))
                 continue
             if rid <= self._last_rid:
                 continue
@@ -286,7 +288,7 @@ class FrPoller:
                 continue
             last = completed.get(pid or "")
             if seq is None or (last is not None and seq <= last):
-                self._exit(rid, self._mid(call.t_enter_ns, prev, now))
+                self._exit(rid, *self._mid(call.t_enter_ns, prev, now))
         self._last_poll_ns = now
 
     @staticmethod
@@ -297,19 +299,27 @@ class FrPoller:
         return "" if pg is None else str(pg)
 
     @staticmethod
-    def _mid(t_enter: int, prev: int | None, now: int) -> int:
+    def _mid(t_enter: int, prev: int | None, now: int) -> tuple[int, int]:
+        """(exit time, +/- error): the op ended between ``lo`` (its creation, or the previous poll that
+        saw it in flight) and this poll; the midpoint, off by at most half that window either way."""
         lo = t_enter if prev is None else max(t_enter, prev)
-        return lo + (now - lo) // 2 if now > lo else t_enter
+        if now <= lo:
+            return t_enter, 0
+        t = lo + (now - lo) // 2
+        return t, t - lo
 
-    def _t_exit(self, e: Mapping[str, Any], offset: int, now: int, prev: int | None, t_enter: int) -> int:
+    def _t_exit(self, e: Mapping[str, Any], offset: int, now: int, prev: int | None, t_enter: int
+                ) -> tuple[int, int]:  # fmt: skip
+        """(exit time, +/- error): Flight Recorder's own completion time when it wrote one (NCCL), else
+        the midpoint between polls."""
         t = fr_int(e.get("time_discovered_completed_ns"))
         if t:
-            return max(t_enter, t - offset)
+            return max(t_enter, t - offset), 0
         return self._mid(t_enter, prev, now)
 
-    def _exit(self, rid: int, t: int) -> None:
+    def _exit(self, rid: int, t: int, err: int) -> None:
         call = self._open.pop(rid)[0]
-        self.tracker.exit(call, t)
+        self.tracker.exit(call, t, err_ns=err)
         self.stats.exited += 1
 
     def _new(self, e: Mapping[str, Any], rid: int, name: str, pid: str | None, seq: int | None,
@@ -349,7 +359,8 @@ class FrPoller:
         call = self.tracker.enter(chash, op_seq, op_type, dtype, count, peer, comm_rank, size, t_ns=t_enter)
         self.stats.entered += 1
         if done:
-            self.tracker.exit(call, self._t_exit(e, offset, now, prev, t_enter))
+            t_exit, err = self._t_exit(e, offset, now, prev, t_enter)
+            self.tracker.exit(call, t_exit, err_ns=err)
             self.stats.exited += 1
         elif len(self._open) < self._open_max:
             self._open[rid] = (call, pid, None if p2p else seq)

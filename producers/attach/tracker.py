@@ -19,7 +19,9 @@ and its cost"), so the record rate does not grow with the collective rate:
   at most about ``DETAIL_OPS_PER_S`` (8) details per communicator and second, and every op when
   a communicator runs at most 8 per second. It carries
   ``t_prev_exit_ns``, the end of this rank's previous op on any communicator (the compute gap
-  before the op, whose predecessor was probably not sent). Ops not picked cost no record.
+  before the op, whose predecessor was probably not sent), and ``t_exit_err_ns``, how far off its
+  exit time may be (0 for the function wrapper; the Flight Recorder poller sees an exit only
+  between two polls). Ops not picked cost no record.
 
 ``detail="all"`` sends the DONE record of every op and a PROGRESS every ``heartbeat_s`` for
 every op in flight (the per-call format, for debugging). Async operations whose ``Work``
@@ -82,6 +84,7 @@ class OpCall:
     comm_size: int
     t_enter_ns: int
     t_exit_ns: int = -1
+    t_exit_err_ns: int = 0  # the exit happened within +/- this of t_exit_ns (0: timed exactly)
     done_queued: bool = False  # set by the training thread after t_exit_ns
     seen: bool = False  # the emitter has counted its entry
     done_seen: bool = False  # the emitter has handled its exit
@@ -197,10 +200,13 @@ class Tracker:
         self._push(call)
         return call
 
-    def exit(self, call: OpCall, t_ns: int | None = None) -> None:
+    def exit(self, call: OpCall, t_ns: int | None = None, *, err_ns: int = 0) -> None:
+        """The call ended now, or at ``t_ns``, known to within +/- ``err_ns`` (a source that sees the end
+        only between two looks, as the Flight Recorder poller does; 0: timed exactly)."""
         if call.done_queued:
             return
         call.t_exit_ns = self.clock() if t_ns is None else t_ns
+        call.t_exit_err_ns = max(err_ns, 0)
         call.done_queued = True  # after the time: the emitter reads them in this order
         self._inflight.pop(id(call), None)
         self._push(call)
@@ -434,6 +440,7 @@ class Tracker:
                 t_exit_ns=call.t_exit_ns if status in (Status.DONE, Status.IDLE) else -1,
                 t_sample_ns=t_sample_ns,
                 t_prev_exit_ns=self._t_prev(call),
+                t_exit_err_ns=call.t_exit_err_ns if status in (Status.DONE, Status.IDLE) else 0,
             )
         except Exception:  # noqa: BLE001
             self.stats.internal_errors += 1

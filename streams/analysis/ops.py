@@ -45,6 +45,7 @@ class OpRows:
     cnt: I64  # DONE records counted
     tmin: F64  # shortest kernel time on a rank's own clock (s)
     late: I64  # comm rank with the shortest kernel time: the last to arrive
+    terr: F64  # how far tmin may be off (s): its row's exit uncertainty, within [0, tmin] (0: timed exactly)
     tmax: F64
     lag: F64  # largest RecvCount - SendCount seen in a PROGRESS sample or a standing-out DONE peak (-inf: none)
     lagr: I64  # comm rank where that backlog was seen
@@ -63,7 +64,7 @@ class OpRows:
     def empty(cls) -> OpRows:
         z = np.zeros(0, dtype=np.int64)
         f = np.zeros(0)
-        return cls(z, z, z, z, z, z, f, z, f, f, z, f, f, f)
+        return cls(z, z, z, z, z, z, f, z, f, f, f, z, f, f, f)
 
     @classmethod
     def concat(cls, parts: list[OpRows]) -> OpRows:
@@ -154,6 +155,7 @@ class OpTable:
             np.add.at(js.m_lagch, r.gi[di][pk_hit], pk_ch[pk_hit])
         sig = sig_code(r.op_type, r.dtype, r.count, r.peer)
         dur = (r.t_exit[di] - r.t_enter[di]) * 1e-9
+        err = np.clip(r.t_exit_err[di] * 1e-9, 0.0, dur)
         gap = js.gaps(r.rank[di], r.t_enter[di], r.t_exit[di], r.t_prev[di])
         nd, npr = di.size, pi.size
         if nd + npr == 0:
@@ -168,6 +170,7 @@ class OpTable:
             cnt=np.concatenate([np.ones(nd, dtype=np.int64), np.zeros(npr, dtype=np.int64)]),
             tmin=np.concatenate([dur, np.full(npr, _INF)]),
             late=np.concatenate([r.crank[di], np.full(npr, -1, dtype=np.int64)]),
+            terr=np.concatenate([err, np.zeros(npr)]),
             tmax=np.concatenate([dur, np.full(npr, -_INF)]),
             lag=np.concatenate([pk_row, lagc.sum(axis=1).astype(np.float64)]),
             lagr=np.concatenate([np.where(pk_hit, r.crank[di], -1), r.crank[pi]]),
@@ -202,7 +205,7 @@ def _fold(a: OpRows) -> OpRows:
     order = np.lexsort((a.tmin, a.key))  # per op, the shortest kernel time first
     s = a.take(order)
     start = np.flatnonzero(np.concatenate([[True], s.key[1:] != s.key[:-1]]))
-    out = s.take(start)  # key, cid, seq, sig, op_type, tmin, late of the first row of each op
+    out = s.take(start)  # key, cid, seq, sig, op_type, tmin, late, terr of the first row of each op
     out.cnt = np.add.reduceat(s.cnt, start)
     out.tmax = np.maximum.reduceat(s.tmax, start)
     out.first_now = np.minimum.reduceat(s.first_now, start)

@@ -201,7 +201,11 @@ class SlowDetector:
             # measured from the top of the healthy range (its 90th percentile), not its middle: an op
             # signature that recurs at several schedule positions (a pipeline send waits 0, 8 or
             # 16 ms depending on the microbatch) has several healthy modes, all of them normal
-            c_slow = warm & ((tmin - self.b_hmin[bi]) > thr_min)
+            # ... and from the shortest time the measurement allows: a source that knows an exit only
+            # between two polls (Flight Recorder on gloo) says by how much (terr; 0 for every other
+            # source), and the one rank's midpoint noise must not pass for slower communication, while
+            # healthy ops' tmin, a minimum over every rank's noisy times, sits low in that noise
+            c_slow = warm & ((tmin - ops.terr[i] - self.b_hmin[bi]) > thr_min)
             l_slow = warm & ((spread - self.b_hspr[bi]) > thr_max)
             slow = warm & (((tmax - self.b_hmax[bi]) > thr_max) | c_slow | l_slow)
             den = np.maximum(tmax - bmax, 1e-9)

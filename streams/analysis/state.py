@@ -57,6 +57,7 @@ class Rows:
     t_exit: I64
     t_sample: I64
     t_prev: I64  # end of the rank's previous op on any communicator, when the source says (-1: unknown)
+    t_exit_err: I64  # the exit happened within +/- this of t_exit (ns; 0: timed exactly, and older writers)
     send: I64  # (n, MAX_CHANNELS)
     recv: I64
     peak: I64  # (n, MAX_CHANNELS): the kernel's own peak RecvCount - SendCount per channel (DONE, probe v2); -1 unknown
@@ -287,6 +288,7 @@ class JobState:
             t_exit=cat["t_exit_ns"],
             t_sample=cat["t_sample_ns"],
             t_prev=cat["t_prev_exit_ns"],
+            t_exit_err=cat["t_exit_err_ns"],
             send=_stack_counters(sends),
             recv=_stack_counters(recvs),
             peak=_stack_counters([b.peaks for b in bs], fill=-1),
@@ -440,5 +442,5 @@ def _stack_counters(parts: list[I64], fill: int = 0) -> I64:
 
 BATCH_COLUMNS_USED = (
     "op_seq", "op_type", "dtype", "count", "peer", "rank", "comm_rank", "comm_size", "status", "host_idx",
-    "t_enter_ns", "t_exit_ns", "t_sample_ns", "t_prev_exit_ns",
+    "t_enter_ns", "t_exit_ns", "t_sample_ns", "t_prev_exit_ns", "t_exit_err_ns",
 )

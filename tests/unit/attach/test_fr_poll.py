@@ -346,3 +346,22 @@ def test_both_sources_on_a_real_group_number_every_collective_once() -> None:
     assert seqs[:3] == [0, 1, 2] and seqs[3] > 2 and len(set(seqs)) == 4, seqs
     assert stats["fr_entered"] == 4 and stats["unobserved"] == 1 and stats["calls"] == 4, stats
     assert stats["fr_poll_errors"] == stats["fr_bad_dumps"] == 0, stats
+
+
+def test_each_exit_says_how_far_off_it_may_be() -> None:
+    """Gloo writes no completion time: an exit is the midpoint of the window the op ended in, off by
+    at most half of it (``t_exit_err_ns``); an exit Flight Recorder timed itself is exact."""
+    poller, tr, sink, clock, src = make()
+    clock.t = 1_100 * MS
+    src.text = dump([
+        entry(0, 1, created_ms=1_010, retired=True),  # done on first sight: ended in [1,010, 1,100] ms
+        entry(1, 2, created_ms=1_020, retired=True, time_discovered_completed_ns=1_070 * MS + OFFSET),
+        entry(2, 3, created_ms=1_030),
+    ], {"0": (3, 2)})  # fmt: skip
+    poller.poll_once()
+    clock.t = 1_300 * MS  # the in-flight one retires: it ended in [1,100, 1,300] ms
+    src.text = dump([entry(2, 3, created_ms=1_030, retired=True)], {"0": (3, 3)})
+    poller.poll_once()
+    tr.pump()
+    got = {r.op_seq: (r.t_exit_ns, r.t_exit_err_ns) for r in rows(sink, Status.DONE)}
+    assert got == {0: (1_055 * MS, 45 * MS), 1: (1_070 * MS, 0), 2: (1_200 * MS, 100 * MS)}

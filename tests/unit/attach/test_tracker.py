@@ -297,6 +297,15 @@ def test_call_at_a_low_rate_is_a_single_done_row_with_both_times() -> None:
     assert rec.to_dict()["t_prev_exit_ns"] == a.t_exit_ns
     assert (rec.job, rec.incarnation, rec.rank, rec.comm_rank, rec.comm_size, rec.world_size) == ("j", 2, 3, 3, 4, 4)
     assert rec.trace_id.op_type is OpType.ALL_REDUCE
+    assert (a.t_exit_err_ns, rec.t_exit_err_ns) == (0, 0)  # timed here: exact
+
+
+def test_an_exit_known_only_to_plus_minus_says_so_in_its_done_and_idle_rows() -> None:
+    tr, sink, clock = make()
+    call = enter(tr)
+    tr.exit(call, clock.t + 2 * MS, err_ns=40 * MS)  # the Flight Recorder poller: a poll midpoint
+    tr.pump(final=True)
+    assert [(r.status, r.t_exit_err_ns) for r in sink.records] == [(Status.DONE, 40 * MS), (Status.IDLE, 40 * MS)]
 
 
 class FakeWork:
