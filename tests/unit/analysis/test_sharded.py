@@ -21,10 +21,10 @@ from ccld.streams.analysis.analyzer import Analyzer, analyze_batches
 from ccld.streams.analysis.shard import ShardReport, decode_report, encode_report
 
 SUITES = Path(__file__).resolve().parents[3] / "benchmarks" / "scenarios"
-#: one scenario of every class (and the restart, recreate and pair cases) at 16 ranks
-STANDARD = ["H1-16-002", "H2-16-061", "H3-16-097", "S1-16-147", "S2-16-189", "S3-16-236", "transient-16-326",
-            "ckpt-rec-16-356", "restart-16-373", "recreate-16-368", "pair-16-375"]
-HELDOUT = ["H1-16-013", "H2-16-032", "H3-16-057"]
+#: scenarios at 16 ranks: every hang class, a late arriver, a mixed slowdown, a job restart, a p2p pair
+#: (the whole suites were compared too: benchmarks/RESULTS.md, "One job over several workers")
+STANDARD = ["H1-16-002", "H2-16-061", "H3-16-097", "S1-16-147", "S3-16-236", "restart-16-373", "pair-16-375"]
+HELDOUT = ["H1-16-013", "H3-16-057"]
 
 
 @cache
@@ -52,7 +52,7 @@ def test_spreading_a_job_over_shards_changes_no_verdict(suite: str, sid: str) ->
     assert [_key(v) for v in analyze_batches(batches, tick_s=1.0, groups=3)] == single
 
 
-@pytest.mark.parametrize("sid", ["H1-16-002", "H2-16-061", "H3-16-097", "S2-16-189", "S3-16-236"])
+@pytest.mark.parametrize("sid", ["H2-16-061", "H3-16-097", "S2-16-189"])
 def test_reports_carried_as_messages_change_no_verdict(sid: str, monkeypatch: pytest.MonkeyPatch) -> None:
     # the stage behind a topic: every report it decides from has been encoded and decoded
     batches = _batches("standard", sid)
