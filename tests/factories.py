@@ -7,7 +7,7 @@ from typing import Any
 
 import fastavro
 
-from ccld.records import DType, KernelBatch, KernelRecord, OpType, Status
+from ccld.records import AnomalyKind, DType, KernelBatch, KernelRecord, OpType, Status, Verdict, VerdictState
 from ccld.schemas.codec import Schema
 
 
@@ -38,3 +38,12 @@ def written_by(old: Schema, b: KernelBatch) -> bytes:
     buf = io.BytesIO()
     fastavro.schemaless_writer(buf, old.parsed, rec)
     return old.header + buf.getvalue()
+
+
+def make_verdict(**over: Any) -> Verdict:
+    """A small valid verdict (an H1 naming rank 1); ``over`` replaces fields."""
+    base: dict[str, Any] = dict(incident_id="a", state=VerdictState.OPEN, kind=AnomalyKind.H1, job="j",
+                                communicator="0", op_seq=0, op_type="barrier", root_cause_ranks=(1,),
+                                affected_ranks=(0,), confidence=1.0, evidence="", onset_time=0.0, detected_time=0.0)
+    base.update(over)
+    return Verdict(**base)

@@ -13,7 +13,7 @@ from ccld.errors import SchemaError
 from ccld.records import AnomalyKind, KernelBatch, Link, Verdict, VerdictState, batch_value_problems
 from ccld.schemas import codec
 from ccld.schemas.codec import decode, decode_metrics, decode_verdict, encode, encode_batch, encode_verdict, load_schema
-from factories import make_kernel_record
+from factories import make_kernel_record, make_verdict
 from harness import impossible_batches
 
 SCHEMAS = Path(codec.__file__).parent
@@ -104,9 +104,7 @@ def test_batch_with_inconsistent_columns_is_bad_record() -> None:
 
 
 def test_verdict_on_metrics_topic_is_wrong_schema() -> None:
-    v = Verdict(incident_id="a", state=VerdictState.OPEN, kind=AnomalyKind.H1, job="j", communicator="0",
-                op_seq=0, op_type="BARRIER", root_cause_ranks=(1,), affected_ranks=(0,), confidence=1.0,
-                evidence="", onset_time=0.0, detected_time=0.0)
+    v = make_verdict(op_type="BARRIER")
     with pytest.raises(SchemaError) as err:
         decode_metrics(encode_verdict(v))
     assert err.value.reason == "wrong-schema"

@@ -11,11 +11,12 @@ import numpy as np
 import pytest
 
 from ccld.errors import SchemaError
-from ccld.records import AnomalyKind, Verdict, VerdictState
+from ccld.records import AnomalyKind
 from ccld.schemas.codec import HEADER_SIZE, decode, encode, encode_verdict, load_schema
 from ccld.streams.analysis.hangs import CommDiag
 from ccld.streams.analysis.incidents import Candidate
 from ccld.streams.analysis.shard import ShardReport, Stall, decode_report, encode_report
+from factories import make_verdict
 
 
 def _ranks(*r: int) -> np.ndarray:
@@ -109,9 +110,7 @@ def test_bad_bytes_have_the_codecs_reasons(bad: Callable[[bytes], bytes], reason
 
 
 def test_another_schema_is_wrong_schema() -> None:
-    v = Verdict(incident_id="a", state=VerdictState.OPEN, kind=AnomalyKind.H1, job="j", communicator="0",
-                op_seq=0, op_type="barrier", root_cause_ranks=(1,), affected_ranks=(0,), confidence=1.0,
-                evidence="", onset_time=0.0, detected_time=0.0)
+    v = make_verdict(op_type="barrier")
     with pytest.raises(SchemaError) as err:
         decode_report(encode_verdict(v))
     assert err.value.reason == "wrong-schema"
