@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 
-from ccld.errors import BrokerError
+from ccld.errors import BrokerError, CcldError
 from ccld.security import kafka_config
 from ccld.settings import Settings
 from ccld.stack.broker import EmbeddedBroker, wait_until_answers
@@ -204,6 +204,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace, settings: Settings) -> int:
+    if args.workers < 1:
+        raise CcldError(f"--workers must be at least 1, got {args.workers}")
     pipeline = Pipeline(settings, port=args.port, log_dir=args.logs)
     stop_on_sigterm()
     try:
