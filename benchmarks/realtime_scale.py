@@ -2,7 +2,7 @@
 and a real ``ccld worker``, with a fault half way.
 
 Usage: python benchmarks/realtime_scale.py [--ranks 256 512 1024] [--duration-s 600] [--workers 1]
-       [--fault S1|H1] [--layer-ms 3.5] [--warmup-s 10] [--out benchmarks/results/realtime-scale.json]
+       [--groups 1] [--fault S1|H1] [--layer-ms 3.5] [--warmup-s 10] [--out benchmarks/results/realtime-scale.json]
 
 Per R: the simulator's Megatron-style workload (tp 8, pp 4, dp R/32; ``--layer-ms`` sets the collective
 rate, measured again from the records' op sequence numbers) is generated first, in memory, because
@@ -18,24 +18,30 @@ lz4 on the way, as a probe does), stamped with wall-clock time. The broker and t
 ``ccld.stack.up.Pipeline``'s (the worker commits every 0.5 s, so the committed offset is a
 fine-grained progress signal).
 
-Every second the parent samples: the worker group's committed offset of the job's metrics
-partition; the consumer lag in seconds, i.e. how long ago the oldest message the worker has not
-committed was due (from the replay schedule: Tansu's high watermark is wrong, see the platform
-notes, and is never read); how far the producer itself is behind its schedule; CPU and RSS of the
-broker, worker and producer processes (from /proc). Samples fall 0.1 s before each second's
-delivery burst, the top of the lag's saw-tooth. The worker acks an event only once a snapshot
-(at the end of each burst, at most every 0.2 s, else every 1 s) covers it, then commits (every
-0.5 s), so the committed lag has a floor of about 1 s even on an idle worker: ``kept_up`` is the
-issue's bound (lag < 2 s at every sample after ``--warmup-s`` until the end of the job, and
-everything committed afterwards), ``sustained`` is capacity (lag p95 < 2 s, not growing from the
-first to the last quarter, drained within 10 s).
+Every second the parent samples: the worker group's committed offset of each of the job's metrics
+partitions; the consumer lag in seconds, i.e. how long ago the oldest message the workers have not
+committed was due (from the replay schedule of each partition, the largest over the partitions:
+Tansu's high watermark is wrong, see the platform notes, and is never read); how far the producer
+itself is behind its schedule; CPU and RSS of the broker, every worker and the producer (from /proc).
+Samples fall 0.1 s before each second's delivery burst, the top of the lag's saw-tooth. The worker
+acks an event only once a snapshot (at the end of each burst, at most every 0.2 s, else every 1 s)
+covers it, then commits (every 0.5 s), so the committed lag has a floor of about 1 s even on an
+idle worker: ``kept_up`` is the issue's bound (lag < 2 s at every sample after ``--warmup-s`` until
+the end of the job, and everything committed afterwards), ``sustained`` is capacity (lag p95 < 2 s,
+not growing from the first to the last quarter, drained within 10 s).
 
 A listener reads the verdicts topic; the time from the fault's onset (on the wall clock) to the
 first verdict naming it is compared with the analyzer's own time-to-verdict on the same batches
 in process (must be within +2 s; run only when the worker caught up, or with ``--always-inproc``).
 
-``--workers``: only 1 is supported. One job goes to one metrics partition and one worker; spreading
-one job over several workers is issue 10's item 2 and does not exist yet.
+``--workers N --groups G``: N worker processes (``Pipeline.start(workers=N)``) and the job spread over
+G metrics partitions (``analysis_groups=G``, ``metrics_partitions=max(4, G)``). With G > 1 the schedule
+is generated already split the way the producer splits (``regroup``, then each batch's
+``KernelBatch.by_group(G)``, every part its own message at the same send time), so one scheduled
+message is one Kafka message (the producer's own split is then a no-op), and each message goes to
+``metrics_partition(job, comm, P, G)``. The messages/s in are counted after the split (the
+multiplication factor of the split is in each row). Which worker reads which partition is the
+consumer group's choice: two of the job's partitions may land on one worker.
 """
 
 from __future__ import annotations
@@ -46,6 +52,7 @@ import itertools
 import json
 import multiprocessing
 import os
+import re
 import statistics
 import sys
 import tempfile
@@ -152,6 +159,39 @@ def behind_s(times: Sequence[float], done: int, elapsed_s: float) -> float:
     return elapsed_s - times[done]
 
 
+def lag_over_partitions_s(schedules: Mapping[int, Sequence[float]], committed: Mapping[int, int],
+                          elapsed_s: float) -> float:
+    """The consumer lag of a job spread over several partitions: per partition ``p`` (its messages' send
+    times, sorted, in ``schedules[p]``; the k-th is committed when ``committed[p]`` > k), how long ago
+    its oldest message not committed was due; the largest over the partitions (0 when all is done)."""
+    return max((behind_s(times, committed.get(p, 0), elapsed_s) for p, times in schedules.items()), default=0.0)
+
+
+def split_groups(batches: Iterable[tuple[float, KernelBatch]], groups: int) -> Iterable[tuple[float, KernelBatch]]:
+    """Each batch as the producer sends it with ``analysis_groups=groups``: one batch per communicator
+    group (``KernelBatch.by_group``, in group order), all at the batch's own send time."""
+    for t, b in batches:
+        if groups <= 1:
+            yield t, b
+            continue
+        for _, part in sorted(b.by_group(groups).items()):
+            yield t, part
+
+
+def assigned_partitions(log: str, topic: str) -> list[int]:
+    """The partitions of ``topic`` in a worker log's last assignment (aiokafka's "Setting newly
+    assigned partitions" line); [] when the log has none."""
+    last = [line for line in log.splitlines() if "Setting newly assigned partitions" in line]
+    if not last:
+        return []
+    return sorted({int(m) for m in re.findall(rf"topic='{re.escape(topic)}', partition=(\d+)", last[-1])})
+
+
+def metrics_partitions_for(groups: int) -> int:
+    """Partitions of the metrics topic in these runs: 4 (the default), more when the job needs more."""
+    return max(4, groups)
+
+
 def cpu_percent(samples: Sequence[tuple[float, float]]) -> list[float]:
     """Per interval between successive ``(wall s, cpu s)`` samples: CPU use in percent of one core."""
     out = []
@@ -188,7 +228,16 @@ def summarize(run: Mapping[str, Any], *, warmup_s: float = 10.0, lag_limit_s: fl
         "lag_max_s": max(lags, default=None), "lag_median_s": statistics.median(lags) if lags else None,
         "producer_behind_max_s": max(prod, default=None), "drain_s": run.get("drain_s"),
     }
-    for role in ("broker", "worker", "producer"):
+    out["workers"], out["groups"] = int(run.get("workers", 1)), int(run.get("groups", 1))
+    before = run.get("messages_before_split")
+    out["messages_before_split_per_s"] = None if before is None else before / dur
+    out["split_factor"] = None if not before else run["messages"] / before
+    out["partitions"] = run.get("partitions")
+    out["assigned_metrics_partitions"] = run.get("assigned_metrics_partitions")
+    # every process sampled: broker, producer, worker, worker-2, ...
+    roles = ["broker", "worker", "producer"]
+    roles += sorted({k[:-len("_cpu_s")] for s in samples for k in s if k.endswith("_cpu_s")} - set(roles))
+    for role in roles:
         cpu = cpu_percent([(s["t"], s[f"{role}_cpu_s"]) for s in steady if s.get(f"{role}_cpu_s") is not None])
         rss = [s[f"{role}_rss"] / 2**20 for s in steady if s.get(f"{role}_rss") is not None]
         out[f"{role}_cpu_pct_median"] = statistics.median(cpu) if cpu else None
@@ -196,6 +245,7 @@ def summarize(run: Mapping[str, Any], *, warmup_s: float = 10.0, lag_limit_s: fl
         # RSS growth over the second half of the steady part: flat after warm-up is the goal
         half = rss[len(rss) // 2:]
         out[f"{role}_rss_mb_growth_2nd_half"] = (half[-1] - half[0]) if len(half) >= 2 else None
+    out["worker_roles"] = [r for r in roles if r == "worker" or r.startswith("worker-")]
     drained = run.get("drain_s") is not None
     out["lag_p95_s"] = _quantile(lags, 0.95)
     # what the worker got through while the job ran (committed messages per second, steady part)
@@ -273,6 +323,10 @@ class Generated:
     records: int
     bytes: int
     gen_s: float
+    groups: int = 1
+    partitions: int = 4  # of the metrics topic
+    messages_before_split: int = 0
+    schedules: dict[int, list[float]] | None = None  # per metrics partition: its messages' send times
 
 
 MESSAGES = ("rank", "rank-comm", "comm", "host")
@@ -320,22 +374,37 @@ def regroup(batches: Iterable[tuple[float, KernelBatch]], how: str) -> Iterable[
             t_at = t
 
 
-def generate(sc: Scenario, progress: Callable[[str], None], messages: str = "rank") -> Generated:
+def generate(sc: Scenario, progress: Callable[[str], None], messages: str = "rank", groups: int = 1) -> Generated:
+    """The job's messages as the producers send them (``regroup``, then split by communicator group when
+    ``groups`` > 1), with each message's metrics partition (``metrics_partition``) and per partition
+    its schedule."""
     from ccld.producers.simulator.sim import simulate
+    from ccld.records import metrics_partition
     from ccld.schemas.codec import encode_batch
 
     t0 = time.perf_counter()
+    partitions = metrics_partitions_for(groups)
     batches: Batches = []
-    records = nbytes = 0
+    schedules: dict[int, list[float]] = defaultdict(list)
+    records = nbytes = before = 0
     next_report = 30.0
-    for t, b in regroup(simulate(sc), messages):
+
+    def counted(stream: Iterable[tuple[float, KernelBatch]]) -> Iterable[tuple[float, KernelBatch]]:
+        nonlocal before
+        for item in stream:
+            before += 1
+            yield item
+
+    for t, b in split_groups(counted(regroup(simulate(sc), messages)), groups):
         batches.append((t, b))
+        schedules[metrics_partition(b.job, b.comm_hash, partitions, groups)].append(t)
         records += b.n
         nbytes += len(encode_batch(b))  # the Avro value the producer hands to librdkafka (before lz4)
         if t >= next_report:
             progress(f"  generated {t:.0f} of {sc.duration_s:.0f} simulated s ({time.perf_counter() - t0:.0f} s)")
             next_report += 30.0
-    return Generated(sc, batches, records, nbytes, time.perf_counter() - t0)
+    return Generated(sc, batches, records, nbytes, time.perf_counter() - t0, groups=groups, partitions=partitions,
+                     messages_before_split=before, schedules=dict(sorted(schedules.items())))
 
 
 def _replay(batches: Batches, settings: Any, start_at: Any, sent: Any) -> None:
@@ -366,16 +435,19 @@ def _replay(batches: Batches, settings: Any, start_at: Any, sent: Any) -> None:
 
 
 class Sampler(threading.Thread):
-    """Once a second: the worker group's committed offset, the lags, CPU and RSS of every process."""
+    """Once a second: the worker group's committed offsets of the job's partitions, the lags, CPU and RSS
+    of every process. ``schedules``: per partition, the send times of its messages; ``times``: all of
+    them (what the producer works through)."""
 
-    def __init__(self, settings: Any, partition: int, times: Sequence[float], start_at: float,
-                 pids: Mapping[str, Callable[[], int | None]], sent: Any,
+    def __init__(self, settings: Any, schedules: Mapping[int, Sequence[float]], times: Sequence[float],
+                 start_at: float, pids: Mapping[str, Callable[[], int | None]], sent: Any,
                  progress: Callable[[str], None]) -> None:
         super().__init__(name="realtime-scale-sampler", daemon=True)
-        self.settings, self.partition, self.times, self.start_at = settings, partition, times, start_at
+        self.settings, self.schedules, self.times, self.start_at = settings, schedules, times, start_at
         self.pids, self.sent, self.progress = pids, sent, progress
         self.samples: list[dict[str, Any]] = []
-        self.committed = 0
+        self.offsets: dict[int, int] = {p: 0 for p in schedules}
+        self.committed = 0  # over all the job's partitions
         self.stop = threading.Event()
 
     def run(self) -> None:
@@ -385,7 +457,7 @@ class Sampler(threading.Thread):
 
         c = Consumer(kafka_config(self.settings, **{"group.id": self.settings.worker_app_id,
                                                     "enable.auto.commit": False}))
-        tp = [TopicPartition(self.settings.metrics_topic, self.partition)]
+        tp = [TopicPartition(self.settings.metrics_topic, p) for p in self.schedules]
         next_at = self.start_at
         try:
             while not self.stop.is_set():
@@ -395,18 +467,23 @@ class Sampler(threading.Thread):
                     continue
                 next_at += 1.0
                 try:
-                    got = c.committed(tp, timeout=5)
-                    self.committed = max(self.committed, got[0].offset)
+                    for got in c.committed(tp, timeout=5):
+                        self.offsets[got.partition] = max(self.offsets[got.partition], got.offset)
+                    self.committed = sum(self.offsets.values())
                 except Exception as exc:  # noqa: BLE001 - a slow answer is one missed sample, not a failed run
                     self.progress(f"  (committed offsets not read: {exc})")
                 elapsed = time.time() - self.start_at
                 s: dict[str, Any] = {
                     "t": round(elapsed, 3), "committed": self.committed, "sent": int(self.sent.value),
                     "due": due(self.times, elapsed),
-                    "lag_s": round(behind_s(self.times, self.committed, elapsed), 3),
+                    "lag_s": round(lag_over_partitions_s(self.schedules, self.offsets, elapsed), 3),
                     "producer_behind_s": round(behind_s(self.times, int(self.sent.value), elapsed), 3),
                     "load1": os.getloadavg()[0],  # the machine's run queue: other jobs compete for its cores
                 }
+                if len(self.schedules) > 1:
+                    s["committed_by_partition"] = dict(self.offsets)
+                    s["lag_by_partition_s"] = {p: round(behind_s(ts, self.offsets[p], elapsed), 3)
+                                               for p, ts in self.schedules.items()}
                 for role, pid in self.pids.items():
                     s[f"{role}_cpu_s"], s[f"{role}_rss"] = proc_cpu_rss(pid())
                 self.samples.append(s)
@@ -415,23 +492,26 @@ class Sampler(threading.Thread):
                         f"  t={elapsed:5.0f}s sent {s['sent']}/{len(self.times)} committed {s['committed']} "
                         f"lag {s['lag_s']:.2f}s producer behind {s['producer_behind_s']:.2f}s "
                         f"RSS worker {(s.get('worker_rss') or 0) / 2**20:.0f} MB "
+                        + "".join(f"{r} {(s.get(r + '_rss') or 0) / 2**20:.0f} MB "
+                                  for r in self.pids if r.startswith("worker-")) +
                         f"broker {(s.get('broker_rss') or 0) / 2**20:.0f} MB")
         finally:
             c.close()
 
 
 def in_process_ttv(g: Generated, expect: Expectation, onset_s: float) -> float | None:
-    """The analyzer's own time-to-verdict on the same batches, on the simulated clock."""
+    """The analyzer's own time-to-verdict on the same batches, on the simulated clock (with the job's
+    communicators over ``g.groups`` shards and one job stage, as the workers analyze them: the parts of
+    one split batch share its producer and sequence number, which one analyzer would take for duplicates)."""
     from ccld.settings import Settings
     from ccld.streams.analysis.analyzer import analyze_batches
 
-    verdicts = analyze_batches(g.batches, settings=Settings.load({}).analyzer, tick_s=1.0)
+    verdicts = analyze_batches(g.batches, settings=Settings.load({}).analyzer, tick_s=1.0, groups=g.groups)
     hit = first_correct(expect, ((v.detected_time, v) for v in verdicts))
     return None if hit is None else hit[0] - onset_s
 
 
 def run_one(ranks: int, args: argparse.Namespace, progress: Callable[[str], None]) -> dict[str, Any]:
-    from ccld.records import job_partition
     from ccld.settings import Settings
     from ccld.stack.broker import HOST, free_port
     from ccld.stack.up import Pipeline
@@ -441,19 +521,25 @@ def run_one(ranks: int, args: argparse.Namespace, progress: Callable[[str], None
     fault, expect = sc.faults[0], sc.expect[0]
     progress(f"R={ranks}: generating {args.duration_s:.0f} s of the job ({args.fault} on rank {fault.rank} at "
              f"{fault.onset_s:.0f} s)")
-    g = generate(sc, progress, args.messages)
+    g = generate(sc, progress, args.messages, args.groups)
     coll = collectives_per_rank_s(g.batches, min(10.0, fault.onset_s / 2), fault.onset_s)
     progress(f"R={ranks}: {len(g.batches):,} messages, {g.records:,} records, {g.bytes / 1e6:,.0f} MB in "
              f"{g.gen_s:.0f} s; {g.records / sc.duration_s:,.0f} records/s, {g.bytes / sc.duration_s / 1e6:.1f} MB/s; "
              f"collectives/s per rank before the fault: median {coll['median']:.0f} "
              f"(min {coll['min']:.0f}, max {coll['max']:.0f})")
     times = [t for t, _ in g.batches]
+    schedules = g.schedules or {}
+    if args.groups > 1:
+        progress(f"R={ranks}: split over {args.groups} groups: {g.messages_before_split:,} messages before, "
+                 f"{len(times):,} after (x{len(times) / max(g.messages_before_split, 1):.2f}); per partition "
+                 + ", ".join(f"{p}: {len(ts):,}" for p, ts in schedules.items()))
 
     tag = f"{int(time.time())}-{os.getpid()}-{ranks}"
     port = free_port()
     settings = Settings.load({}).replace(bootstrap="", worker_app_id=f"realtime-{tag}",
                                          topic_prefix=f"realtime-{tag}.",
-                                         worker_commit_interval_s=COMMIT_INTERVAL_S)
+                                         worker_commit_interval_s=COMMIT_INTERVAL_S,
+                                         metrics_partitions=g.partitions, analysis_groups=args.groups)
     ctx = multiprocessing.get_context("fork")
     start_at = ctx.Value("d", 0.0)
     sent = ctx.Value("q", 0)
@@ -465,19 +551,23 @@ def run_one(ranks: int, args: argparse.Namespace, progress: Callable[[str], None
     verdicts: list[tuple[float, Verdict]] = []
     done = threading.Event()
     try:
-        pipeline_cm = Pipeline(settings, port=port, log_dir=logs).start(worker=True, sink=False)
+        pipeline_cm = Pipeline(settings, port=port, log_dir=logs).start(worker=True, sink=False,
+                                                                         workers=args.workers)
     except BaseException:
         start_at.value = -1.0
         raise
     with pipeline_cm as pipeline:
         s = pipeline.settings
         t_ready = time.monotonic()
-        while b"Worker ready" not in (logs / "worker.log").read_bytes():
-            if pipeline.dead_children() or time.monotonic() - t_ready > 120:
+        workers = [n for n in pipeline.children if n == "worker" or n.startswith("worker-")]
+        waiting = list(workers)
+        while waiting:
+            waiting = [n for n in waiting if b"Worker ready" not in (logs / f"{n}.log").read_bytes()]
+            if waiting and (pipeline.dead_children() or time.monotonic() - t_ready > 120):
                 start_at.value = -1.0
-                raise SystemExit(f"the worker did not start; see {logs / 'worker.log'}")
+                raise SystemExit(f"the worker did not start; see {logs / (waiting[0] + '.log')}")
             time.sleep(0.1)
-        progress(f"R={ranks}: worker ready after {time.monotonic() - t_ready:.1f} s (log {logs / 'worker.log'})")
+        progress(f"R={ranks}: {len(workers)} worker(s) ready after {time.monotonic() - t_ready:.1f} s (logs in {logs})")
 
         def listen() -> None:
             for v in iter_verdicts(s, from_beginning=True, stop=done.is_set):
@@ -491,10 +581,11 @@ def run_one(ranks: int, args: argparse.Namespace, progress: Callable[[str], None
         broker = pipeline.broker
         pids: dict[str, Callable[[], int | None]] = {
             "broker": lambda: broker.pid if broker is not None else None,
-            "worker": lambda: pipeline.children["worker"].pid,
             "producer": lambda: producer.pid,
         }
-        sampler = Sampler(s, job_partition(sc.id, s.metrics_partitions), times, t0, pids, sent, progress)
+        for name in workers:  # the pid of the process running now (a restarted child is another)
+            pids[name] = lambda name=name: pipeline.children[name].pid  # type: ignore[misc]
+        sampler = Sampler(s, schedules, times, t0, pids, sent, progress)
         sampler.start()
         progress(f"R={ranks}: replaying in real time for {sc.duration_s:.0f} s")
         producer.join(sc.duration_s + 120)
@@ -511,6 +602,8 @@ def run_one(ranks: int, args: argparse.Namespace, progress: Callable[[str], None
         done.set()
         listener.join(10)
         dead = pipeline.dead_children()
+        assigned = {n: assigned_partitions((logs / f"{n}.log").read_text(errors="replace"), s.metrics_topic)
+                    for n in workers}
     hit = first_correct(expect, verdicts)
     ttv_topic = None if hit is None else hit[0] - (t0 + fault.onset_s)
     ttv_clock = None if hit is None else hit[1].detected_time - (t0 + fault.onset_s)
@@ -523,7 +616,10 @@ def run_one(ranks: int, args: argparse.Namespace, progress: Callable[[str], None
     else:  # the worker fell behind: its verdict time says nothing, and the analysis would take minutes
         progress(f"R={ranks}: the worker did not catch up; in-process analysis skipped (--always-inproc runs it)")
     raw = {
-        "ranks": ranks, "duration_s": sc.duration_s, "messages": len(times), "records": g.records, "bytes": g.bytes,
+        "ranks": ranks, "workers": args.workers, "groups": args.groups, "partitions": list(schedules),
+        "messages_before_split": g.messages_before_split,
+        "messages_per_partition": {p: len(ts) for p, ts in schedules.items()},
+        "duration_s": sc.duration_s, "messages": len(times), "records": g.records, "bytes": g.bytes,
         "generate_s": g.gen_s, "collectives_per_rank_s": coll, "samples": sampler.samples, "drain_s": drain_s,
         "ttv_topic_s": ttv_topic, "ttv_topic_analyzer_clock_s": ttv_clock, "ttv_inproc_s": ttv_inproc,
         "inproc_analysis_s": inproc_s,
@@ -531,19 +627,29 @@ def run_one(ranks: int, args: argparse.Namespace, progress: Callable[[str], None
         "fault": {"kind": fault.kind, "rank": fault.rank, "onset_s": fault.onset_s, "factor": fault.factor},
         "verdicts": [{"wall_s_after_start": round(w - t0, 2), **v.to_dict()} for w, v in verdicts],
         "dead_children": dead, "producer_exit": producer.exitcode, "worker_log": str(logs / "worker.log"),
+        "worker_logs": [str(logs / f"{n}.log") for n in workers], "assigned_metrics_partitions": assigned,
     }
     summ = summarize(raw, warmup_s=args.warmup_s)
     progress(
         f"R={ranks}: {summ['records_per_s']:,.0f} records/s, {summ['bytes_per_s'] / 1e6:.1f} MB/s; lag max "
         f"{_f(summ['lag_max_s'])} s (median {_f(summ['lag_median_s'])}); drain {_f(drain_s)} s; kept up: "
-        f"{summ['kept_up']}; TTV on the topic {_f(ttv_topic)} s vs in process {_f(ttv_inproc)} s; CPU % worker "
-        f"{_f(summ['worker_cpu_pct_median'], '.0f')} broker {_f(summ['broker_cpu_pct_median'], '.0f')} producer "
-        f"{_f(summ['producer_cpu_pct_median'], '.0f')}")
+        f"{summ['kept_up']}; TTV on the topic {_f(ttv_topic)} s vs in process {_f(ttv_inproc)} s; CPU % "
+        + " ".join(f"{w} {_f(summ[w + '_cpu_pct_median'], '.0f')}" for w in summ["worker_roles"]) +
+        f" broker {_f(summ['broker_cpu_pct_median'], '.0f')} producer "
+        f"{_f(summ['producer_cpu_pct_median'], '.0f')}; metrics partitions per worker {assigned}")
     return {"summary": summ, "raw": raw}
 
 
 def _f(v: float | None, spec: str = ".2f") -> str:
     return "-" if v is None else format(v, spec)
+
+
+def _workers(results: Sequence[Mapping[str, Any]]) -> str:
+    w = {int(r["summary"].get("workers", 1)) for r in results} or {1}
+    g = {int(r["summary"].get("groups", 1)) for r in results} or {1}
+    if w == {1} and g == {1}:
+        return "One worker"
+    return f"{'/'.join(map(str, sorted(w)))} workers, {'/'.join(map(str, sorted(g)))} groups"
 
 
 def plot(results: Sequence[Mapping[str, Any]], stem: Path) -> list[Path]:
@@ -565,7 +671,7 @@ def plot(results: Sequence[Mapping[str, Any]], stem: Path) -> list[Path]:
     ax.set_ylim(bottom=0)
     ax.set_xlabel("seconds since the start of the replay")
     ax.set_ylabel("consumer lag (s)")
-    ax.set_title("One worker, real-time job: consumer lag")
+    ax.set_title(f"{_workers(results)}, real-time job: consumer lag")
     ax.legend(fontsize=8)
     fig.tight_layout()
     paths.append(stem.with_name(stem.name + "-lag.png"))
@@ -590,7 +696,7 @@ def plot(results: Sequence[Mapping[str, Any]], stem: Path) -> list[Path]:
     h1, l1 = ax.get_legend_handles_labels()
     h2, l2 = ax2.get_legend_handles_labels()
     ax.legend(h1 + h2, l1 + l2, fontsize=8, loc="upper left")
-    ax.set_title("One worker, real-time job: throughput against R")
+    ax.set_title(f"{_workers(results)}, real-time job: throughput against R")
     fig.tight_layout()
     paths.append(stem.with_name(stem.name + "-throughput.png"))
     fig.savefig(paths[-1], dpi=110)
@@ -599,15 +705,19 @@ def plot(results: Sequence[Mapping[str, Any]], stem: Path) -> list[Path]:
 
 
 def print_table(rows: Sequence[Mapping[str, Any]]) -> None:
-    print(f"\n{'R':>6} {'coll/s/rank':>11} {'records/s':>10} {'MB/s':>6} {'lag med':>8} {'lag p95':>8} "
+    print(f"\n{'R':>6} {'wkrs':>4} {'grps':>4} {'msg/s':>6} {'split':>5} {'coll/s/rank':>11} "
+          f"{'records/s':>10} {'MB/s':>6} {'lag med':>8} {'lag p95':>8} "
           f"{'lag max':>8} {'drain':>6} {'kept':>5} {'sust.':>5} {'TTV topic':>9} {'TTV in-proc':>11} "
-          f"{'wkr CPU%':>8} {'brk CPU%':>8} {'prd CPU%':>8} {'wkr RSS':>8} {'brk RSS':>8}")
+          f"{'wkr CPU%':>11} {'brk CPU%':>8} {'prd CPU%':>8} {'wkr RSS':>8} {'brk RSS':>8}")
     for s in rows:
-        print(f"{s['ranks']:>6} {_f(s.get('collectives_per_rank_s'), '.0f'):>11} {s['records_per_s']:>10,.0f} "
+        wcpu = "/".join(_f(s.get(f"{w}_cpu_pct_median"), ".0f") for w in s.get("worker_roles", ["worker"]))
+        print(f"{s['ranks']:>6} {s.get('workers', 1):>4} {s.get('groups', 1):>4} {s['messages_per_s']:>6,.0f} "
+              f"{_f(s.get('split_factor'), '.2f'):>5} {_f(s.get('collectives_per_rank_s'), '.0f'):>11} "
+              f"{s['records_per_s']:>10,.0f} "
               f"{s['bytes_per_s'] / 1e6:>6.1f} {_f(s['lag_median_s']):>8} {_f(s['lag_p95_s']):>8} "
               f"{_f(s['lag_max_s']):>8} {_f(s['drain_s'], '.1f'):>6} {'yes' if s['kept_up'] else 'no':>5} "
               f"{'yes' if s['sustained'] else 'no':>5} {_f(s['ttv_topic_s'], '.1f'):>9} "
-              f"{_f(s['ttv_inproc_s'], '.1f'):>11} {_f(s['worker_cpu_pct_median'], '.0f'):>8} "
+              f"{_f(s['ttv_inproc_s'], '.1f'):>11} {wcpu:>11} "
               f"{_f(s['broker_cpu_pct_median'], '.0f'):>8} {_f(s['producer_cpu_pct_median'], '.0f'):>8} "
               f"{_f(s['worker_rss_mb_median'], '.0f'):>8} {_f(s['broker_rss_mb_median'], '.0f'):>8}")
 
@@ -616,7 +726,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     ap.add_argument("--ranks", type=int, nargs="+", default=[256, 512, 1024, 2048, 4096])
     ap.add_argument("--duration-s", type=float, default=600.0, help="seconds of the job played (fault at half)")
-    ap.add_argument("--workers", type=int, default=1, help="only 1: one job over several workers does not exist yet")
+    ap.add_argument("--workers", type=int, default=1, help="worker processes (Pipeline.start(workers=N))")
+    ap.add_argument("--groups", type=int, default=1,
+                    help="spread the job over this many metrics partitions (analysis_groups; the schedule is split "
+                         "by communicator group as the producer splits it)")
     ap.add_argument("--fault", choices=["S1", "H1"], default="S1")
     ap.add_argument("--layer-ms", type=float, default=3.5, help="compute per layer; 3.5 gives ~300 collectives/s")
     ap.add_argument("--warmup-s", type=float, default=10.0, help="lag is judged after this many seconds")
@@ -630,9 +743,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=RESULTS / "realtime-scale.json")
     ap.add_argument("--no-plot", action="store_true")
     args = ap.parse_args(argv)
-    if args.workers != 1:
-        print("--workers: only 1 is supported; one job is one metrics partition, read by one worker "
-              "(issue 10, item 2)", file=sys.stderr)
+    if args.workers < 1 or args.groups < 1:
+        print("--workers and --groups: at least 1", file=sys.stderr)
         return 2
 
     def progress(line: str) -> None:
@@ -646,6 +758,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.out.parent.mkdir(parents=True, exist_ok=True)  # written after every R: a long run keeps what it measured
         rows = [x["summary"] for x in results]
         args.out.write_text(json.dumps({"run": {"id": uuid.uuid4().hex[:8], "workers": args.workers,
+                                                "groups": args.groups,
                                                 "duration_s": args.duration_s, "fault": args.fault,
                                                 "layer_ms": args.layer_ms, "cpus": os.cpu_count(),
                                                 "messages": args.messages},

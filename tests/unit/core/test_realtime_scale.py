@@ -45,6 +45,64 @@ def test_lag_is_the_age_of_the_oldest_unprocessed_message(rs: types.ModuleType) 
     assert rs.behind_s(TIMES, 6, 50.0) == 0.0  # everything done
 
 
+def test_lag_over_partitions_is_the_oldest_uncommitted_message_of_any_partition(rs: types.ModuleType) -> None:
+    """Per partition its own schedule and committed offset; the lag is the worst partition's. Summing the
+    offsets against the merged schedule would hide a partition that is stuck behind a busy one."""
+    schedules = {0: [1.1, 2.1, 3.1], 2: [1.1, 1.1, 2.1]}
+    assert rs.lag_over_partitions_s(schedules, {0: 0, 2: 0}, 0.5) == 0.0  # nothing due yet
+    assert rs.lag_over_partitions_s(schedules, {0: 3, 2: 3}, 9.0) == 0.0  # everything committed
+    # partition 0 is done; partition 2 still waits on its 2nd message (due at 1.1): 2.4 s, not the
+    # 1.4 s that 4 of 6 committed on the merged schedule would say
+    assert rs.lag_over_partitions_s(schedules, {0: 3, 2: 1}, 3.5) == pytest.approx(2.4)
+    assert rs.lag_over_partitions_s(schedules, {0: 1, 2: 3}, 3.5) == pytest.approx(1.4)  # p0's 2.1 waits
+    assert rs.lag_over_partitions_s(schedules, {0: 3}, 1.6) == pytest.approx(0.5)  # no offset yet: 0
+    assert rs.lag_over_partitions_s({}, {}, 5.0) == 0.0
+    assert rs.lag_over_partitions_s({7: TIMES}, {7: 3}, 2.6) == rs.behind_s(TIMES, 3, 2.6)  # one partition
+
+
+def test_split_groups_sends_one_message_per_group(rs: types.ModuleType) -> None:
+    """The schedule split as the producer splits with analysis_groups=G: same records, same send times,
+    every message of one group, going to the partition the producer picks."""
+    from ccld.producers.kafka import metrics_partition
+    from ccld.producers.simulator.sim import simulate
+    from ccld.records import COMM_COLUMN, comm_group
+
+    sc = rs.job_scenario(64, 3.0)
+    by_rank = list(rs.regroup(simulate(sc), "rank"))
+    assert list(rs.split_groups(by_rank, 1)) == by_rank
+    split = list(rs.split_groups(by_rank, 2))
+    assert len(by_rank) < len(split) <= 2 * len(by_rank)
+    assert sorted(r for _, b in split for r in map(repr, b.records())) == sorted(
+        r for _, b in by_rank for r in map(repr, b.records()))
+    assert sorted({t for t, _ in split}) == sorted({t for t, _ in by_rank})
+    assert [t for t, _ in split] == sorted(t for t, _ in split)
+    for _, b in split:
+        groups = set(comm_group(b.columns[COMM_COLUMN], 2).tolist())
+        assert len(groups) == 1 and b.by_group(2) == {groups.pop(): b}  # the producer's split is a no-op
+    parts = {metrics_partition(b.job, b.comm_hash, rs.metrics_partitions_for(2), 2) for _, b in split}
+    assert len(parts) == 2
+
+
+def test_assigned_partitions_from_a_worker_log(rs: types.ModuleType) -> None:
+    line = ("INFO aiokafka.consumer.group_coordinator: Setting newly assigned partitions {{TopicPartition(topic="
+            "'p.metrics', partition={}), TopicPartition(topic='p.reports', partition=1), TopicPartition(topic="
+            "'p.metrics', partition=3)}} for group p")
+    log = "\n".join([line.format(0), "other", line.format(2)])
+    assert rs.assigned_partitions(log, "p.metrics") == [2, 3]  # the last assignment
+    assert rs.assigned_partitions("no assignment", "p.metrics") == []
+
+
+def test_summary_reports_every_worker(rs: types.ModuleType) -> None:
+    run = _run([0.5] * 20, workers=2, groups=2, messages_before_split=40, partitions=[1, 2])
+    for i, x in enumerate(run["samples"]):
+        x["worker-2_cpu_s"], x["worker-2_rss"] = 0.25 * i, 50 * 2**20
+    s = rs.summarize(run, warmup_s=0.0)
+    assert s["workers"] == 2 and s["groups"] == 2 and s["split_factor"] == pytest.approx(2.5)
+    assert s["worker_roles"] == ["worker", "worker-2"]
+    assert s["worker-2_cpu_pct_median"] == pytest.approx(25.0) and s["worker-2_rss_mb_median"] == 50
+    assert s["worker_cpu_pct_median"] == pytest.approx(50.0) and s["producer_cpu_pct_median"] is None
+
+
 def test_cpu_percent_of_one_core(rs: types.ModuleType) -> None:
     assert rs.cpu_percent([(0.0, 1.0), (1.0, 1.5), (3.0, 3.5)]) == pytest.approx([50.0, 100.0])
     assert rs.cpu_percent([(0.0, 1.0)]) == []
