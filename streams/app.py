@@ -80,13 +80,11 @@ P = TypeVar("P", PartitionProcessor, StageProcessor)
 class WorkerState(Generic[P]):
     """One topic's processors by partition, plus what to snapshot when and which consumed events it covers."""
 
-    def __init__(self, settings: Settings, table: Any, topic: str | None = None,
-                 restore: Callable[[int, bytes | None], P] | None = None) -> None:
+    def __init__(self, settings: Settings, table: Any, topic: str, restore: Callable[[int, bytes | None], P]) -> None:
         self.settings = settings
         self.table = table
-        self.topic = topic or settings.metrics_topic
-        self.options = processor_options(settings)
-        self._restore = restore
+        self.topic = topic
+        self._restore = restore  # a partition's processor from its snapshot (None: a new one)
         self.processors: dict[int, P] = {}
         self.last_snapshot: dict[int, float] = {}
         # One sender per partition at a time: the agent and the timer both flush pending verdicts.
@@ -107,7 +105,6 @@ class WorkerState(Generic[P]):
         proc = self.processors.get(partition)
         if proc is None:
             raw = self.table.data.get(self.key(partition)) if self.table is not None else None
-            assert self._restore is not None
             proc = self._restore(partition, raw)
             if raw:
                 log.info("%s partition %d: resumed from a %d-byte snapshot (%d verdicts pending)", self.topic,
@@ -216,7 +213,8 @@ def create_app(settings: Settings, *, app_id: str | None = None) -> faust.App:
     options = processor_options(settings)
     shard = options.shard  # jobs spread over partitions: a job stage on the reports topic decides
     state: WorkerState[PartitionProcessor] = WorkerState(
-        settings, table, restore=lambda p, raw: PartitionProcessor.restore(p, settings.analyzer, raw, options))
+        settings, table, settings.metrics_topic,
+        restore=lambda p, raw: PartitionProcessor.restore(p, settings.analyzer, raw, options))
     states: list[WorkerState[Any]] = [state]
     app.ccld_state = state  # type: ignore[attr-defined]
     reports = app.topic(settings.reports_topic, value_type=bytes, key_type=bytes,
