@@ -67,6 +67,7 @@ from typing import Any
 
 import numpy as np
 
+from ccld.cli import count_arg
 from ccld.producers.simulator.scenario import Expectation, Scenario
 from ccld.records import COMM_COLUMN, KernelBatch, Verdict
 
@@ -389,17 +390,13 @@ def generate(sc: Scenario, progress: Callable[[str], None], messages: str = "ran
     records = nbytes = before = 0
     next_report = 30.0
 
-    def counted(stream: Iterable[tuple[float, KernelBatch]]) -> Iterable[tuple[float, KernelBatch]]:
-        nonlocal before
-        for item in stream:
-            before += 1
-            yield item
-
-    for t, b in split_groups(counted(regroup(simulate(sc), messages)), groups):
-        batches.append((t, b))
-        schedules[metrics_partition(b.job, b.comm_hash, partitions, groups)].append(t)
-        records += b.n
-        nbytes += len(encode_batch(b))  # the Avro value the producer hands to librdkafka (before lz4)
+    for t, whole in regroup(simulate(sc), messages):
+        before += 1
+        for _, b in split_groups([(t, whole)], groups):
+            batches.append((t, b))
+            schedules[metrics_partition(b.job, b.comm_hash, partitions, groups)].append(t)
+            records += b.n
+            nbytes += len(encode_batch(b))  # the Avro value the producer hands to librdkafka (before lz4)
         if t >= next_report:
             progress(f"  generated {t:.0f} of {sc.duration_s:.0f} simulated s ({time.perf_counter() - t0:.0f} s)")
             next_report += 30.0
@@ -726,8 +723,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     ap.add_argument("--ranks", type=int, nargs="+", default=[256, 512, 1024, 2048, 4096])
     ap.add_argument("--duration-s", type=float, default=600.0, help="seconds of the job played (fault at half)")
-    ap.add_argument("--workers", type=int, default=1, help="worker processes (Pipeline.start(workers=N))")
-    ap.add_argument("--groups", type=int, default=1,
+    ap.add_argument("--workers", type=count_arg, default=1, help="worker processes (Pipeline.start(workers=N))")
+    ap.add_argument("--groups", type=count_arg, default=1,
                     help="spread the job over this many metrics partitions (analysis_groups; the schedule is split "
                          "by communicator group as the producer splits it)")
     ap.add_argument("--fault", choices=["S1", "H1"], default="S1")
@@ -743,9 +740,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=RESULTS / "realtime-scale.json")
     ap.add_argument("--no-plot", action="store_true")
     args = ap.parse_args(argv)
-    if args.workers < 1 or args.groups < 1:
-        print("--workers and --groups: at least 1", file=sys.stderr)
-        return 2
 
     def progress(line: str) -> None:
         print(f"[{time.strftime('%H:%M:%S')}] {line}", flush=True)

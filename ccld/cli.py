@@ -21,6 +21,17 @@ from ccld.settings import Settings
 log = logging.getLogger(__name__)
 
 
+def count_arg(text: str) -> int:
+    """An argparse type for a count of at least 1 (``--workers``): refused at parse time, with the flag named."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {n}")
+    return n
+
+
 class Command(Protocol):
     def configure(self, parser: argparse.ArgumentParser) -> None: ...
 

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ccld.cli import count_arg
 from ccld.errors import CcldError
 from ccld.producers.simulator.scenario import BENIGN_KINDS, HANG_KINDS, SLOW_KINDS, Expectation, Scenario
 from ccld.records import Verdict, VerdictState
@@ -389,7 +390,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     acc.add_argument("--limit", type=int, default=0, help="only the first N scenarios")
     acc.add_argument("--id", action="append", default=[], dest="ids", help="only this scenario id (repeatable)")
     acc.add_argument("--jobs", type=int, default=1, help="processes for the in-process path (default 1)")
-    acc.add_argument("--workers", type=int, default=1, help="worker processes for --through-kafka (default 1)")
+    acc.add_argument("--workers", type=count_arg, default=1, help="worker processes for --through-kafka (default 1)")
     acc.add_argument("--groups", type=int, default=0,
                      help="spread each job over this many communicator groups (analysis_groups): through Kafka, "
                           "one metrics partition each; in process, shards and one job stage (default: the setting)")
@@ -437,8 +438,6 @@ def main(args: argparse.Namespace, settings: Settings) -> int:
         print(f"[{i:>{len(str(total))}}/{total}] {'ok  ' if row['ok'] else 'FAIL'} {sc.id:28} {sc.ranks:5d} ranks "
               f"expect {exp:18} got {got}{ttv} ({wall:.2f}s)", flush=True)
 
-    if args.workers < 1:
-        raise CcldError(f"--workers must be at least 1, got {args.workers}")
     if args.groups:
         settings = settings.replace(analysis_groups=args.groups,
                                     metrics_partitions=max(settings.metrics_partitions, args.groups))

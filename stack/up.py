@@ -20,7 +20,8 @@ from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 
-from ccld.errors import BrokerError, CcldError
+from ccld.cli import count_arg
+from ccld.errors import BrokerError
 from ccld.security import kafka_config
 from ccld.settings import Settings
 from ccld.stack.broker import EmbeddedBroker, wait_until_answers
@@ -199,13 +200,11 @@ class Pipeline:
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, default=9092, help="embedded broker port (0 picks a free one)")
     parser.add_argument("--logs", type=Path, default=Path("ccld-logs"), help="where worker.log and sink.log go")
-    parser.add_argument("--workers", type=int, default=1,
+    parser.add_argument("--workers", type=count_arg, default=1,
                         help="worker processes (they share the metrics partitions; default 1)")
 
 
 def main(args: argparse.Namespace, settings: Settings) -> int:
-    if args.workers < 1:
-        raise CcldError(f"--workers must be at least 1, got {args.workers}")
     pipeline = Pipeline(settings, port=args.port, log_dir=args.logs)
     stop_on_sigterm()
     try:
