@@ -43,6 +43,7 @@ import json
 import logging
 import threading
 import time
+import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -403,7 +404,8 @@ def make_poller(tracker: Tracker, hooks: Any, *, interval_s: float | None = None
     dump = getattr(getattr(torch._C, "_distributed_c10d", None), "_dump_fr_trace_json", None)
     if dump is None:
         return None
-    by_name: dict[str, Any] = {}
+    # weak, like the wrapper's group table: the attachment must never keep a destroyed group alive
+    by_name: weakref.WeakValueDictionary[str, Any] = weakref.WeakValueDictionary()
 
     def names() -> dict[str, Any]:
         world = getattr(c10d, "_world", None)

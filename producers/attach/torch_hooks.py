@@ -15,6 +15,7 @@ import functools
 import logging
 import socket
 import threading
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -41,7 +42,10 @@ class _Local(threading.local):
 class GroupState:
     """What this rank knows about one process group (cached on first use)."""
 
-    pg: Any
+    # weak: a group kept alive past destroy_process_group is destroyed at interpreter exit,
+    # when gloo's worker threads can no longer take the GIL to free their last work's tensors
+    # (std::terminate, after the job had finished: seen on a rank whose last op was its own)
+    pg: weakref.ref[Any]
     comm_hash: int
     ranks: tuple[int, ...]
     comm_rank: int
@@ -312,7 +316,7 @@ class TorchHooks:
             if group is None:
                 return None
         st = self._groups.get(id(group))
-        if st is not None and st.pg is group:
+        if st is not None and st.pg() is group:
             return st
         if group is c10d.GroupMember.NON_GROUP_MEMBER:
             return None
@@ -320,7 +324,7 @@ class TorchHooks:
             ranks = tuple(int(r) for r in c10d.get_process_group_ranks(group))
             name = str(getattr(group, "group_name", "") or c10d._get_process_group_name(group))
             st = GroupState(
-                pg=group,
+                pg=weakref.ref(group),
                 comm_hash=comm_hash(ranks, name),
                 ranks=ranks,
                 comm_rank=int(group.rank()),

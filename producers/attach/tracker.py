@@ -243,6 +243,9 @@ class Tracker:
             self._thread.join(timeout=flush_timeout_s)
         self._thread = None
         self.pump(final=True)
+        # nobody polls them any more; a Work (and its tensors) kept to interpreter exit would be
+        # freed during finalization, by a thread that can no longer take the GIL
+        self._works.clear()
         try:
             self.sink.flush(flush_timeout_s)
         except Exception:  # noqa: BLE001 - a dying sink must not hurt the job

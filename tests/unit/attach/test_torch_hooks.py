@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -84,6 +86,10 @@ def test_async_ops_complete_on_wait_and_on_is_completed(sink: ListSink) -> None:
     assert [r.op_type for r in recs] == [OpType.ALL_REDUCE, OpType.BROADCAST]
 
 
+class _FakeGroup:
+    """A stand-in group (held weakly, like a real one)."""
+
+
 def test_p2p_goes_to_a_directional_channel_and_batches_count_each_op(sink: ListSink) -> None:
     # gloo cannot send to itself, so the identification runs on a fake two-rank group
     from types import SimpleNamespace
@@ -94,9 +100,9 @@ def test_p2p_goes_to_a_directional_channel_and_batches_count_each_op(sink: ListS
     assert att is not None
     dist.barrier()  # a real call first: it tells the attachment who this process is
     hooks = att.hooks
-    pg = object()
+    pg = _FakeGroup()
     ghash = comm_hash([3, 5], "7")
-    hooks._groups[id(pg)] = GroupState(pg, ghash, (3, 5), 0, 2, {3: 0, 5: 1})
+    hooks._groups[id(pg)] = GroupState(weakref.ref(pg), ghash, (3, 5), 0, 2, {3: 0, 5: 1})
     a = torch.ones(5)
     started = [
         hooks._begin_p2p(P2P["isend"], (a, 5, pg), {}),
@@ -128,6 +134,23 @@ def test_subgroups_have_their_own_hash_and_sequence(sink: ListSink) -> None:
     recs = done(sink)
     assert recs[0].comm_hash == comm_hash([0], g.group_name) != recs[1].comm_hash
     assert recs[0].op_seq == 0
+
+
+def test_a_destroyed_group_is_not_kept_alive_by_the_attachment(sink: ListSink) -> None:
+    # destroy_process_group must really destroy: a group the attachment still holds dies at
+    # interpreter exit instead, when gloo's threads can no longer take the GIL to free the
+    # tensors of their last work (the job then aborts after it finished: seen in CI)
+    att = current()
+    assert att is not None and att.poller is not None  # the poller resolves groups by name too
+    g = dist.new_group([0])
+    dist.all_reduce(torch.ones(2, dtype=torch.int32), group=g)
+    att.poller.poll_once()
+    assert any(r.comm_hash == comm_hash([0], g.group_name) for r in done(sink))
+    alive = weakref.ref(g)
+    dist.destroy_process_group(g)
+    del g
+    gc.collect()
+    assert alive() is None
 
 
 def test_the_callers_exception_passes_unchanged(sink: ListSink) -> None:
