@@ -5,8 +5,10 @@ Usage: python benchmarks/realtime_scale.py [--ranks 256 512 1024] [--duration-s 
        [--groups 1] [--fault S1|H1] [--layer-ms 3.5] [--warmup-s 10] [--out benchmarks/results/realtime-scale.json]
 
 Per R: the simulator's Megatron-style workload (tp 8, pp 4, dp R/32; ``--layer-ms`` sets the collective
-rate, measured again from the records' op sequence numbers) is generated first, in memory, because
-it cannot be generated faster than real time at thousands of ranks. What goes out is what the
+rate, measured again from the records' op sequence numbers) is generated first, because it cannot be
+generated faster than real time at thousands of ranks, into a file in the temporary directory (pickled
+batches, read back in order: 10 minutes of 4,096 ranks are about 69 million records, more than this
+machine's memory; ``--spool-dir`` puts the file elsewhere, and it is deleted after the run). What goes out is what the
 producers send: the bounded record format (README, "Record format and its cost"), regrouped the way
 rank processes send it (``--messages``): ``rank`` (the default, today's producers) one message per
 rank and delivery interval holding all of its communicators; ``rank-comm`` one per rank, communicator
@@ -52,6 +54,7 @@ import itertools
 import json
 import multiprocessing
 import os
+import pickle
 import re
 import statistics
 import sys
@@ -60,7 +63,7 @@ import threading
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -75,7 +78,6 @@ RESULTS = Path(__file__).resolve().parent / "results"
 LAG_LIMIT_S = 2.0  # the issue's bound on consumer lag
 TTV_SLACK_S = 2.0  # the verdict on the topic may come this much later than the in-process one
 COMMIT_INTERVAL_S = 0.5
-Batches = list[tuple[float, KernelBatch]]
 
 
 # --------------------------------------------------------------------------------------------
@@ -318,9 +320,44 @@ def proc_cpu_rss(pid: int | None) -> tuple[float | None, int | None]:
 # generating, replaying, measuring
 # --------------------------------------------------------------------------------------------
 @dataclass
+class BatchFile:
+    """``(send time, batch)`` pairs written once, in order, to a file and read back as often as needed
+    (the producer, the collective-rate count and the in-process analyzer each take one pass), so the
+    job's length is bounded by the disk, not by memory. ``times`` keeps every send time (8 bytes a message)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.times: list[float] = []
+        self._f: Any = path.open("wb")
+
+    def append(self, t: float, batch: KernelBatch) -> None:
+        pickle.dump((t, batch), self._f, protocol=pickle.HIGHEST_PROTOCOL)
+        self.times.append(t)
+
+    def close(self) -> None:
+        if self._f is not None:
+            self._f.close()
+            self._f = None
+
+    def delete(self) -> None:
+        self.close()
+        self.path.unlink(missing_ok=True)
+
+    def __len__(self) -> int:
+        return len(self.times)
+
+    def __iter__(self) -> Iterator[tuple[float, KernelBatch]]:
+        if self._f is not None:
+            raise RuntimeError("the batch file is still being written")
+        with self.path.open("rb") as f:
+            for _ in range(len(self.times)):
+                yield pickle.load(f)  # noqa: S301 - our own file, written just before by this run
+
+
+@dataclass
 class Generated:
     scenario: Scenario
-    batches: Batches
+    batches: BatchFile
     records: int
     bytes: int
     gen_s: float
@@ -375,17 +412,20 @@ def regroup(batches: Iterable[tuple[float, KernelBatch]], how: str) -> Iterable[
             t_at = t
 
 
-def generate(sc: Scenario, progress: Callable[[str], None], messages: str = "rank", groups: int = 1) -> Generated:
+def generate(sc: Scenario, progress: Callable[[str], None], messages: str = "rank", groups: int = 1,
+             spool_dir: Path | None = None) -> Generated:
     """The job's messages as the producers send them (``regroup``, then split by communicator group when
-    ``groups`` > 1), with each message's metrics partition (``metrics_partition``) and per partition
-    its schedule."""
+    ``groups`` > 1), written to a ``BatchFile`` in ``spool_dir`` (the temporary directory by default),
+    with each message's metrics partition (``metrics_partition``) and per partition its schedule."""
     from ccld.producers.simulator.sim import simulate
     from ccld.records import metrics_partition
     from ccld.schemas.codec import encode_batch
 
     t0 = time.perf_counter()
     partitions = metrics_partitions_for(groups)
-    batches: Batches = []
+    fd, name = tempfile.mkstemp(prefix="ccld-realtime-", suffix=".batches", dir=spool_dir)
+    os.close(fd)
+    batches = BatchFile(Path(name))
     schedules: dict[int, list[float]] = defaultdict(list)
     records = nbytes = before = 0
     next_report = 30.0
@@ -393,20 +433,21 @@ def generate(sc: Scenario, progress: Callable[[str], None], messages: str = "ran
     for t, whole in regroup(simulate(sc), messages):
         before += 1
         for _, b in split_groups([(t, whole)], groups):
-            batches.append((t, b))
+            batches.append(t, b)
             schedules[metrics_partition(b.job, b.comm_hash, partitions, groups)].append(t)
             records += b.n
             nbytes += len(encode_batch(b))  # the Avro value the producer hands to librdkafka (before lz4)
         if t >= next_report:
             progress(f"  generated {t:.0f} of {sc.duration_s:.0f} simulated s ({time.perf_counter() - t0:.0f} s)")
             next_report += 30.0
+    batches.close()
     return Generated(sc, batches, records, nbytes, time.perf_counter() - t0, groups=groups, partitions=partitions,
                      messages_before_split=before, schedules=dict(sorted(schedules.items())))
 
 
-def _replay(batches: Batches, settings: Any, start_at: Any, sent: Any) -> None:
-    """The producer process (forked before any Kafka client exists, so the batches are shared, not
-    copied): wait for the go, then send every batch when its time comes, stamped with the wall clock."""
+def _replay(batches: Iterable[tuple[float, KernelBatch]], settings: Any, start_at: Any, sent: Any) -> None:
+    """The producer process (forked before any Kafka client exists): wait for the go, then read the
+    batches in order and send each when its time comes, stamped with the wall clock."""
     from ccld.producers.kafka import MetricsProducer
 
     while start_at.value == 0.0:
@@ -416,18 +457,15 @@ def _replay(batches: Batches, settings: Any, start_at: Any, sent: Any) -> None:
     with MetricsProducer(settings, producer_id="realtime-scale", background=False) as p:
         p.check_broker()
         t0 = start_at.value
-        times = [t for t, _ in batches]
-        i, n = 0, len(batches)
-        while i < n:
-            elapsed = time.time() - t0
-            k = due(times, elapsed)
-            if k == i:
-                time.sleep(min(max(times[i] - elapsed, 0.0), 0.05))
-                continue
-            for t, b in batches[i:k]:
-                p.send_batch(b, timestamp_ms=int(round((t0 + t) * 1000)))
-            i = k
-            sent.value = i
+        i = 0
+        for t, b in batches:  # read ahead of its time by one message only: memory stays flat
+            ahead = t - (time.time() - t0)
+            if ahead > 0:
+                sent.value = i  # what was due is out; say so before sleeping
+                time.sleep(ahead)
+            p.send_batch(b, timestamp_ms=int(round((t0 + t) * 1000)))
+            i += 1
+        sent.value = i
         p.flush(60)
 
 
@@ -509,22 +547,32 @@ def in_process_ttv(g: Generated, expect: Expectation, onset_s: float) -> float |
 
 
 def run_one(ranks: int, args: argparse.Namespace, progress: Callable[[str], None]) -> dict[str, Any]:
+    sc = job_scenario(ranks, args.duration_s, fault=args.fault, layer_ms=args.layer_ms)
+    fault = sc.faults[0]
+    progress(f"R={ranks}: generating {args.duration_s:.0f} s of the job ({args.fault} on rank {fault.rank} at "
+             f"{fault.onset_s:.0f} s)")
+    g = generate(sc, progress, args.messages, args.groups, args.spool_dir)
+    try:
+        return measure(g, args, progress)
+    finally:
+        g.batches.delete()
+
+
+def measure(g: Generated, args: argparse.Namespace, progress: Callable[[str], None]) -> dict[str, Any]:
+    """Replay ``g`` through the broker and the workers and measure it (``run_one``'s second half)."""
     from ccld.settings import Settings
     from ccld.stack.broker import HOST, free_port
     from ccld.stack.up import Pipeline
     from ccld.streams.tail import iter_verdicts
 
-    sc = job_scenario(ranks, args.duration_s, fault=args.fault, layer_ms=args.layer_ms)
+    sc, ranks = g.scenario, g.scenario.ranks
     fault, expect = sc.faults[0], sc.expect[0]
-    progress(f"R={ranks}: generating {args.duration_s:.0f} s of the job ({args.fault} on rank {fault.rank} at "
-             f"{fault.onset_s:.0f} s)")
-    g = generate(sc, progress, args.messages, args.groups)
     coll = collectives_per_rank_s(g.batches, min(10.0, fault.onset_s / 2), fault.onset_s)
     progress(f"R={ranks}: {len(g.batches):,} messages, {g.records:,} records, {g.bytes / 1e6:,.0f} MB in "
              f"{g.gen_s:.0f} s; {g.records / sc.duration_s:,.0f} records/s, {g.bytes / sc.duration_s / 1e6:.1f} MB/s; "
              f"collectives/s per rank before the fault: median {coll['median']:.0f} "
              f"(min {coll['min']:.0f}, max {coll['max']:.0f})")
-    times = [t for t, _ in g.batches]
+    times = g.batches.times
     schedules = g.schedules or {}
     if args.groups > 1:
         progress(f"R={ranks}: split over {args.groups} groups: {g.messages_before_split:,} messages before, "
@@ -737,6 +785,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--messages", choices=MESSAGES, default="rank",
                     help="how records are grouped into messages: per rank (today's producers), per rank and "
                          "communicator (before), per communicator (the simulator's own grouping)")
+    ap.add_argument("--spool-dir", type=Path, default=None,
+                    help="where the generated job is written before the replay (default: the temporary "
+                         "directory; 10 minutes of 4,096 ranks take about 20 GB)")
     ap.add_argument("--out", type=Path, default=RESULTS / "realtime-scale.json")
     ap.add_argument("--no-plot", action="store_true")
     args = ap.parse_args(argv)
