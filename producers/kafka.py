@@ -9,13 +9,15 @@ holds every communicator of a flush).
 Every record ends in exactly one counter (``stats``): delivered, expired (the broker did not
 take it within ``producer_message_timeout_ms``), refused (librdkafka's queue stayed full, or no
 partition count), failed (any other delivery error, or undelivered at close), dropped by the
-bounded batcher, or spool-lost (spool full or too old); or it is still queued, in flight or
-spooled. With ``spool_dir`` set, messages the broker did not take go to a bounded on-disk spool
+bounded batcher, spool-lost (spool full or too old), or replay-rejected (a spooled message the
+broker refused for good when it was replayed); or it is still queued, in flight or spooled. With
+``spool_dir`` set, messages the broker did not take go to a bounded on-disk spool
 (``ccld.producers.spool``) instead of being lost, and are replayed in order when it answers again.
 """
 
 from __future__ import annotations
 
+import enum
 import logging
 import threading
 import time
@@ -76,9 +78,53 @@ SPOOLABLE_ERRORS = frozenset({
     KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError.NOT_ENOUGH_REPLICAS, KafkaError.NETWORK_EXCEPTION,
 })  # fmt: skip
 
+#: delivery errors on replay that the same bytes would get again, so replaying them once more cannot help.
+#: librdkafka has already retried what it deems retriable before it reports an error, and the error a
+#: delivery report carries has ``retriable()`` False whatever the code (the binding does not set it), so
+#: the decision is ours, by code:
+#: - size: the message (or its batch) is larger than the broker or topic accepts; it never shrinks.
+#: - content: the broker could not validate the record, or its timestamp is outside the topic's
+#:   ``message.timestamp.difference.max.ms`` (a spooled message only gets older).
+#: - authorization / invalid topic name: fixing it takes an operator; the same refusal already counts
+#:   a fresh message lost (``error_records``), and a spool that waits for an ACL blocks everything behind.
+#: Not here: UNKNOWN_TOPIC_OR_PART stays in ``SPOOLABLE_ERRORS`` (an outage): a broker that restarted
+#: empty (the embedded one keeps topics in memory; ``ccld up`` creates them again) answers it until the
+#: topics are back, and no single reply tells "not yet" from "never"; a topic gone for good ends in the
+#: age bound instead (``spool_max_age_s``: its records are discarded and counted ``spool_lost_records``).
+PERMANENT_ERRORS = frozenset({
+    KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.RECORD_LIST_TOO_LARGE, KafkaError.INVALID_MSG_SIZE,
+    KafkaError.INVALID_MSG, KafkaError.INVALID_RECORD, KafkaError.INVALID_TIMESTAMP,
+    KafkaError.UNSUPPORTED_FOR_MESSAGE_FORMAT, KafkaError.TOPIC_AUTHORIZATION_FAILED,
+    KafkaError.CLUSTER_AUTHORIZATION_FAILED, KafkaError.TOPIC_EXCEPTION, KafkaError.POLICY_VIOLATION,
+})  # fmt: skip
+
 #: stats keys whose records did not reach the broker and never will (the loss counters)
 LOST_KEYS = ("expired_records", "refused_records", "error_records", "spool_lost_records",
-             "dropped_progress", "dropped_critical")
+             "replay_rejected_records", "dropped_progress", "dropped_critical")
+
+
+class ReplayFault(enum.Enum):
+    """What a delivery error of a replayed message says: wait for the broker, or move past the message."""
+
+    #: the broker is away or not ready (``SPOOLABLE_ERRORS``): replay the same messages again later,
+    #: however long it takes; the spool's age bound is what limits the wait
+    OUTAGE = "outage"
+    #: the message is refused and would be again (``PERMANENT_ERRORS``, or a fatal client error):
+    #: count it lost (``replay_rejected_records``) and replay what follows
+    PERMANENT = "permanent"
+    #: any other error: replayed again up to ``MetricsProducer.REPLAY_ATTEMPTS_MAX`` times in a row,
+    #: then counted lost like a permanent one, so no single message holds the spool forever
+    OTHER = "other"
+
+
+def replay_fault(err: KafkaError) -> ReplayFault:
+    """Classify one delivery (or produce) error of a replayed message."""
+    code = err.code()
+    if err.fatal() or code in PERMANENT_ERRORS:
+        return ReplayFault.PERMANENT
+    if code in SPOOLABLE_ERRORS:
+        return ReplayFault.OUTAGE
+    return ReplayFault.OTHER
 
 
 def key_partition(key: bytes, partitions: int, groups: int = 1) -> int:
@@ -106,7 +152,8 @@ def format_stats(stats: dict[str, int], producer_id: str = "") -> str:
             f"(expired {stats.get('expired_records', 0)}, refused {stats.get('refused_records', 0)}, "
             f"failed {stats.get('error_records', 0)}, "
             f"dropped {stats.get('dropped_progress', 0) + stats.get('dropped_critical', 0)}, "
-            f"spool-lost {stats.get('spool_lost_records', 0)}); "
+            f"spool-lost {stats.get('spool_lost_records', 0)}, "
+            f"replay-rejected {stats.get('replay_rejected_records', 0)}); "
             f"spooled {stats.get('spooled_records', 0)}, replayed {stats.get('replayed_records', 0)}, "
             f"in flight {stats.get('in_flight_records', 0)}, queued {stats.get('queued', 0)}")
 
@@ -124,7 +171,26 @@ class _Replay:
         self.sealed = False  # every message of the group has been handed to librdkafka
         self.finished = False
         self.delivered_records = 0
-        self.failed = 0
+        self.failed = 0  # messages that failed in a way a retry may fix (OUTAGE or OTHER)
+        self.failed_records = 0
+        self.outage = False  # one of those failures says the broker is away: retry without a limit
+        self.rejected = 0  # messages refused for good (PERMANENT): lost whatever happens next
+        self.rejected_records = 0
+        self.errors: list[str] = []  # the distinct errors, for the one log line
+
+    def note_error(self, err: KafkaError | None, records: int) -> None:
+        """Count one failed message of the group (call with ``lock`` held); None: an unexplained failure."""
+        fault = ReplayFault.OTHER if err is None else replay_fault(err)
+        if fault is ReplayFault.PERMANENT:
+            self.rejected += 1
+            self.rejected_records += records
+        else:
+            self.failed += 1
+            self.failed_records += records
+            self.outage = self.outage or fault is ReplayFault.OUTAGE
+        name = "unknown error" if err is None else f"{err.name()}: {err.str()}"
+        if name not in self.errors:
+            self.errors.append(name)
 
 
 class MetricsProducer:
@@ -140,6 +206,9 @@ class MetricsProducer:
     REPLAY_WINDOW_MAX = 512
     #: wait between replay attempts while the broker keeps failing, at most
     REPLAY_BACKOFF_MAX_S = 5.0
+    #: attempts in a row at the spool's head that fail with an unclassified error (``ReplayFault.OTHER``)
+    #: before its failed messages are counted lost and the replay moves on (outages never count)
+    REPLAY_ATTEMPTS_MAX = 5
     #: a stats line goes to the log at most this often while records are being lost or spooled
     STATS_LOG_INTERVAL_S = 30.0
 
@@ -165,7 +234,7 @@ class MetricsProducer:
             "sent_batches": 0, "sent_records": 0, "delivered_records": 0, "failed_records": 0,
             "delivery_failures": 0, "produce_errors": 0, "expired_records": 0, "refused_records": 0,
             "error_records": 0, "spooled_in_records": 0, "replayed_records": 0, "replay_duplicate_records": 0,
-            "spool_lost_records": 0, "recovered_records": 0,
+            "spool_lost_records": 0, "replay_rejected_records": 0, "recovered_records": 0,
         }
         self._in_flight = 0  # records handed to librdkafka (not replays) whose delivery report is pending
         self._spool: Spool | None = None
@@ -178,6 +247,8 @@ class MetricsProducer:
         self._replay_window = 1
         self._replay_backoff_s = 0.25
         self._next_replay_s = 0.0
+        self._replay_attempts = 0  # failed attempts (OTHER errors only) since the spool's head last moved
+        self._rejections_logged: set[str] = set()  # replay errors already logged as a warning
         self._last_stats_log = (time.monotonic(), 0)
         self._thread: threading.Thread | None = None
         if background:
@@ -531,10 +602,23 @@ class MetricsProducer:
                     replay.waiting += 1
                 try:
                     producer.produce(self.settings.metrics_topic, **kwargs)
-                except (BufferError, KafkaException):
+                except BufferError:
                     with replay.lock:
                         replay.waiting -= 1
-                    break  # the group ends here; the rest stays spooled for the next round
+                    break  # librdkafka's queue is full: the group ends here; the rest stays for the next round
+                except KafkaException as exc:
+                    # Refused before it was sent (larger than message.max.bytes, unknown partition, ...):
+                    # judged like a delivery error, so a message librdkafka never takes cannot hold the head.
+                    err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+                    with replay.lock:
+                        replay.waiting -= 1
+                        replay.note_error(err, msg.records)
+                    replay.through = pos
+                    replay.messages += 1
+                    replay.records += msg.records
+                    if err is None or replay_fault(err) is not ReplayFault.PERMANENT:
+                        break  # may pass next time: the group ends with it (it is retried, in order)
+                    continue
             replay.through = pos
             replay.messages += 1
             replay.records += msg.records
@@ -552,7 +636,7 @@ class MetricsProducer:
             if err is None:
                 replay.delivered_records += records
             else:
-                replay.failed += 1
+                replay.note_error(err, records)
             done = replay.sealed and replay.waiting == 0
         if done:
             self._finish_replay(replay)
@@ -565,7 +649,12 @@ class MetricsProducer:
         spool = self._spool
         if spool is None:  # pragma: no cover - replays exist only with a spool
             return
-        if replay.failed or replay.through is None:
+        give_up = False
+        if replay.failed and not replay.outage:
+            # Only unclassified errors: maybe a passing broker state, maybe this message for ever.
+            self._replay_attempts += 1
+            give_up = self._replay_attempts >= self.REPLAY_ATTEMPTS_MAX
+        if replay.through is None or (replay.failed and not give_up):
             # Nothing committed: the whole group goes again, in order (its delivered part twice:
             # at-least-once, the worker drops duplicate batches by producer and batch_seq).
             self._count(replay_duplicate_records=replay.delivered_records)
@@ -573,13 +662,25 @@ class MetricsProducer:
             self._next_replay_s = time.monotonic() + self._replay_backoff_s
             self._replay_backoff_s = min(self._replay_backoff_s * 2, self.REPLAY_BACKOFF_MAX_S)
         else:
+            # Delivered, too old, or refused for good (or failing REPLAY_ATTEMPTS_MAX times in a row):
+            # every message of the group has its counter, so the head moves past it.
             spool.commit(replay.through, replay.messages, replay.records)
-            delivered = replay.records - replay.stale_records
-            self._count(delivered_records=delivered, replayed_records=delivered)
+            self._replay_attempts = 0
+            self._count(delivered_records=replay.delivered_records, replayed_records=replay.delivered_records)
             if replay.stale_records:
                 self._lose("spool_lost_records", replay.stale_records)
                 log.warning("discarded %d spooled records older than %.0f s", replay.stale_records,
                             self.settings.spool_max_age_s)
+            lost = replay.rejected_records + replay.failed_records
+            if lost:
+                self._lose("replay_rejected_records", lost, messages=replay.rejected + replay.failed)
+                new = [e for e in replay.errors if e not in self._rejections_logged]
+                self._rejections_logged.update(new)
+                # Once per kind of error as a warning: one oversized message or a missing ACL could
+                # otherwise write a line per message; the count is in the stats line.
+                log.log(logging.WARNING if new else logging.DEBUG,
+                        "the broker refused %d spooled records for good (%s); counted in replay_rejected_records, "
+                        "the replay goes on", lost, "; ".join(replay.errors))
             self._replay_window = min(self._replay_window * 4, self.REPLAY_WINDOW_MAX)
             self._replay_backoff_s = 0.25
             if not spool.pending_messages:

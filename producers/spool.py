@@ -5,8 +5,10 @@ Layout: ``<spool_dir>/slot-<n>/`` is owned by one producer process at a time (an
 what a dead one left behind. A slot holds numbered segment files of length-prefixed,
 CRC-checked frames and a ``cursor`` file naming the first frame not yet delivered.
 
-Bounds: ``max_bytes`` (a frame that does not fit is refused and counted by the caller) and
-``max_age_s`` (older frames are discarded at replay, counted). Frames are written with one
+Bounds: ``max_bytes`` (a frame that does not fit is refused and counted by the caller: the
+oldest are kept, so what replays is the start of the outage without holes; room comes back a
+segment at a time as the replay delivers) and ``max_age_s`` (older frames are discarded at
+replay, oldest first, counted). Frames are written with one
 ``write`` and flushed to the OS, so a crashed process loses nothing already spooled; a torn
 last frame (power loss) fails its CRC and ends the segment. No fsync: the spool rides out
 broker outages, not machine crashes.
@@ -196,6 +198,12 @@ class Spool:
                 fh.seek(through.offset)
                 size, _crc = _FRAME.unpack(fh.read(_FRAME.size))
             self._head = Position(through.segment, through.offset + _FRAME.size + size)
+            if (self._head.segment < self._tail_segment
+                    and self._head.offset >= self._segment_path(self._head.segment).stat().st_size):
+                # The head's segment is delivered to its end and closed (appends go to a later one):
+                # free it now, not only when the next segment's first frame is delivered; a full
+                # spool takes new messages again as soon as a whole segment is done.
+                self._head = Position(self._head.segment + 1, 0)
             self.pending_messages = max(self.pending_messages - messages, 0)
             self.pending_records = max(self.pending_records - records, 0)
             if self.pending_messages == 0 and self._tail_file is not None:

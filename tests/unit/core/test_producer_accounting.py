@@ -61,8 +61,10 @@ def test_a_delivered_message_is_counted(tmp_path: Path) -> None:
 
 def test_stats_line_names_every_reason() -> None:
     line = format_stats({"delivered_records": 90, "expired_records": 5, "refused_records": 3, "error_records": 1,
-                         "dropped_progress": 1, "spooled_records": 7, "replayed_records": 2}, "p1")
-    assert line.startswith("producer p1: 90 records delivered, 10 lost (expired 5, refused 3, failed 1, dropped 1")
+                         "dropped_progress": 1, "replay_rejected_records": 4, "spooled_records": 7,
+                         "replayed_records": 2}, "p1")
+    assert line.startswith("producer p1: 90 records delivered, 14 lost (expired 5, refused 3, failed 1, dropped 1")
+    assert "replay-rejected 4)" in line
     assert "spooled 7, replayed 2" in line
 
 
