@@ -671,8 +671,13 @@ class Verdict:
 
     @property
     def dedupe_key(self) -> str:
-        """Identity for de-duplication: an incident may have several distinct updates, never two equal ones."""
-        return f"{self.incident_id}/{self.state.value}/{self.op_seq}/{','.join(map(str, self.root_cause_ranks))}"
+        """Identity for de-duplication: an incident may have several distinct updates, never two equal ones.
+
+        The class and the link are part of it: an ``update`` that refines S2 to S3, or names the link of
+        an S2 found without one, keeps the incident's ranks and op, and must still reach the reader."""
+        link = "" if self.link is None else f"{self.link.src}>{self.link.dst}"
+        ranks = ",".join(map(str, self.root_cause_ranks))
+        return f"{self.incident_id}/{self.state.value}/{self.op_seq}/{self.kind.value}/{ranks}/{link}"
 
     def describe(self) -> str:
         """One readable line, as `ccld verdicts` and `ccld demo` print it."""

@@ -1,0 +1,34 @@
+"""The outbox hands out each distinct verdict once: repeats are dropped, refinements are not."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from ccld.records import AnomalyKind, Link, VerdictState
+from ccld.streams.outbox import Outbox
+from tests.factories import make_verdict
+
+
+class _Box(Outbox):
+    def __init__(self) -> None:
+        self.counters: Counter[str] = Counter()
+        self._init_outbox(None)
+
+
+def test_a_refined_update_is_sent_and_a_repeat_is_not() -> None:
+    box = _Box()
+    s2 = make_verdict(state=VerdictState.UPDATE, kind=AnomalyKind.S2, op_seq=40, root_cause_ranks=(21,))
+    linked = make_verdict(state=VerdictState.UPDATE, kind=AnomalyKind.S2, op_seq=40, root_cause_ranks=(21,),
+                          link=Link(21, 22))
+    s3 = make_verdict(state=VerdictState.UPDATE, kind=AnomalyKind.S3, op_seq=40, root_cause_ranks=(21,),
+                      link=Link(21, 22))
+    grown = make_verdict(state=VerdictState.UPDATE, kind=AnomalyKind.S3, op_seq=40, root_cause_ranks=(21,),
+                         link=Link(21, 22), affected_ranks=(0, 1, 2))
+    box.found([s2, linked, s3, s3, grown])
+    # the same incident, op and culprit: naming the link and refining the class are news to a reader
+    assert [v for v, _ in box.pending()] == [s2, linked, s3]
+    assert box.counters["duplicate_verdicts"] == 2  # the repeat, and growth alone
+    for v, _ in box.pending():
+        box.mark_sent(v)
+    box.found([s3])  # delivered twice (a restart): still once
+    assert box.pending() == [] and box.counters["verdicts"] == 3
