@@ -23,11 +23,18 @@ if TYPE_CHECKING:
 
 
 class WorkerProcess:
-    """A real `ccld worker` in a child process, with its log kept for failing tests."""
+    """A real `ccld worker` (or another long-running ``ccld`` command) in a child process, its log kept.
 
-    def __init__(self, settings: Settings, log_path: Path) -> None:
+    ``command`` is the ``ccld`` subcommand (``worker``, ``sink``); ``start`` returns once ``ready``
+    appears in the log (Faust's "Worker ready" for the worker).
+    """
+
+    def __init__(self, settings: Settings, log_path: Path, *, command: str = "worker",
+                 ready: str = "Worker ready") -> None:
         self.settings = settings
         self.log_path = log_path
+        self.command = command
+        self.ready = ready
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self, ready_timeout_s: float = 60.0) -> WorkerProcess:
@@ -35,18 +42,18 @@ class WorkerProcess:
         start_len = self.log_path.stat().st_size if self.log_path.exists() else 0
         out = open(self.log_path, "ab")  # noqa: SIM115 - closed with the process
         # run beside its log: Faust makes its data folder (<app id>-data) in the working directory
-        self.proc = subprocess.Popen([sys.executable, "-P", "-m", "ccld.cli", "worker"], env=child_env(self.settings),
-                                     stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                                     cwd=self.log_path.parent)
+        self.proc = subprocess.Popen([sys.executable, "-P", "-m", "ccld.cli", self.command],
+                                     env=child_env(self.settings), stdout=out, stderr=subprocess.STDOUT,
+                                     start_new_session=True, cwd=self.log_path.parent)
         deadline = time.monotonic() + ready_timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise AssertionError(f"worker exited with {self.proc.returncode}:\n{self.log()}")
+                raise AssertionError(f"{self.command} exited with {self.proc.returncode}:\n{self.log()}")
             # Faust's recovery service logs "Worker ready" once partitions are assigned and tables recovered.
-            if "Worker ready" in self.log_path.read_bytes()[start_len:].decode(errors="replace"):
+            if self.ready in self.log_path.read_bytes()[start_len:].decode(errors="replace"):
                 return self
             time.sleep(0.2)
-        raise AssertionError(f"worker not ready in {ready_timeout_s} s:\n{self.log()}")
+        raise AssertionError(f"{self.command} not ready in {ready_timeout_s} s:\n{self.log()}")
 
     def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 20.0) -> int:
         if self.proc is None:
@@ -92,6 +99,11 @@ def first_verdict(settings: Settings, kind: AnomalyKind, timeout_s: float, job: 
 
 def raw_messages(settings: Settings, topic: str, idle_s: float = 3.0) -> list[bytes]:
     """Every message of ``topic`` (all partitions) until nothing new arrives for ``idle_s``."""
+    return [value for _, _, value in raw_records(settings, topic, idle_s)]
+
+
+def raw_records(settings: Settings, topic: str, idle_s: float = 3.0) -> list[tuple[int, int, bytes]]:
+    """``(partition, offset, value)`` of every message of ``topic`` until nothing new arrives for ``idle_s``."""
     from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
     c = Consumer({"bootstrap.servers": settings.bootstrap, "group.id": f"raw-{time.time_ns()}",
@@ -99,12 +111,12 @@ def raw_messages(settings: Settings, topic: str, idle_s: float = 3.0) -> list[by
     try:
         parts = c.list_topics(topic, timeout=10).topics[topic].partitions
         c.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in parts])
-        out: list[bytes] = []
+        out: list[tuple[int, int, bytes]] = []
         last = time.monotonic()
         while time.monotonic() - last < idle_s:
             msg = c.poll(0.2)
             if msg is not None and msg.error() is None:
-                out.append(msg.value() or b"")
+                out.append((msg.partition() or 0, msg.offset() or 0, msg.value() or b""))
                 last = time.monotonic()
         return out
     finally:

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
@@ -62,8 +63,8 @@ class ChaosBroker:
 
     def restart(self) -> None:
         """Start a fresh broker on the same port (in memory: it comes back empty)."""
-        # Started directly, not with EmbeddedBroker: its free-port check fails on the killed broker's
-        # TIME_WAIT sockets, which Tansu's own listener (SO_REUSEADDR) does not mind.
+        # Started directly rather than through EmbeddedBroker only to keep the process handle here (the
+        # port check would pass: stack.broker.port_is_free binds with SO_REUSEADDR, as Tansu's listener does).
         url = f"tcp://127.0.0.1:{self.port}"
         self._proc = subprocess.Popen([tansu_binary(), "broker", "--listener-url", url, "--advertised-listener-url",
                                        url, "--storage-engine", "memory://tansu/"],
@@ -148,10 +149,39 @@ def raw_verdicts(settings: Settings, idle_s: float = 2.0) -> list[Verdict]:
     return [decode_verdict(m) for m in raw_messages(settings, settings.verdicts_topic, idle_s)]
 
 
-def worker_counters(worker: WorkerProcess) -> dict[str, int]:
-    """Partition 0's counters from the worker's newest ``counters`` log line ({} before the first)."""
-    lines = re.findall(r"counters (\{.*\})", worker.log_path.read_text(errors="replace"))
+def worker_counters(worker: WorkerProcess | Path) -> dict[str, int]:
+    """Partition 0's counters from the worker's newest ``counters`` log line ({} before the first).
+
+    ``worker``: a worker process, or the path of a worker's log (``ccld up --logs DIR``'s ``worker.log``).
+    """
+    path = worker if isinstance(worker, Path) else worker.log_path
+    lines = re.findall(r"counters (\{.*\})", path.read_text(errors="replace") if path.exists() else "")
     return dict(json.loads(lines[-1]).get("0", {})) if lines else {}
+
+
+def archived(root: Path, topic: str) -> Counter[tuple[int, int]]:
+    """Rows of ``topic`` in a Parquet archive per source ``(partition, offset)`` (a duplicate counts twice).
+
+    Safe to call while a sink writes: a file the sink replaced or removed meanwhile is skipped.
+    """
+    import pyarrow.parquet as pq
+
+    rows: Counter[tuple[int, int]] = Counter()
+    for path in sorted((root / topic).glob("*/*.parquet")):
+        try:
+            offsets = pq.read_table(path, columns=["offset"]).column("offset").to_pylist()
+        except FileNotFoundError:
+            continue
+        rows.update((int(path.parent.name), int(o)) for o in offsets)
+    return rows
+
+
+def count_line(fault: str, *, produced: int, delivered: int, verdicts_expected: int, verdicts_received: int,
+               verdicts_raw: int) -> str:
+    """The one line a chaos test prints (``pytest -s``) with the counts its RESULTS row quotes."""
+    return (f"CHAOS {fault}: records produced {produced}, delivered {delivered}, lost {produced - delivered}; "
+            f"verdicts expected {verdicts_expected}, received {verdicts_received}, "
+            f"duplicated {verdicts_raw - verdicts_received}")
 
 
 def scenario_batches(sid: str, fault: dict[str, Any] | None, duration_s: float) -> list[tuple[float, KernelBatch]]:
@@ -193,7 +223,10 @@ def produce_raw(settings: Settings, values: list[bytes], extra: dict[str, Any] |
 
 def record_result(fault: str, injected: str, *, produced: int, delivered: int, verdicts_expected: int,
                   verdicts_received: int, verdicts_raw: int, **extra: Any) -> None:
-    """Append one measured row to ``$CCLD_CHAOS_REPORT`` (JSON lines) when set: benchmarks/results is built from it."""
+    """Print the counts on one line and append the row to ``$CCLD_CHAOS_REPORT`` (JSON lines) when set:
+    benchmarks/results is built from it."""
+    print(count_line(fault, produced=produced, delivered=delivered, verdicts_expected=verdicts_expected,
+                     verdicts_received=verdicts_received, verdicts_raw=verdicts_raw), flush=True)
     path = os.environ.get("CCLD_CHAOS_REPORT")
     if not path:
         return

@@ -6,6 +6,7 @@ A real Tansu broker per test and a real ``ccld worker`` process; the verdicts to
 
 from __future__ import annotations
 
+import re
 import signal
 import time
 from collections import Counter
@@ -96,3 +97,54 @@ def test_broker_killed_and_restarted_empty_the_worker_goes_on(
                   f"first verdict {recovered_s:.0f} s after the restart", produced=sent_before + sent_after,
                   delivered=c.get("analyzed_records", 0), verdicts_expected=1, verdicts_received=len(per_key),
                   verdicts_raw=len(raw))
+
+
+def test_a_verdict_pending_on_a_frozen_broker_survives_a_worker_kill(
+    chaos_broker: ChaosBroker, chaos_settings: Settings, chaos_worker: WorkerProcess
+) -> None:
+    """Found while the broker is frozen, so never acknowledged; the worker is killed before the thaw. The
+    verdict counts as sent only on the broker's ack, so the next worker must send it, once.
+
+    The hung job goes on sending the state of its communicators every interval (the attachment and the
+    probe do, from their own threads), and those records reach the broker after the thaw: the restarted
+    worker finds the hang again from them. What it cannot do is find it from records it committed before
+    the kill alone (a snapshot keeps no operations in flight): a job that went entirely silent during the
+    outage, with the worker killed in it, loses the verdict (README, "What a restart keeps")."""
+    s = chaos_settings
+    job = scenario_batches("pending-kill", {"kind": "H1", "rank": 5, "onset_s": 20.0}, 60.0)
+    before = [x for x in job if x[0] < 23.0]
+    after = [x for x in job if x[0] >= 23.0]  # sent during the outage: delivered after the thaw
+    worker = chaos_worker.start()
+    sent = produce(s, before)
+    assert wait_for(lambda: committed(s) >= len(before), 30), worker.log()
+    assert not raw_verdicts(s, idle_s=0.5), "the hang was reported before the outage: the test proves nothing"
+    chaos_broker.freeze()
+    try:
+        found = wait_for(lambda: "verdict found, pending" in worker.log_path.read_text(errors="replace"), 40)
+        time.sleep(1)  # the courier is now waiting on the frozen broker
+        assert worker.stop(signal.SIGKILL) == -signal.SIGKILL
+    finally:
+        chaos_broker.thaw()
+    assert found, f"no verdict was found during the outage:\n{worker.log()}"
+    assert "INFO ccld.streams.app: verdict [open]" not in worker.log_path.read_text(errors="replace"), \
+        "the broker acknowledged the verdict before the kill: the test proves nothing"
+    t0 = time.monotonic()
+    worker.start()  # same app id
+    sent += produce(s, after)
+    # Found again within hang_min_s (20 s) of the restart if it was not kept pending.
+    got = collect_verdicts(s, 30, until=lambda vs: any(5 in v.root_cause_ranks for v in vs))
+    recovered_s = time.monotonic() - t0
+    assert any(v.kind.value == "H1" and 5 in v.root_cause_ranks for v in got), worker.log()
+    time.sleep(2)  # time for a duplicate to show up
+    raw = raw_verdicts(s)
+    per_key = Counter(v.dedupe_key for v in raw)
+    assert len(per_key) == 1 and all(n == 1 for n in per_key.values()), f"lost or duplicated verdicts: {per_key}"
+    resumed = re.findall(r"resumed from a \d+-byte snapshot \((\d+) verdicts pending\)", worker.log())
+    assert worker.stop() == 0
+    c = worker_counters(worker)
+    assert c.get("analyzed_records") == sent, c
+    record_result("worker killed (SIGKILL) with a verdict pending on a frozen broker",
+                  f"SIGSTOP; the H1 verdict found during the freeze; SIGKILL of the worker; SIGCONT; new worker "
+                  f"(resumed with {resumed[-1] if resumed else '?'} pending), verdict {recovered_s:.0f} s after "
+                  f"its start", produced=sent, delivered=c.get("analyzed_records", 0), verdicts_expected=1,
+                  verdicts_received=len(per_key), verdicts_raw=len(raw))
