@@ -184,14 +184,18 @@ def count_line(fault: str, *, produced: int, delivered: int, verdicts_expected: 
             f"duplicated {verdicts_raw - verdicts_received}")
 
 
-def scenario_batches(sid: str, fault: dict[str, Any] | None, duration_s: float) -> list[tuple[float, KernelBatch]]:
-    """A small simulated job (8 ranks, 1 s steps): ``(simulated time, batch)`` pairs, job id ``sid``."""
-    sc = Scenario.from_dict({
+def small_scenario(sid: str, fault: dict[str, Any] | None, duration_s: float) -> Scenario:
+    """A small simulated job (8 ranks, 1 s steps) with at most one fault, job id ``sid``."""
+    return Scenario.from_dict({
         "id": sid, "seed": 5, "ranks": 8, "layout": {"tp": 4, "pp": 1, "dp": 2}, "channels": 2,
         "step_time_s": 1.0, "duration_s": duration_s, "clock_skew_s": 2.0, "jitter": 0.02,
         "faults": [fault] if fault else [], "expect": [{"kind": fault["kind"], "rank": fault["rank"]}] if fault else [],
     })
-    return list(simulate(sc))
+
+
+def scenario_batches(sid: str, fault: dict[str, Any] | None, duration_s: float) -> list[tuple[float, KernelBatch]]:
+    """``small_scenario``'s ``(simulated time, batch)`` pairs."""
+    return list(simulate(small_scenario(sid, fault, duration_s)))
 
 
 def produce(settings: Settings, batches: list[tuple[float, KernelBatch]], *, offset_s: float = 0.0,

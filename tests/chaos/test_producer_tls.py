@@ -1,4 +1,4 @@
-"""TLS end to end: the producer (librdkafka) and the worker's client (aiokafka) through a TLS listener.
+"""TLS end to end: the producer, a real ``ccld worker`` and a real ``ccld sink`` through a TLS listener only.
 
 The bundled Tansu 0.6.0 takes ``--cert``/``--key`` but its listener never completes a TLS
 handshake (measured: the client's handshake times out), so the TLS listener here is a small
@@ -12,9 +12,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import signal
 import ssl
 import subprocess
+import sys
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,11 +26,15 @@ import pytest
 
 from ccld.errors import BrokerError
 from ccld.producers.kafka import MetricsProducer
+from ccld.producers.simulator.publish import publish
 from ccld.security import faust_kwargs, kafka_config
 from ccld.settings import Settings
 from ccld.stack.broker import free_port, tansu_binary, wait_until_answers
 from ccld.stack.topics import ensure_topics
+from ccld.stack.up import child_env
+from chaoslib import archived, small_scenario, wait_for
 from factories import make_kernel_record
+from harness import WorkerProcess, collect_verdicts
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
@@ -162,3 +169,65 @@ def test_the_worker_client_speaks_tls_with_faust_kwargs(tls: tuple[str, Path, Pa
 
     assert auth["security_protocol"] == "SSL"
     assert asyncio.run(asyncio.wait_for(send(), 30)) >= 0
+
+
+def tls_worker_settings(tls: tuple[str, Path, Path], tmp_path: Path) -> Settings:
+    """``tls_settings`` plus what a worker and a sink of this test need: its own app id, group and archive."""
+    bootstrap, ca, _other = tls
+    tag = uuid.uuid4().hex[:8]
+    return tls_settings(bootstrap, ca).replace(
+        worker_app_id=f"ccld-tls-{tag}", sink_group=f"ccld-sink-tls-{tag}", archive_dir=str(tmp_path / "archive"),
+        worker_tick_s=0.5, worker_commit_interval_s=0.5, worker_shutdown_grace_s=10.0)
+
+
+def test_a_real_worker_and_sink_over_tls_name_the_hung_rank_and_archive_the_job(
+    tls: tuple[str, Path, Path], tmp_path: Path
+) -> None:
+    s = tls_worker_settings(tls, tmp_path)
+    env = child_env(s)
+    # The children get the TLS settings and the TLS listener only: the fixture never hands out the broker's
+    # own (plaintext) port, and the broker advertises the proxy's, so every connection crosses TLS.
+    assert (env["CCLD_SECURITY_PROTOCOL"], env["CCLD_SSL_CA_LOCATION"], env["CCLD_BOOTSTRAP"]) == (
+        "SSL", str(tls[1]), tls[0])
+    assert Settings.load(env) == s, "the settings did not survive the trip through the environment"
+    ensure_topics(s)
+    worker = WorkerProcess(s, tmp_path / "worker.log")
+    sink_log = tmp_path / "sink.log"
+    with sink_log.open("wb") as out:
+        sink = subprocess.Popen([sys.executable, "-P", "-m", "ccld.cli", "sink"], env=env, stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True, cwd=tmp_path)
+    try:
+        worker.start(ready_timeout_s=40)
+        with MetricsProducer(s, producer_id="tls-job", background=False) as p:
+            sent = publish(small_scenario("tls-h1", {"kind": "H1", "rank": 5, "onset_s": 15.0}, 45.0), p)
+            assert p.flush(30) == 0
+        assert p.stats["delivered_records"] == sent["records"] > 0 and p.lost_records == 0, p.stats_line()
+
+        got = collect_verdicts(s, 30, until=lambda vs: any(5 in v.root_cause_ranks for v in vs))
+        hits = [v for v in got if v.kind.value == "H1" and 5 in v.root_cause_ranks]
+        assert hits and hits[0].job == "tls-h1", f"{[v.describe() for v in got]}\n{worker.log()}"
+
+        root = Path(s.archive_dir)
+
+        def rows(topic: str) -> int:
+            return sum(archived(root, topic).values())
+
+        assert wait_for(lambda: rows(s.metrics_topic) == sent["records"] and rows(s.verdicts_topic) > 0, 20), (
+            f"archived {rows(s.metrics_topic)} of {sent['records']} records, {rows(s.verdicts_topic)} verdicts\n"
+            f"{sink_log.read_text(errors='replace')[-4000:]}")
+    finally:
+        worker.stop(signal.SIGKILL)
+        if sink.poll() is None:
+            os.killpg(sink.pid, signal.SIGKILL)
+        sink.wait(10)
+
+
+def test_a_worker_without_the_tls_settings_fails_fast_at_the_tls_port(
+    tls: tuple[str, Path, Path], tmp_path: Path
+) -> None:
+    s = tls_worker_settings(tls, tmp_path).replace(security_protocol="PLAINTEXT", ssl_ca_location="")
+    t0 = time.monotonic()
+    proc = subprocess.run([sys.executable, "-P", "-m", "ccld.cli", "worker"], env=child_env(s), capture_output=True,
+                          text=True, timeout=60, cwd=tmp_path)
+    assert proc.returncode != 0 and "cannot reach Kafka" in proc.stderr + proc.stdout, proc.stderr[-3000:]
+    assert time.monotonic() - t0 < 40
