@@ -567,7 +567,8 @@ def measure(g: Generated, args: argparse.Namespace, progress: Callable[[str], No
 
     sc, ranks = g.scenario, g.scenario.ranks
     fault, expect = sc.faults[0], sc.expect[0]
-    coll = collectives_per_rank_s(g.batches, min(10.0, fault.onset_s / 2), fault.onset_s)
+    since = min(10.0, fault.onset_s / 2)  # a minute before the fault is enough to read the rate back
+    coll = collectives_per_rank_s(g.batches, since, min(fault.onset_s, since + 60.0))
     progress(f"R={ranks}: {len(g.batches):,} messages, {g.records:,} records, {g.bytes / 1e6:,.0f} MB in "
              f"{g.gen_s:.0f} s; {g.records / sc.duration_s:,.0f} records/s, {g.bytes / sc.duration_s / 1e6:.1f} MB/s; "
              f"collectives/s per rank before the fault: median {coll['median']:.0f} "

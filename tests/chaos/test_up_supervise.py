@@ -14,12 +14,16 @@ import sys
 import threading
 import time
 import uuid
+from collections import Counter
 from pathlib import Path
 
 import pytest
 from confluent_kafka.admin import AdminClient
 
+from ccld.settings import Settings
 from ccld.stack.broker import EmbeddedBroker, free_port, port_is_free
+from chaoslib import archived, produce, raw_verdicts, record_result, scenario_batches, wait_for
+from harness import collect_verdicts
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
@@ -115,6 +119,8 @@ def test_up_restarts_a_killed_worker_and_broker_and_stops_cleanly(tmp_path: Path
     env.update({"CCLD_TOPIC_PREFIX": f"u{tag}.", "CCLD_WORKER_APP_ID": f"up-{tag}", "CCLD_SINK_GROUP": f"sink-{tag}",
                 "CCLD_ARCHIVE_DIR": str(tmp_path / "archive")})
     port = free_port()
+    archive = tmp_path / "archive"
+    s = Settings.load(env, bootstrap=f"127.0.0.1:{port}")
     up = subprocess.Popen([sys.executable, "-P", "-m", "ccld.cli", "up", "--port", str(port), "--logs",
                            str(tmp_path / "logs")], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                           text=True, start_new_session=True)
@@ -139,6 +145,23 @@ def test_up_restarts_a_killed_worker_and_broker_and_stops_cleanly(tmp_path: Path
         topics = AdminClient({"bootstrap.servers": f"127.0.0.1:{port}"}).list_topics(timeout=10).topics
         assert f"u{tag}.metrics" in topics, "topics were not recreated on the restarted broker"
         seen |= set(children_of(up.pid))
+
+        # end to end after both restarts: a job that hangs now is reported once and archived
+        t0 = time.monotonic()
+        job = scenario_batches("after-restarts", {"kind": "H1", "rank": 3, "onset_s": 15.0}, 50.0)
+        produced = sum(b.n for _, b in job)
+        acked = produce(s, job)
+        assert acked == produced
+        got = collect_verdicts(s, 60, until=lambda vs: any(3 in v.root_cause_ranks for v in vs))
+        found_s = time.monotonic() - t0
+        assert any(v.kind.value == "H1" and v.root_cause_ranks == (3,) for v in got), \
+            "".join(err.seen) + (tmp_path / "logs" / "worker.log").read_text(errors="replace")[-3000:]
+        time.sleep(2)  # time for a duplicate to show up
+        raw = raw_verdicts(s)
+        per_key = Counter(v.dedupe_key for v in raw)
+        assert all(n == 1 for n in per_key.values()), f"duplicated verdicts: {per_key}"
+        assert wait_for(lambda: sum(archived(archive, s.verdicts_topic).values()) >= len(raw), 30), \
+            "the restarted sink did not archive the verdicts"
     finally:
         up.send_signal(signal.SIGTERM)
         try:
@@ -149,3 +172,9 @@ def test_up_restarts_a_killed_worker_and_broker_and_stops_cleanly(tmp_path: Path
     assert up.returncode == 0
     left = [pid for pid in seen | set(children_of(up.pid)) if alive(pid)]
     assert not left, f"ccld up left processes behind: {left}"
+    rows = archived(archive, s.verdicts_topic)
+    assert rows and all(n == 1 for n in rows.values()), f"verdict offsets archived more than once: {rows}"
+    record_result("ccld up: worker killed, then the embedded broker killed", f"SIGKILL of the worker, then of "
+                  f"the broker; both restarted by ccld up; a job hanging afterwards reported in {found_s:.0f} s",
+                  produced=produced, delivered=acked, verdicts_expected=1, verdicts_received=len(per_key),
+                  verdicts_raw=len(raw))
