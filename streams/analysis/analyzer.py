@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from ccld.errors import RecordError
 from ccld.records import KernelBatch, Verdict
 from ccld.streams.analysis.incidents import IncidentBook
+from ccld.streams.analysis.inflight import load_comm, save_comm, stalled_comms
 from ccld.streams.analysis.jobview import JobAnalysis
 from ccld.streams.analysis.settings import AnalyzerSettings
 from ccld.streams.analysis.shard import ShardReport, Watch, shard_report
@@ -28,6 +29,10 @@ log = logging.getLogger(__name__)
 
 STATE_VERSION = 1
 CADENCE_STATE_MAX = 4096  # communicator cadences kept in state_dict (each a few signatures)
+#: Member rows of stalled communicators kept in state_dict (newest stalls first): about 13 bytes a row
+#: once compressed (a hung 8,192-rank job: 8,248 rows, 103 KB), so a snapshot stays well under the
+#: broker's message limit (~1 MB).
+STALL_ROWS_STATE_MAX = 16384
 
 
 class Analyzer:
@@ -44,7 +49,9 @@ class Analyzer:
         self._stats: dict[str, int] = {
             "batches": 0, "records": 0, "duplicates": 0, "out_of_order": 0, "evaluations": 0,
             "ops_completed": 0, "verdicts": 0, "jobs": 0, "communicators": 0,
+            "stalls_unsaved": 0,  # stalled communicators the last state_dict left out (over STALL_ROWS_STATE_MAX)
         }
+        self._now = 0.0  # the newest analyzer time seen (ingest, evaluate, reports)
 
     # -- input ---------------------------------------------------------------------------------
     def ingest(self, batch: KernelBatch, now: float) -> None:
@@ -69,16 +76,10 @@ class Analyzer:
         key = (batch.job, batch.incarnation)
         ja = self.jobs.get(key)
         if ja is None:
-            ja = JobAnalysis(batch.job, batch.incarnation, self.settings)
-            for k, v in self._pauses.items():
-                job, inc, comm = k.rsplit("|", 2)
-                if (job, int(inc)) == key:
-                    ja.restored_pauses[comm] = list(v)
-            prefix = f"{batch.job}|{batch.incarnation}|"
-            ja.cadence.restore({k[len(prefix) :]: v for k, v in self._cadence.items() if k.startswith(prefix)})
-            self.jobs[key] = ja
+            ja = self._new_job(key)
             self._stats["jobs"] += 1
         ja.js.queue(batch, now)
+        self._now = max(self._now, now)
         self._stats["batches"] += 1
         self._stats["records"] += batch.n
 
@@ -87,6 +88,7 @@ class Analyzer:
         """Verdicts (OPEN, UPDATE, RESOLVED) that are new since the last call: every job's shard
         report, decided at once by the job stage (the single-process analyzer is one shard)."""
         self._stats["evaluations"] += 1
+        self._now = max(self._now, now)
         out = self.stage.restarted(self.newest_incarnations(), now)
         for key, ja in list(self.jobs.items()):
             out.extend(self.stage.decide([(0, self._report(key, ja, now))], now))
@@ -103,6 +105,7 @@ class Analyzer:
         for its end (the stage, not the shard, knows which became incidents).
         """
         self._stats["evaluations"] += 1
+        self._now = max(self._now, now)
         out: list[ShardReport] = []
         for key, ja in list(self.jobs.items()):
             out.append(self._report(key, ja, now))
@@ -116,6 +119,18 @@ class Analyzer:
         for job, inc in self.jobs:
             newest[job] = max(inc, newest.get(job, inc))
         return newest
+
+    def _new_job(self, key: tuple[str, int]) -> JobAnalysis:
+        """A new job incarnation's analysis, with what a restored state learned of it (pauses, cadences)."""
+        ja = JobAnalysis(key[0], key[1], self.settings)
+        for k, v in self._pauses.items():
+            job, inc, comm = k.rsplit("|", 2)
+            if (job, int(inc)) == key:
+                ja.restored_pauses[comm] = list(v)
+        prefix = f"{key[0]}|{key[1]}|"
+        ja.cadence.restore({k[len(prefix) :]: v for k, v in self._cadence.items() if k.startswith(prefix)})
+        self.jobs[key] = ja
+        return ja
 
     def _report(self, key: tuple[str, int], ja: JobAnalysis, now: float) -> ShardReport:
         watch = self._watch.get(key)
@@ -134,7 +149,8 @@ class Analyzer:
 
     # -- persistence ---------------------------------------------------------------------------
     def state_dict(self, *, search_cadence: bool = True) -> dict[str, Any]:
-        """Compact JSON-serialisable state: emitted/open incidents, duplicate windows, pauses.
+        """Compact JSON-serialisable state: emitted/open incidents, duplicate windows, pauses, and the
+        newest rows of stalled communicators (a hang not yet reported is found again after a restart).
 
         ``search_cadence=False`` saves the step patterns found so far without searching more (the
         search is most of a save's cost at thousands of ranks; the worker searches once a second).
@@ -159,8 +175,43 @@ class Analyzer:
             "cadence": dict(list(cadence.items())[-CADENCE_STATE_MAX:]),
             # findings watched for their end: a shard restarted after a hang ended still reports its end
             "watch": {f"{job}|{inc}": w.state_dict() for (job, inc), w in self._watch.items() if w.items},
+            **self._stalled_state(),
             "stats": dict(self._stats),
         }
+
+    def _stalled_state(self) -> dict[str, Any]:
+        """``{"stalled": ...}``: the newest rows of every stalled communicator (``inflight``), newest stalls
+        first up to ``STALL_ROWS_STATE_MAX`` rows; nothing at all when no communicator is stalled.
+
+        The worker commits its input once a snapshot covers it, so a job that hangs and goes silent is
+        found again after a restart only from this (``inflight`` says why these rows and which).
+        """
+        found: list[tuple[float, tuple[str, int], int]] = []
+        for key, ja in self.jobs.items():
+            now = max(self._now, ja.js.last_now)
+            found.extend((onset, key, cid) for onset, cid in stalled_comms(ja.js, now, self.settings.wait_edge_min_s))
+        if not found:
+            self._stats["stalls_unsaved"] = 0
+            return {}
+        found.sort(key=lambda x: -x[0])
+        room, cut = STALL_ROWS_STATE_MAX, 0
+        keep: dict[tuple[str, int], list[int]] = {}
+        for _, key, cid in found:
+            size = int(self.jobs[key].js.c_size[cid])
+            if size > room:
+                cut += 1
+                continue
+            room -= size
+            keep.setdefault(key, []).append(cid)
+        self._stats["stalls_unsaved"] = cut
+        out: dict[str, Any] = {}
+        for key, cids in keep.items():
+            js = self.jobs[key].js
+            hosts: dict[int, int] = {}
+            comms = [save_comm(js, cid, hosts) for cid in sorted(cids)]
+            out[f"{key[0]}|{key[1]}"] = {"last_now": js.last_now, "comms": comms,
+                                         "hosts": [js.host_names[h] for h in hosts]}
+        return {"stalled": out}
 
     @classmethod
     def from_state_dict(cls, state: Mapping[str, Any], settings: AnalyzerSettings | None = None) -> Analyzer:
@@ -181,7 +232,27 @@ class Analyzer:
                     a._stats[k] = int(v)
         except (KeyError, TypeError, ValueError) as exc:
             raise RecordError(f"bad analyzer state: {exc}") from exc
+        for k, saved in dict(state.get("stalled", {})).items():
+            a._load_stalled(str(k), saved)
         return a
+
+    def _load_stalled(self, k: str, saved: Mapping[str, Any]) -> None:
+        """One job's saved stalled communicators; a bad entry loses them (and says so), never the rest."""
+        key: tuple[str, int] | None = None
+        try:
+            job, inc = k.rsplit("|", 1)
+            key = (job, int(inc))
+            ja = self._new_job(key)
+            hosts = [str(h) for h in saved["hosts"]]
+            for d in saved["comms"]:
+                load_comm(ja.js, d, hosts)
+            ja.js.last_now = float(saved["last_now"])
+            self._now = max(self._now, ja.js.last_now)
+        except (KeyError, TypeError, ValueError, IndexError) as exc:
+            log.warning("analyzer state: the stalled communicators of %s are unreadable (%s: %s); dropped",
+                        k, type(exc).__name__, exc)
+            if key is not None:
+                self.jobs.pop(key, None)
 
     @property
     def stats(self) -> Mapping[str, int]:

@@ -187,6 +187,21 @@ class JobState:
             self._new_sizes[cid] = max(int(size.max()), int(crank.max()) + 1)
         return cid
 
+    def restore_comm(self, comm_hash: int, size: int) -> int:
+        """Register a communicator of ``size`` members and allocate its slice now (rows restored from a
+        snapshot are written into it); a communicator already known raises ValueError."""
+        if size <= 0 or comm_hash in self.comm_index:
+            raise ValueError(f"communicator {comm_hash:#x} of size {size} is bad or known already")
+        cid = self.comm_index[comm_hash] = len(self.comm_hashes)
+        self.comm_hashes.append(comm_hash)
+        self._new_sizes[cid] = size
+        self._allocate()
+        return cid
+
+    def host_ids_of(self, hosts: tuple[str, ...]) -> I64:
+        """The job-level host ids of ``hosts`` (registering new names)."""
+        return self._host_map(hosts)
+
     def _allocate(self) -> None:
         """Give new (or grown) communicators their member slices, in one pass."""
         if not self._new_sizes:

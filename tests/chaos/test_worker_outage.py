@@ -99,17 +99,20 @@ def test_broker_killed_and_restarted_empty_the_worker_goes_on(
                   verdicts_raw=len(raw))
 
 
+@pytest.mark.parametrize("silent", [False, True], ids=["job-goes-on", "job-silent"])
 def test_a_verdict_pending_on_a_frozen_broker_survives_a_worker_kill(
-    chaos_broker: ChaosBroker, chaos_settings: Settings, chaos_worker: WorkerProcess
+    chaos_broker: ChaosBroker, chaos_settings: Settings, chaos_worker: WorkerProcess, silent: bool
 ) -> None:
     """Found while the broker is frozen, so never acknowledged; the worker is killed before the thaw. The
     verdict counts as sent only on the broker's ack, so the next worker must send it, once.
 
-    The hung job goes on sending the state of its communicators every interval (the attachment and the
-    probe do, from their own threads), and those records reach the broker after the thaw: the restarted
-    worker finds the hang again from them. What it cannot do is find it from records it committed before
-    the kill alone (a snapshot keeps no operations in flight): a job that went entirely silent during the
-    outage, with the worker killed in it, loses the verdict (README, "What a restart keeps")."""
+    ``job-goes-on``: the hung job goes on sending the state of its communicators every interval (the
+    attachment and the probe do, from their own threads), and those records reach the broker after the
+    thaw: the restarted worker finds the hang again from them. ``job-silent``: the whole job went silent
+    at 23 s (its hosts died, or its network to the broker is cut) and nothing more ever comes; the
+    restarted worker re-reads nothing (its offsets were committed) and finds the hang from its snapshot
+    alone, which keeps the newest rows of stalled communicators (README, "What the worker guarantees"),
+    with the same incident id, so the verdict is sent once."""
     s = chaos_settings
     job = scenario_batches("pending-kill", {"kind": "H1", "rank": 5, "onset_s": 20.0}, 60.0)
     before = [x for x in job if x[0] < 23.0]
@@ -130,7 +133,8 @@ def test_a_verdict_pending_on_a_frozen_broker_survives_a_worker_kill(
         "the broker acknowledged the verdict before the kill: the test proves nothing"
     t0 = time.monotonic()
     worker.start()  # same app id
-    sent += produce(s, after)
+    if not silent:
+        sent += produce(s, after)
     # Found again within hang_min_s (20 s) of the restart if it was not kept pending.
     got = collect_verdicts(s, 30, until=lambda vs: any(5 in v.root_cause_ranks for v in vs))
     recovered_s = time.monotonic() - t0
@@ -143,7 +147,8 @@ def test_a_verdict_pending_on_a_frozen_broker_survives_a_worker_kill(
     assert worker.stop() == 0
     c = worker_counters(worker)
     assert c.get("analyzed_records") == sent, c
-    record_result("worker killed (SIGKILL) with a verdict pending on a frozen broker",
+    record_result("worker killed (SIGKILL) with a verdict pending on a frozen broker"
+                  + (", the hung job silent since the outage" if silent else ""),
                   f"SIGSTOP; the H1 verdict found during the freeze; SIGKILL of the worker; SIGCONT; new worker "
                   f"(resumed with {resumed[-1] if resumed else '?'} pending), verdict {recovered_s:.0f} s after "
                   f"its start", produced=sent, delivered=c.get("analyzed_records", 0), verdicts_expected=1,

@@ -112,11 +112,17 @@ def test_restart_without_duplicate_ids_redetects_silently() -> None:
     batches = batches_by_tick(h1_records(Probe()))
     first = analyze_batches(batches)
     a = Analyzer()
+    tick = 1.0
     for t, b in batches:
-        if t < 70:
-            a.ingest(b, t)
+        if t >= 70:
+            break
+        while t >= tick:
+            a.evaluate(tick)
+            tick += 1.0
+        a.ingest(b, t)
     a.evaluate(70.0)
     b_state = a.state_dict()
+    assert b_state["incidents"]["emitted"], "the incident was not emitted before the restart: nothing to test"
     a2 = Analyzer.from_state_dict(b_state)
     # a fresh analyzer that sees the whole stream again but keeps the emitted ids
     for t, b in batches:

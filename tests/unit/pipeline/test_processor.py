@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import time
 import zlib
 
 import pytest
@@ -185,3 +186,36 @@ def test_snapshots_are_compressed_and_plain_json_ones_still_restore() -> None:
     for raw in (snap, plain):
         back = PartitionProcessor.restore(0, AnalyzerSettings(), raw)
         assert back.job_clock("proc-h1") == proc.job_clock("proc-h1") and back.counters == proc.counters
+
+
+def test_a_job_silent_since_its_hang_is_found_after_a_restart_from_the_snapshot_alone() -> None:
+    """Rank 5 never enters the op of 20 s and the whole job goes silent at 23 s; the worker commits that and
+    snapshots a moment later, then dies. Its successor re-reads nothing: the snapshot alone must carry the
+    hang, with the onset, op and id the worker that never stopped reports."""
+    sc = Scenario.from_dict({
+        "id": "silent", "seed": 5, "ranks": 8, "layout": {"tp": 4, "pp": 1, "dp": 2}, "channels": 2,
+        "step_time_s": 1.0, "duration_s": 60.0, "clock_skew_s": 2.0, "jitter": 0.02,
+        "faults": [{"kind": "H1", "rank": 5, "onset_s": 20.0}], "expect": [{"kind": "H1", "rank": 5}],
+    })
+    msgs = [(t, encode_batch(b)) for t, b in simulate(sc) if t < 23.0]
+    wall = 1_000_000.0  # the worker's wall clock at the job's time 0 (records arrive as they are stamped)
+
+    def run(proc: PartitionProcessor, start: float) -> list[tuple[str, float, int, tuple[int, ...]]]:
+        out = []
+        for k in range(60):
+            for v, _ in proc.tick(recv_s=start + k):
+                proc.mark_sent(v)
+                if v.state.value == "open":
+                    out.append((v.incident_id, v.onset_time, v.op_seq, v.root_cause_ranks))
+        return out
+
+    proc = PartitionProcessor(0, AnalyzerSettings())
+    for i, (t, raw) in enumerate(msgs):
+        assert not proc.handle(raw, topic="m", offset=i, timestamp_s=t, recv_s=wall + t).verdicts
+    last = msgs[-1][0]
+    proc.tick(recv_s=wall + last + 0.2)  # the timer applies the burst; the snapshot covering it follows
+    snap = proc.snapshot()
+    ref = run(proc, wall + last + 1.0)
+    assert [r[3] for r in ref] == [(5,)], ref
+    restored = PartitionProcessor.restore(0, AnalyzerSettings(), snap)
+    assert run(restored, time.time()) == ref
