@@ -143,6 +143,10 @@ class Pipeline:
             delay = b.crashed(now)
             events.append(f"the embedded broker on {broker.bootstrap} exited; restarting it in {delay:.0f} s "
                           f"(the memory broker lost every topic, message, offset and group)")
+            # Stop the children now, not once the broker is back: a client of the old broker that
+            # reconnects to the new one joins its group there and, stopped mid-join, leaves a member
+            # Tansu never expires, so the restarted sink waited forever in "rebalance in progress".
+            self._stop_children(timeout_s=5.0)
         if not b.due(now):
             return events
         try:
@@ -158,7 +162,7 @@ class Pipeline:
         events.append(f"the embedded broker is back on {broker.bootstrap} (restart {b.restarts}); "
                       f"topics recreated; restarting worker and sink against the empty broker")
         # Their consumer groups, offsets and changelogs were in the lost broker: start them clean.
-        self._stop_children(timeout_s=5.0)
+        self._stop_children(timeout_s=5.0)  # stopped when the broker died; a no-op unless one was started since
         for name in sorted(self.children):
             self._spawn(name)
         return events
