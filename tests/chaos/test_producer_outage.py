@@ -87,11 +87,10 @@ def test_frozen_broker_with_spool_loses_nothing(broker: EmbeddedBroker, tmp_path
     assert stats["delivered_records"] == RECORDS, p.stats_line()
     got = op_seqs(s)
     assert set(got) == set(range(RECORDS)), f"missing on the broker: {len(set(range(RECORDS)) - set(got))}"
-    # One partition: the spool replayed in produce order (at-least-once: a repeat may follow, but no
-    # record arrives for the first time before one produced earlier).
-    first = list(dict.fromkeys(got))
-    late = [(a, b) for a, b in zip(first, first[1:], strict=False) if b < a]
-    assert not late, f"{len(late)} records arrived before earlier ones, e.g. {late[:5]}"
+    # Not asserted: produce order across the outage. The spool replays in order (tests/unit/core/
+    # test_spool.py, test_spool_replay.py), but a message librdkafka was already sending when the
+    # outage began can reach the broker at the thaw before the spooled ones (seen once in CI: 1 of
+    # 2,000); the analyzer takes records in any order.
     assert slowest < 1.0, f"submit blocked the caller for {slowest:.2f} s"
 
 
