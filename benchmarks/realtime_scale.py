@@ -319,7 +319,6 @@ def proc_cpu_rss(pid: int | None) -> tuple[float | None, int | None]:
 # --------------------------------------------------------------------------------------------
 # generating, replaying, measuring
 # --------------------------------------------------------------------------------------------
-@dataclass
 class BatchFile:
     """``(send time, batch)`` pairs written once, in order, to a file and read back as often as needed
     (the producer, the collective-rate count and the in-process analyzer each take one pass), so the

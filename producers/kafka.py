@@ -586,6 +586,7 @@ class MetricsProducer:
         producer = self._client()
         replay = self._replay = _Replay()
         for pos, msg in group:
+            last = False  # this message ends the group (it is retried next round, in order, with what follows)
             if spool.is_stale(msg):
                 replay.stale_records += msg.records
             else:
@@ -613,15 +614,12 @@ class MetricsProducer:
                     with replay.lock:
                         replay.waiting -= 1
                         replay.note_error(err, msg.records)
-                    replay.through = pos
-                    replay.messages += 1
-                    replay.records += msg.records
-                    if err is None or replay_fault(err) is not ReplayFault.PERMANENT:
-                        break  # may pass next time: the group ends with it (it is retried, in order)
-                    continue
+                    last = err is None or replay_fault(err) is not ReplayFault.PERMANENT  # may pass next time
             replay.through = pos
             replay.messages += 1
             replay.records += msg.records
+            if last:
+                break
         with replay.lock:
             replay.sealed = True
             done = replay.waiting == 0

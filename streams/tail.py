@@ -1,9 +1,8 @@
 """`ccld verdicts`: tail the verdicts topic as readable lines or JSON lines.
 
 Reads by assigning every partition (no consumer group join, no committed offsets), and
-drops repeats that at-least-once delivery may produce by ``Verdict.dedupe_key`` (incident,
-state, op_seq, culprit ranks: the worker's own key), so each distinct ``update`` of an incident
-is shown, not only the first.
+drops repeats that at-least-once delivery may produce by ``Verdict.dedupe_key`` (the worker's
+own key), so each distinct ``update`` of an incident is shown, not only the first.
 """
 
 from __future__ import annotations

@@ -149,13 +149,9 @@ def raw_verdicts(settings: Settings, idle_s: float = 2.0) -> list[Verdict]:
     return [decode_verdict(m) for m in raw_messages(settings, settings.verdicts_topic, idle_s)]
 
 
-def worker_counters(worker: WorkerProcess | Path) -> dict[str, int]:
-    """Partition 0's counters from the worker's newest ``counters`` log line ({} before the first).
-
-    ``worker``: a worker process, or the path of a worker's log (``ccld up --logs DIR``'s ``worker.log``).
-    """
-    path = worker if isinstance(worker, Path) else worker.log_path
-    lines = re.findall(r"counters (\{.*\})", path.read_text(errors="replace") if path.exists() else "")
+def worker_counters(worker: WorkerProcess) -> dict[str, int]:
+    """Partition 0's counters from the worker's newest ``counters`` log line ({} before the first)."""
+    lines = re.findall(r"counters (\{.*\})", worker.log_path.read_text(errors="replace"))
     return dict(json.loads(lines[-1]).get("0", {})) if lines else {}
 
 
