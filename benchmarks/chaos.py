@@ -26,7 +26,7 @@ from ccld.producers.kafka import MetricsProducer
 from ccld.schemas.codec import decode_metrics
 from ccld.settings import Settings
 from ccld.stack.broker import EmbeddedBroker
-from ccld.stack.topics import ensure_topics
+from ccld.topics import ensure_topics
 
 
 def read_back(settings: Settings) -> set[int]:

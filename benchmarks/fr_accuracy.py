@@ -26,9 +26,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ccld.fr_dump.load import decode, load_dir
 from ccld.records import Verdict
 from ccld.streams.flight_recorder.cli import analyse
-from ccld.streams.flight_recorder.load import decode, load_dir
 
 HERE = Path(__file__).resolve().parent
 CORPUS = HERE / "fr"

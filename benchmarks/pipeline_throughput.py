@@ -37,8 +37,8 @@ from ccld.records import KernelBatch
 from ccld.schemas.codec import decode_metrics
 from ccld.settings import Settings
 from ccld.stack.broker import EmbeddedBroker
-from ccld.stack.topics import ensure_topics
 from ccld.stack.up import child_env
+from ccld.topics import ensure_topics
 
 
 def make_batches(ranks: int, seconds: float, messages: str, batch: int) -> list[tuple[float, KernelBatch]]:

@@ -43,7 +43,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("ccld.stack.demo", "run the embedded pipeline on a simulated job with injected faults"),
     "up": ("ccld.stack.up", "broker (unless --bootstrap) + worker + sink on this machine"),
     "broker": ("ccld.stack.broker", "run the embedded Kafka-compatible broker (Tansu)"),
-    "topics": ("ccld.stack.topics", "create the CCL-D topics on a broker"),
+    "topics": ("ccld.topics", "create the CCL-D topics on a broker"),
     "worker": ("ccld.streams.worker", "run the Faust stream processor that emits verdicts"),
     "sink": ("ccld.sinks.cli", "archive metrics and verdicts to Parquet"),
     "archive": ("ccld.sinks.cli_archive", "inspect a Parquet archive (archive summary DIR)"),

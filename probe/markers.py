@@ -15,11 +15,11 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from ccld.bounded import DEFAULT_INTERVAL_S as DEFAULT_STATE_INTERVAL_S
 from ccld.probe.errors import ProbeError
 from ccld.probe.frame import read_consistent
 from ccld.probe.poller import FrameSource, ProbePoller, Sink
 from ccld.probe.tracker import RankBinding
-from ccld.producers.bounded import DEFAULT_INTERVAL_S as DEFAULT_STATE_INTERVAL_S
 from ccld.records import TraceId
 
 ENTER, EXIT = 0, 1

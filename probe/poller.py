@@ -6,7 +6,7 @@ turns the changes into records (``tracker.FrameTracker``) and hands each to ``si
 one ``KernelBatch`` per job incarnation (all its communicators, as the batcher groups them).
 
 What it sends is the bounded record format of every CCL-D source (README, "Record format and
-its cost"; ``ccld.producers.bounded``): per communicator and ``state_interval_s`` (1 s) its state
+its cost"; ``ccld.bounded``): per communicator and ``state_interval_s`` (1 s) its state
 (PROGRESS of the kernel inside, else IDLE), the ENTERED + PROGRESS of a kernel a poll caught in
 flight (at most one such look per communicator and interval), and the DONE of the kernels
 ``detail_sampled`` picks at the stride the attachment would pick. For a rank in C communicators
@@ -34,13 +34,13 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from ccld.bounded import DEFAULT_INTERVAL_S as DEFAULT_STATE_INTERVAL_S
+from ccld.bounded import DETAIL_MODES, ExitLog
 from ccld.errors import ConfigError
 from ccld.probe import layout
 from ccld.probe.errors import FrameError
 from ccld.probe.frame import read_consistent
 from ccld.probe.tracker import ClockMap, CountOf, FrameTracker, RankBinding, Rates
-from ccld.producers.bounded import DEFAULT_INTERVAL_S as DEFAULT_STATE_INTERVAL_S
-from ccld.producers.bounded import DETAIL_MODES, ExitLog
 from ccld.records import DETAIL_OPS_PER_S, KernelBatch, KernelRecord, TraceId
 
 log = logging.getLogger(__name__)

@@ -14,7 +14,7 @@ and its cost"), so the record rate does not grow with the collective rate:
   frozen: hangs are judged on these), else ``IDLE`` with the last kernel's signature, times
   and final counters;
 - **detail**: the ``DONE`` record of a kernel only when ``ccld.records.detail_sampled(comm_hash,
-  op_seq, K)`` picks it, with K decided per communicator by ``ccld.producers.bounded.StrideWindow`` (the
+  op_seq, K)`` picks it, with K decided per communicator by ``ccld.bounded.StrideWindow`` (the
   attachment's rule): at the same op sequence numbers, from the op rate measured on the
   kernels' begin times (only the newest kernel's is in the frame; a check between two polls
   interpolates), so every rank picks the same K from the same op on and details the same ops.
@@ -41,10 +41,10 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ccld.bounded import DEFAULT_INTERVAL_S, DETAIL_MODES, ExitLog, StrideWindow, op_sampled
 from ccld.errors import ConfigError, RecordError
 from ccld.probe import layout
 from ccld.probe.frame import FrameSnapshot, unwrap_u32
-from ccld.producers.bounded import DEFAULT_INTERVAL_S, DETAIL_MODES, ExitLog, StrideWindow, op_sampled
 from ccld.records import DETAIL_OPS_PER_S, KernelRecord, Status, TraceId
 
 log = logging.getLogger(__name__)

@@ -20,7 +20,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace, settings: Settings) -> int:
     if not settings.bootstrap:
         raise BrokerError("ccld sink needs --bootstrap (or CCLD_BOOTSTRAP)")
-    from ccld.stack.topics import ensure_topics
+    from ccld.topics import ensure_topics
 
     ensure_topics(settings)
     archiver = Archiver(settings, args.dir)

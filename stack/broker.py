@@ -160,7 +160,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace, settings: Settings) -> int:
     from ccld.stack.signals import stop_on_sigterm
-    from ccld.stack.topics import ensure_topics
+    from ccld.topics import ensure_topics
 
     stop_on_sigterm()
     with EmbeddedBroker(args.port) as broker:

@@ -27,7 +27,7 @@ from ccld.settings import Settings
 from ccld.stack.broker import EmbeddedBroker, wait_until_answers
 from ccld.stack.signals import stop_on_sigterm
 from ccld.stack.supervise import Backoff
-from ccld.stack.topics import ensure_topics
+from ccld.topics import ensure_topics
 
 log = logging.getLogger(__name__)
 

@@ -38,10 +38,10 @@ import faust
 from ccld.records import DeadLetter, Verdict, job_partition
 from ccld.security import faust_kwargs
 from ccld.settings import Settings
-from ccld.stack.topics import ensure_topics
 from ccld.streams.processor import Output, PartitionProcessor, ProcessorOptions
 from ccld.streams.recovery import read_partition, topic_id, verdict_keys_on_topic
 from ccld.streams.stage import StageProcessor
+from ccld.topics import ensure_topics
 
 log = logging.getLogger(__name__)
 

@@ -34,8 +34,8 @@ def run_worker(settings: Settings, app_id: str | None = None) -> int:
     """Create the topics, then run the worker in this process until a signal stops it."""
     import faust
 
-    from ccld.stack.topics import ensure_topics
     from ccld.streams.app import create_app
+    from ccld.topics import ensure_topics
 
     if not settings.bootstrap:
         raise BrokerError("ccld worker needs --bootstrap (or CCLD_BOOTSTRAP); `ccld up` starts everything")

@@ -49,11 +49,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from ccld.producers.attach.identity import P2P_RECEIVER, P2P_SENDER, dtype_code, p2p_hash
+from ccld.fr_dump.load import DumpError, validate
+from ccld.fr_dump.model import fr_int, normalise_op, numel
+from ccld.identity import P2P_RECEIVER, P2P_SENDER, dtype_code, p2p_hash
 from ccld.producers.attach.tracker import OpCall, Tracker
 from ccld.records import DType, OpType
-from ccld.streams.flight_recorder.load import DumpError, validate
-from ccld.streams.flight_recorder.model import fr_int, normalise_op, numel
 
 log = logging.getLogger(__name__)
 
@@ -254,11 +254,11 @@ class FrPoller:
         self._since_wall_ns = since
         prev = self._last_poll_ns
         completed: dict[str, int] = {}
-        for pid, st in pg_status.items():
+        for key, st in pg_status.items():
             if isinstance(st, Mapping):
                 c = fr_int(st.get("last_completed_collective"))
                 if c is not None:
-                    completed[str(pid)] = c
+                    completed[str(key)] = c
         present: set[int] = set()
         new_rids: list[int] = []
         for i, e in enumerate(entries):

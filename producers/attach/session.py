@@ -11,10 +11,10 @@ from collections.abc import Mapping
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
+from ccld.bounded import DEFAULT_INTERVAL_S, DETAIL_MODES
 from ccld.errors import ConfigError
 from ccld.producers.attach.sinks import sink_from_spec
 from ccld.producers.attach.tracker import RecordSink, Tracker
-from ccld.producers.bounded import DEFAULT_INTERVAL_S, DETAIL_MODES
 from ccld.settings import Settings
 
 if TYPE_CHECKING:

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ccld.producers.attach.identity import (
+from ccld.identity import (
     FUNCTION_OPS,
     P2P_RECEIVER,
     P2P_SENDER,

@@ -11,10 +11,10 @@ and its cost"), so the record rate does not grow with the collective rate:
   once as well (a "look": at most one per communicator and interval, never twice for one op),
   so a rank stuck in a new op shows up within ``heartbeat_s``, not at the next interval;
 - **detail**: the ``DONE`` record of an op only when ``ccld.records.detail_sampled(comm_hash,
-  op_seq, K)`` picks it (``ccld.producers.bounded.op_sampled``, the same rule in plain Python), with ``K =
+  op_seq, K)`` picks it (``ccld.bounded.op_sampled``, the same rule in plain Python), with ``K =
   detail_one_in(op rate)`` per communicator: the rate is measured over about ``interval_s`` of
   its ops' own entry times and checked at fixed op sequence numbers (raised as soon as the ops
-  seen so far need it; ``ccld.producers.bounded.StrideWindow``, which the GPU probe's poller shares), so
+  seen so far need it; ``ccld.bounded.StrideWindow``, which the GPU probe's poller shares), so
   every rank of the communicator picks the same K from the same op on;
   at most about ``DETAIL_OPS_PER_S`` (8) details per communicator and second, and every op when
   a communicator runs at most 8 per second. It carries
@@ -40,7 +40,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from ccld.producers.bounded import DEFAULT_INTERVAL_S, DETAIL_MODES, ExitLog, StrideWindow, op_sampled
+from ccld.bounded import DEFAULT_INTERVAL_S, DETAIL_MODES, ExitLog, StrideWindow, op_sampled
 from ccld.records import DETAIL_OPS_PER_S, DType, KernelBatch, KernelRecord, OpType, Status
 
 log = logging.getLogger(__name__)

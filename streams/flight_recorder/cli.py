@@ -15,10 +15,10 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from ccld.fr_dump.load import DumpError, load_dir
+from ccld.fr_dump.model import DumpSet, build
 from ccld.settings import Settings
 from ccld.streams.flight_recorder.diagnose import Diagnosis, diagnose
-from ccld.streams.flight_recorder.load import DumpError, load_dir
-from ccld.streams.flight_recorder.model import DumpSet, build
 
 __all__ = ["ImportResult", "analyse", "configure", "main"]
 

@@ -21,10 +21,10 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from ccld.producers.attach.identity import comm_hash
+from ccld.fr_dump.model import DumpSet, Group, Op, RankState
+from ccld.identity import comm_hash
 from ccld.records import AnomalyKind, Verdict, VerdictState, comm_hex
 from ccld.streams.analysis.waitgraph import RootSet, root_sets, victims_of
-from ccld.streams.flight_recorder.model import DumpSet, Group, Op, RankState
 
 __all__ = ["Diagnosis", "Edge", "diagnose"]
 
@@ -107,8 +107,8 @@ def _gloo_live(dset: DumpSet) -> tuple[DumpSet, list[str]]:
         for o in s.ops:
             if not o.p2p and o.done:
                 top[o.group][s.rank] = max(top[o.group].get(s.rank, -1), o.seq)
-        for g, last in s.completed.items():
-            top[g][s.rank] = max(top[g].get(s.rank, -1), last)
+        for group_name, last in s.completed.items():
+            top[group_name][s.rank] = max(top[group_name].get(s.rank, -1), last)
     ranks = {}
     for r, s in dset.ranks.items():
         ops = []
@@ -482,9 +482,9 @@ def _verdict(gr: _Graph, rs: RootSet, job: str) -> Verdict:
             kind, conf = (AnomalyKind.H2, 0.6) if same_dir else (AnomalyKind.H3, 0.4)
             victims |= set(rs.ranks)
             roots = ()
-            b0 = next(iter(blocked.values()), None)
-            if b0 is not None:
-                group, seq, opname = b0.group, b0.seq, b0.written
+            first_blocked = next(iter(blocked.values()), None)
+            if first_blocked is not None:
+                group, seq, opname = first_blocked.group, first_blocked.seq, first_blocked.written
             evidence = (f"ranks {_ranks(rs.ranks)} wait on each other ("
                         + "; ".join(f"rank {r} in {b.describe()}" for r, b in sorted(blocked.items()))
                         + ("): every one of them sends (or every one receives) first" if same_dir else

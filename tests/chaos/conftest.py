@@ -19,7 +19,7 @@ import pytest
 
 from ccld.settings import Settings
 from ccld.stack.broker import EmbeddedBroker
-from ccld.stack.topics import ensure_topics
+from ccld.topics import ensure_topics
 from harness import WorkerProcess
 
 sys.path.insert(0, str(Path(__file__).parent))  # chaoslib, importable by the tests of this folder

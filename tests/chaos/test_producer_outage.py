@@ -19,7 +19,7 @@ import pytest
 from ccld.producers.kafka import MetricsProducer
 from ccld.settings import Settings
 from ccld.stack.broker import EmbeddedBroker
-from ccld.stack.topics import ensure_topics
+from ccld.topics import ensure_topics
 from factories import make_kernel_record
 from harness import raw_batches
 

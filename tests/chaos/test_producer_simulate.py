@@ -18,7 +18,7 @@ import pytest
 
 from ccld.settings import Settings
 from ccld.stack.broker import EmbeddedBroker, free_port
-from ccld.stack.topics import ensure_topics
+from ccld.topics import ensure_topics
 from harness import raw_batches
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]

@@ -30,8 +30,8 @@ from ccld.producers.simulator.publish import publish
 from ccld.security import faust_kwargs, kafka_config
 from ccld.settings import Settings
 from ccld.stack.broker import free_port, tansu_binary, wait_until_answers
-from ccld.stack.topics import ensure_topics
 from ccld.stack.up import child_env
+from ccld.topics import ensure_topics
 from chaoslib import archived, small_scenario, wait_for
 from factories import make_kernel_record
 from harness import WorkerProcess, collect_verdicts

@@ -14,7 +14,7 @@ from collections import Counter
 import pytest
 
 from ccld.settings import Settings
-from ccld.stack.topics import ensure_topics
+from ccld.topics import ensure_topics
 from chaoslib import (
     ChaosBroker,
     committed,

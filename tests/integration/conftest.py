@@ -16,7 +16,7 @@ import pytest
 from ccld.records import Verdict
 from ccld.settings import Settings
 from ccld.stack.broker import EmbeddedBroker, wait_until_answers
-from ccld.stack.topics import ensure_topics
+from ccld.topics import ensure_topics
 from harness import WorkerProcess, collect_verdicts
 
 

@@ -96,7 +96,7 @@ def test_verdicts_json_lines_with_timeout(ccld_settings: Settings, running_worke
 
 def test_worker_exits_on_sigterm_even_when_its_broker_is_gone(tmp_path: Path) -> None:
     from ccld.stack.broker import EmbeddedBroker
-    from ccld.stack.topics import ensure_topics
+    from ccld.topics import ensure_topics
 
     broker = EmbeddedBroker(0).start()
     try:

@@ -23,8 +23,8 @@ from ccld.producers.simulator.scenario import Scenario, load_scenarios
 from ccld.producers.simulator.sim import simulate
 from ccld.records import Verdict, VerdictState
 from ccld.settings import Settings
-from ccld.stack.topics import ensure_topics
 from ccld.streams.analysis.analyzer import analyze_batches
+from ccld.topics import ensure_topics
 from harness import WorkerProcess, collect_verdicts
 
 pytestmark = pytest.mark.integration

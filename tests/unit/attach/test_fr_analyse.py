@@ -9,7 +9,7 @@ import pytest
 from fr_factory import dump, entry, healthy, write
 
 from ccld.cli import main as ccld_main
-from ccld.producers.attach.identity import comm_hash
+from ccld.identity import comm_hash
 from ccld.records import AnomalyKind, Verdict, comm_hex
 from ccld.streams.flight_recorder.cli import ImportResult, analyse
 

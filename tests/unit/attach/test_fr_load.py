@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from fr_factory import dump, healthy, write
 
-from ccld.streams.flight_recorder.load import DumpError, decode, load_dir, plain_unpickle, rank_of
+from ccld.fr_dump.load import DumpError, decode, load_dir, plain_unpickle, rank_of
 
 DATA = Path(__file__).parent / "data"
 

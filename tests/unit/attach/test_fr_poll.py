@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
+from ccld.identity import P2P_RECEIVER, P2P_SENDER, comm_hash, p2p_hash
 from ccld.producers.attach.fr_poll import FrPoller
-from ccld.producers.attach.identity import P2P_RECEIVER, P2P_SENDER, comm_hash, p2p_hash
 from ccld.producers.attach.sinks import ListSink
 from ccld.producers.attach.tracker import Identity, Tracker
 from ccld.records import DType, KernelRecord, OpType, Status

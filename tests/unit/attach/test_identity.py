@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ccld.producers.attach.identity import comm_hash, dtype_code, fr_op_type, p2p_hash
+from ccld.identity import comm_hash, dtype_code, fr_op_type, p2p_hash
 from ccld.records import DType, OpType
 
 

@@ -12,8 +12,8 @@ import pytest
 torch = pytest.importorskip("torch", reason="torch is not installed (pip install 'ccl-d[torch]')")
 dist = pytest.importorskip("torch.distributed")
 
+from ccld.identity import comm_hash, p2p_hash  # noqa: E402
 from ccld.producers.attach import attach, current, detach  # noqa: E402
-from ccld.producers.attach.identity import comm_hash, p2p_hash  # noqa: E402
 from ccld.producers.attach.sinks import ListSink  # noqa: E402
 from ccld.records import DType, KernelRecord, OpType, Status  # noqa: E402
 from ccld.settings import Settings  # noqa: E402

@@ -10,9 +10,9 @@ from typing import Any
 import numpy as np
 import pytest
 
+from ccld.bounded import EXITS_KEPT, op_sampled
 from ccld.producers.attach.sinks import ListSink
 from ccld.producers.attach.tracker import Identity, OpCall, Tracker
-from ccld.producers.bounded import EXITS_KEPT, op_sampled
 from ccld.records import (
     DETAIL_OPS_PER_S,
     DType,

@@ -11,9 +11,9 @@ import pytest
 from frdumps import done, dump, op, write
 
 from ccld.cli import main as ccld_main
+from ccld.fr_dump.model import normalise_op
 from ccld.records import AnomalyKind, Verdict
 from ccld.streams.flight_recorder.cli import ImportResult, analyse
-from ccld.streams.flight_recorder.model import normalise_op
 
 W4 = {"0": [0, 1, 2, 3]}
 

@@ -27,7 +27,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ccld.streams.flight_recorder.load import RankDump
+from ccld.fr_dump.load import RankDump
 
 __all__ = ["DumpSet", "Group", "Op", "RankState", "build", "normalise_op"]
 
