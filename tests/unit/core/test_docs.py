@@ -24,9 +24,16 @@ def _section(text: str, heading: str) -> str:
 
 
 def _links(text: str) -> list[str]:
-    """Relative Markdown link targets, without their #anchor."""
+    """Relative Markdown link targets (path, or path#anchor)."""
     targets = re.findall(r"\]\(([^)\s]+)\)", text)
-    return [t.split("#", 1)[0] for t in targets if "://" not in t and not t.startswith("#")]
+    return [t for t in targets if "://" not in t and not t.startswith("#")]
+
+
+def _anchors(page: Path) -> set[str]:
+    """The anchors GitHub gives a page's headings: lower case, punctuation dropped, spaces to hyphens."""
+    text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)
+    headings = re.findall(r"^#{1,6} (.+)$", text, flags=re.M)
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in headings}
 
 
 def test_every_setting_is_in_the_configuration_table() -> None:
@@ -57,7 +64,7 @@ def test_readme_is_a_front_door() -> None:
 
 
 def test_every_document_the_readme_lists_exists_and_every_doc_is_listed() -> None:
-    listed = _links(_section(README, "## Documentation"))
+    listed = [t.split("#", 1)[0] for t in _links(_section(README, "## Documentation"))]
     assert "docs/architecture.md" in listed
     missing = [t for t in listed if not (ROOT / t).is_file()]
     assert not missing, f"README's Documentation section links missing files: {missing}"
@@ -66,10 +73,16 @@ def test_every_document_the_readme_lists_exists_and_every_doc_is_listed() -> Non
 
 
 def test_relative_links_in_the_readme_and_docs_resolve() -> None:
-    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "benchmarks").glob("*.md"))]
-    broken = [f"{page.relative_to(ROOT)}: {t}" for page in pages for t in _links(page.read_text())
-              if t and not (page.parent / t).exists()]
-    assert not broken, f"links to files that do not exist: {broken}"
+    pages = [ROOT / "README.md", ROOT / "tests" / "README.md", *sorted((ROOT / "docs").glob("*.md")),
+             *sorted((ROOT / "benchmarks").rglob("*.md"))]
+    broken = []
+    for page in pages:
+        for link in _links(page.read_text()):
+            path, _, anchor = link.partition("#")
+            target = page.parent / path
+            if not target.exists() or (anchor and anchor not in _anchors(target)):
+                broken.append(f"{page.relative_to(ROOT)}: {link}")
+    assert not broken, f"links to files or headings that do not exist: {broken}"
 
 
 def test_the_verdict_key_readers_are_told_to_dedupe_on_is_the_code_s() -> None:
