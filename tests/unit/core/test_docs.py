@@ -1,4 +1,4 @@
-"""The README matches the code: every setting documented, both Quick start commands present, the verdict de-dup key."""
+"""The docs match the code: every setting, both Quick start commands, the verdict de-dup key, the README's map."""
 
 from __future__ import annotations
 
@@ -14,18 +14,38 @@ from factories import make_verdict
 
 ROOT = Path(__file__).resolve().parents[3]
 README = (ROOT / "README.md").read_text()
+CONFIGURATION = (ROOT / "docs" / "configuration.md").read_text()
+WIRE_FORMAT = (ROOT / "docs" / "wire-format.md").read_text()
+
+
+def _section(text: str, heading: str) -> str:
+    assert f"\n{heading}\n" in text, f"no {heading!r} section"
+    return text.split(f"\n{heading}\n", 1)[1].split("\n## ", 1)[0]
+
+
+def _links(text: str) -> list[str]:
+    """Relative Markdown link targets (path, or path#anchor)."""
+    targets = re.findall(r"\]\(([^)\s]+)\)", text)
+    return [t for t in targets if "://" not in t and not t.startswith("#")]
+
+
+def _anchors(page: Path) -> set[str]:
+    """The anchors GitHub gives a page's headings: lower case, punctuation dropped, spaces to hyphens."""
+    text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)
+    headings = re.findall(r"^#{1,6} (.+)$", text, flags=re.M)
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in headings}
 
 
 def test_every_setting_is_in_the_configuration_table() -> None:
-    documented = set(re.findall(r"`(CCLD_[A-Z0-9_]+)`", README))
+    documented = set(re.findall(r"`(CCLD_[A-Z0-9_]+)`", CONFIGURATION))
     missing = known_env_vars() - documented
-    assert not missing, f"README's configuration table lacks {sorted(missing)}"
+    assert not missing, f"docs/configuration.md's table lacks {sorted(missing)}"
     stale = {v for v in documented - known_env_vars() if v != "CCLD_TEST_BOOTSTRAP"}
-    assert not stale, f"README documents variables the code does not read: {sorted(stale)}"
+    assert not stale, f"docs/configuration.md documents variables the code does not read: {sorted(stale)}"
 
 
 def test_quick_start_has_the_two_commands_and_ci_runs_the_second() -> None:
-    quick = README.split("## Quick start", 1)[1].split("\n## ", 1)[0]
+    quick = _section(README, "## Quick start")
     blocks = re.findall(r"```\n(.+?)\n```", quick, flags=re.S)
     assert len(blocks) == 2, blocks
     assert blocks[0].endswith("ccld demo")
@@ -38,9 +58,36 @@ def test_readme_mentions_every_command() -> None:
         assert f"ccld {name}" in README, f"README never shows `ccld {name}`"
 
 
+def test_readme_is_a_front_door() -> None:
+    n = len(README.splitlines())
+    assert n < 250, f"README.md has {n} lines; move detail into docs/ (the README links each document)"
+
+
+def test_every_document_the_readme_lists_exists_and_every_doc_is_listed() -> None:
+    listed = [t.split("#", 1)[0] for t in _links(_section(README, "## Documentation"))]
+    assert "docs/architecture.md" in listed
+    missing = [t for t in listed if not (ROOT / t).is_file()]
+    assert not missing, f"README's Documentation section links missing files: {missing}"
+    unlisted = {f"docs/{p.name}" for p in (ROOT / "docs").glob("*.md")} - set(listed)
+    assert not unlisted, f"README's Documentation section does not list {sorted(unlisted)}"
+
+
+def test_relative_links_in_the_readme_and_docs_resolve() -> None:
+    pages = [ROOT / "README.md", ROOT / "tests" / "README.md", *sorted((ROOT / "docs").glob("*.md")),
+             *sorted((ROOT / "benchmarks").rglob("*.md"))]
+    broken = []
+    for page in pages:
+        for link in _links(page.read_text()):
+            path, _, anchor = link.partition("#")
+            target = page.parent / path
+            if not target.exists() or (anchor and anchor not in _anchors(target)):
+                broken.append(f"{page.relative_to(ROOT)}: {link}")
+    assert not broken, f"links to files or headings that do not exist: {broken}"
+
+
 def test_the_verdict_key_readers_are_told_to_dedupe_on_is_the_code_s() -> None:
-    m = re.search(r"de-duplicate on `\(([a-z_, ]+)\)`", README)
-    assert m, "the README no longer says which fields identify a verdict"
+    m = re.search(r"de-duplicate on `\(([a-z_, ]+)\)`", WIRE_FORMAT)
+    assert m, "docs/wire-format.md no longer says which fields identify a verdict"
     documented = {f.strip() for f in m.group(1).split(",")}
     other: dict[str, Any] = {  # a different value for every field of a verdict
         "incident_id": "b", "state": VerdictState.RESOLVED, "kind": AnomalyKind.S1, "job": "k",
@@ -54,5 +101,5 @@ def test_the_verdict_key_readers_are_told_to_dedupe_on_is_the_code_s() -> None:
     for name, value in other.items():
         changed = dataclasses.replace(base, **{name: value}).dedupe_key != base.dedupe_key
         assert changed == (name in documented), (
-            f"README says {name} {'is' if name in documented else 'is not'} part of a verdict's identity; "
-            f"Verdict.dedupe_key {'uses' if changed else 'ignores'} it")
+            f"docs/wire-format.md says {name} {'is' if name in documented else 'is not'} part of a verdict's "
+            f"identity; Verdict.dedupe_key {'uses' if changed else 'ignores'} it")
