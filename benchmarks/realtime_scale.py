@@ -9,7 +9,7 @@ rate, measured again from the records' op sequence numbers) is generated first, 
 generated faster than real time at thousands of ranks, into a file in the temporary directory (pickled
 batches, read back in order: 10 minutes of 4,096 ranks are about 69 million records, more than this
 machine's memory; ``--spool-dir`` puts the file elsewhere, and it is deleted after the run). What goes out is what the
-producers send: the bounded record format (README, "Record format and its cost"), regrouped the way
+producers send: the bounded record format (docs/wire-format.md, "Record format and its cost"), regrouped the way
 rank processes send it (``--messages``): ``rank`` (the default, today's producers) one message per
 rank and delivery interval holding all of its communicators; ``rank-comm`` one per rank, communicator
 and interval (producers before they merged communicators); ``comm`` one per communicator holding all

@@ -1,6 +1,6 @@
 """The sending side of the bounded record format, shared by every source that turns ops into records.
 
-The format (README, "Record format and its cost"): per interval and communicator the newest state,
+The format (docs/wire-format.md, "Record format and its cost"): per interval and communicator the newest state,
 an op in flight shipped at once, and the DONE record of the ops ``ccld.records.detail_sampled``
 picks at the communicator's stride K. What decides K, and what a record says beyond
 ``KernelRecord``, lives here, so the PyTorch attachment (``ccld.producers.attach.tracker``) and the
@@ -22,7 +22,7 @@ from ccld.records import DETAIL_OPS_PER_S, detail_one_in
 
 #: "sampled": the bounded format; "all": a DONE record per op (debugging, one record per call)
 DETAIL_MODES = ("sampled", "all")
-#: how often each communicator's state is sent and its op rate measured (README: sample_interval_s)
+#: how often each communicator's state is sent and its op rate measured (docs/configuration.md: sample_interval_s)
 DEFAULT_INTERVAL_S = 1.0
 #: a rate window counts as lasting this long at least (a burst of ops is not a rate)
 RATE_MIN_S = 0.1

@@ -216,8 +216,8 @@ def _build(base: Settings, changes: Mapping[str, Any], *, source: str) -> Settin
             names = sorted(known_env_vars()) if env else sorted([*top, *(f"analyzer_{n}" for n in ana)])
             close = difflib.get_close_matches(shown, names, n=3)
             hint = f" (did you mean {' or '.join(close)}?)" if close else ""
-            raise ConfigError(f"unknown {source} {shown!r}{hint}; every setting is listed in the README's "
-                              "Configuration table")
+            raise ConfigError(f"unknown {source} {shown!r}{hint}; every setting is listed in "
+                              "docs/configuration.md")
     analyzer = top_changes.pop("analyzer", base.analyzer)
     if ana_changes:
         analyzer = dataclasses.replace(analyzer, **ana_changes)

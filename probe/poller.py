@@ -5,7 +5,7 @@ turns the changes into records (``tracker.FrameTracker``) and hands each to ``si
 ``MetricsProducer.submit``, which never blocks — or, with ``batch_sink``, each poll's records as
 one ``KernelBatch`` per job incarnation (all its communicators, as the batcher groups them).
 
-What it sends is the bounded record format of every CCL-D source (README, "Record format and
+What it sends is the bounded record format of every CCL-D source (docs/wire-format.md, "Record format and
 its cost"; ``ccld.bounded``): per communicator and ``state_interval_s`` (1 s) its state
 (PROGRESS of the kernel inside, else IDLE), the ENTERED + PROGRESS of a kernel a poll caught in
 flight (at most one such look per communicator and interval), and the DONE of the kernels

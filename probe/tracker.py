@@ -1,7 +1,7 @@
 """From successive frame snapshots of one rank to kernel records (pure; no threads, no I/O).
 
 ``FrameTracker.update(snapshot, now_ns)`` returns the records the change since the previous
-snapshot implies, in the bounded record format every CCL-D source sends (README, "Record format
+snapshot implies, in the bounded record format every CCL-D source sends (docs/wire-format.md, "Record format
 and its cost"), so the record rate does not grow with the collective rate:
 
 - **in flight**: the first poll that finds a kernel inside ships its ``ENTERED`` (``t_enter =

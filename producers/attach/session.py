@@ -30,7 +30,7 @@ ENV_DETAIL = "CCLDRUN_DETAIL"
 #: where the attachment learns of collectives: function wrapping, Flight Recorder polling, both,
 #: or "auto" (per backend, :data:`AUTO_SOURCE`, decided when the default group exists)
 SOURCES = ("auto", "wrap", "fr", "both")
-#: the source "auto" picks per backend (measurements and reasons: README, "Attach to PyTorch jobs")
+#: the source "auto" picks per backend (measurements and reasons: docs/attach.md)
 #: gloo: wrap. Its Flight Recorder dump always holds the whole ring (gloo never marks an entry
 #: completed, so onlyActive filters nothing) and torch builds it holding the GIL: 55-110 ms a
 #: poll with the default 2,000 entries, about 5 % of step time in stalls of that length.
@@ -155,7 +155,7 @@ def attach(
     too), "both" (collectives from Flight Recorder, send/recv from the wrapper: nothing counted
     twice), or "auto" (per backend: ``AUTO_SOURCE``).
 
-    Records follow the bounded format (README, "Record format and its cost"): each
+    Records follow the bounded format (docs/wire-format.md, "Record format and its cost"): each
     communicator's state every ``interval_s`` (default 1 s), an op in flight for ``heartbeat_s``
     at once, and the DONE records of a sample of ops (at most about 8 per second and
     communicator). ``detail="all"`` (or ``CCLDRUN_DETAIL=all``) sends every op's DONE record.

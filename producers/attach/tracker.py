@@ -2,7 +2,7 @@
 
 The training thread does as little as possible: ``enter`` builds one small object and appends
 it to a deque, ``exit`` stamps a time and appends again (both O(1), no lock, no I/O). A daemon
-thread drains the deque every tick and sends the bounded record format (README, "Record format
+thread drains the deque every tick and sends the bounded record format (docs/wire-format.md, "Record format
 and its cost"), so the record rate does not grow with the collective rate:
 
 - **state**, every ``interval_s`` (1 s) and communicator: ``PROGRESS`` of the newest op in

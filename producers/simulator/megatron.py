@@ -8,7 +8,7 @@ not wait, the receiver does); the backward pass of the last micro-batch issues t
 reduce-scatter buckets, which run on the network while it goes on computing; the step ends with
 the parameter all-gather. Ops are evaluated for all groups of a stage at once (numpy over ranks).
 
-What goes out is the bounded record format (README, "Record format and its cost"), not one
+What goes out is the bounded record format (docs/wire-format.md, "Record format and its cost"), not one
 record per op: per delivery interval, for every communicator a rank is in, its newest state
 (PROGRESS with live counters while inside an op, IDLE after), plus the DONE record of every op
 that ``detail_sampled`` picks for that communicator's stride (the same ops on every rank).

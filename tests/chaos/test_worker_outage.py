@@ -111,7 +111,7 @@ def test_a_verdict_pending_on_a_frozen_broker_survives_a_worker_kill(
     thaw: the restarted worker finds the hang again from them. ``job-silent``: the whole job went silent
     at 23 s (its hosts died, or its network to the broker is cut) and nothing more ever comes; the
     restarted worker re-reads nothing (its offsets were committed) and finds the hang from its snapshot
-    alone, which keeps the newest rows of stalled communicators (README, "What the worker guarantees"),
+    alone, which keeps the newest rows of stalled communicators (docs/operations.md, "What the worker guarantees"),
     with the same incident id, so the verdict is sent once."""
     s = chaos_settings
     job = scenario_batches("pending-kill", {"kind": "H1", "rank": 5, "onset_s": 20.0}, 60.0)
