@@ -28,7 +28,7 @@ from typing import Any
 
 from ccld.fr_dump.load import decode, load_dir
 from ccld.records import Verdict
-from ccld.streams.flight_recorder.cli import analyse
+from ccld.streams.flight_recorder.import_fr_command import analyse
 
 HERE = Path(__file__).resolve().parent
 CORPUS = HERE / "fr"

@@ -3,8 +3,8 @@
 The format (docs/wire-format.md, "Record format and its cost"): per interval and communicator the newest state,
 an op in flight shipped at once, and the DONE record of the ops ``ccld.records.detail_sampled``
 picks at the communicator's stride K. What decides K, and what a record says beyond
-``KernelRecord``, lives here, so the PyTorch attachment (``ccld.producers.attach.tracker``) and the
-GPU probe's host side (``ccld.probe.tracker``) pick the same K at the same op from the same rate,
+``KernelRecord``, lives here, so the PyTorch attachment (``ccld.producers.attach.op_tracker``) and the
+GPU probe's host side (``ccld.probe.frame_tracker``) pick the same K at the same op from the same rate,
 and every rank of a communicator details the same ops whichever source it runs:
 
 - :func:`op_sampled`: ``detail_sampled`` for one op, in plain Python;

@@ -45,14 +45,15 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "broker": ("ccld.stack.broker", "run the embedded Kafka-compatible broker (Tansu)"),
     "topics": ("ccld.topics", "create the CCL-D topics on a broker"),
     "worker": ("ccld.streams.worker", "run the Faust stream processor that emits verdicts"),
-    "sink": ("ccld.sinks.cli", "archive metrics and verdicts to Parquet"),
-    "archive": ("ccld.sinks.cli_archive", "inspect a Parquet archive (archive summary DIR)"),
+    "sink": ("ccld.sinks.sink_command", "archive metrics and verdicts to Parquet"),
+    "archive": ("ccld.sinks.archive_command", "inspect a Parquet archive (archive summary DIR)"),
     "verdicts": ("ccld.streams.tail", "tail the verdicts topic"),
-    "simulate": ("ccld.producers.simulator.cli", "run a simulated training job with injected faults"),
+    "simulate": ("ccld.producers.simulator.simulate_command", "run a simulated training job with injected faults"),
     "bench": ("ccld.stack.bench", "benchmarks (bench accuracy --scenarios FILE)"),
-    "run": ("ccld.producers.attach.cli", "run a command with the PyTorch attachment active"),
-    "import-fr": ("ccld.streams.flight_recorder.cli", "name the broken ranks from PyTorch Flight Recorder dumps"),
-    "probe": ("ccld.probe.cli", "GPU probe tools (layout, compile check)"),
+    "run": ("ccld.producers.attach.run_command", "run a command with the PyTorch attachment active"),
+    "import-fr": ("ccld.streams.flight_recorder.import_fr_command",
+                  "name the broken ranks from PyTorch Flight Recorder dumps"),
+    "probe": ("ccld.probe.probe_command", "GPU probe tools (layout, compile check)"),
 }
 
 #: flags every subcommand takes; they become Settings fields of the same name

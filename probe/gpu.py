@@ -19,8 +19,8 @@ import numpy.typing as npt
 from ccld.probe import layout, sources
 from ccld.probe.errors import CudaCompileError, GpuUnavailableError, ProbeError
 from ccld.probe.frame import trace_words
+from ccld.probe.frame_tracker import RankBinding
 from ccld.probe.poller import FrameSource
-from ccld.probe.tracker import RankBinding
 from ccld.records import TraceId
 
 log = logging.getLogger(__name__)

@@ -13,10 +13,10 @@ from typing import Any
 
 import numpy as np
 
+from ccld.probe.frame_tracker import RankBinding
 from ccld.probe.poller import ProbePoller
 from ccld.probe.ring import RingGroup
 from ccld.probe.ring_plan import Faults, RingOp, expected_counts, fold, frozen_counts
-from ccld.probe.tracker import RankBinding
 from ccld.records import DType, KernelRecord, OpType, Status, TraceId
 
 log = logging.getLogger(__name__)

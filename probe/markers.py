@@ -18,8 +18,8 @@ from typing import Any
 from ccld.bounded import DEFAULT_INTERVAL_S as DEFAULT_STATE_INTERVAL_S
 from ccld.probe.errors import ProbeError
 from ccld.probe.frame import read_consistent
+from ccld.probe.frame_tracker import RankBinding
 from ccld.probe.poller import FrameSource, ProbePoller, Sink
-from ccld.probe.tracker import RankBinding
 from ccld.records import TraceId
 
 ENTER, EXIT = 0, 1

@@ -40,7 +40,7 @@ from ccld.errors import ConfigError
 from ccld.probe import layout
 from ccld.probe.errors import FrameError
 from ccld.probe.frame import read_consistent
-from ccld.probe.tracker import ClockMap, CountOf, FrameTracker, RankBinding, Rates
+from ccld.probe.frame_tracker import ClockMap, CountOf, FrameTracker, RankBinding, Rates
 from ccld.records import DETAIL_OPS_PER_S, KernelBatch, KernelRecord, TraceId
 
 log = logging.getLogger(__name__)

@@ -138,7 +138,7 @@ def publish_all(scenarios: list[Any], producer: Any, speed: float) -> None:
 
 def report(expected: list[Expected], verdicts: list[Verdict], archive: Path, verdicts_topic: str,
            elapsed_s: float) -> int:
-    from ccld.sinks.cli_archive import summarize
+    from ccld.sinks.archive_command import summarize
 
     missed = [e for e in expected if not any(e.matched_by(v) for v in verdicts)]
     extra = [v for v in verdicts if not any(e.matched_by(v) for e in expected)]

@@ -40,7 +40,7 @@ from ccld.security import faust_kwargs
 from ccld.settings import Settings
 from ccld.streams.processor import Output, PartitionProcessor, ProcessorOptions
 from ccld.streams.recovery import read_partition, topic_id, verdict_keys_on_topic
-from ccld.streams.stage import StageProcessor
+from ccld.streams.stage_processor import StageProcessor
 from ccld.topics import ensure_topics
 
 log = logging.getLogger(__name__)

@@ -320,7 +320,7 @@ class AggregatorSink:
 
     def _get_fallback(self) -> Any:
         if self._fallback is None:
-            from ccld.producers.attach.sinks import KafkaSink
+            from ccld.producers.attach.outlets import KafkaSink
 
             self._fallback = KafkaSink(self.settings if self.settings is not None else Settings.load())
         return self._fallback

@@ -52,7 +52,7 @@ from typing import Any, Protocol
 from ccld.fr_dump.load import DumpError, validate
 from ccld.fr_dump.model import fr_int, normalise_op, numel
 from ccld.identity import P2P_RECEIVER, P2P_SENDER, dtype_code, p2p_hash
-from ccld.producers.attach.tracker import OpCall, Tracker
+from ccld.producers.attach.op_tracker import OpCall, Tracker
 from ccld.records import DType, OpType
 
 log = logging.getLogger(__name__)

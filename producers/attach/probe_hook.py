@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Protocol
 
-from ccld.producers.attach.tracker import OpCall
+from ccld.producers.attach.op_tracker import OpCall
 
 log = logging.getLogger(__name__)
 

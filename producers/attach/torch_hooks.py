@@ -28,7 +28,7 @@ from ccld.identity import (
     dtype_code,
     p2p_hash,
 )
-from ccld.producers.attach.tracker import Identity, OpCall, Tracker
+from ccld.producers.attach.op_tracker import Identity, OpCall, Tracker
 from ccld.records import DType, OpType
 
 log = logging.getLogger(__name__)

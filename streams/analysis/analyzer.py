@@ -17,10 +17,10 @@ from ccld.errors import RecordError
 from ccld.records import KernelBatch, Verdict
 from ccld.streams.analysis.incidents import IncidentBook
 from ccld.streams.analysis.inflight import load_comm, save_comm, stalled_comms
+from ccld.streams.analysis.job_stage import JobStage
 from ccld.streams.analysis.jobview import JobAnalysis
 from ccld.streams.analysis.settings import AnalyzerSettings
 from ccld.streams.analysis.shard import ShardReport, Watch, shard_report
-from ccld.streams.analysis.stage import JobStage
 
 if TYPE_CHECKING:
     from ccld.streams.analysis.sharded import ShardedAnalyzer

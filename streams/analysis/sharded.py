@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from ccld.records import KernelBatch, Verdict
 from ccld.streams.analysis.analyzer import Analyzer
+from ccld.streams.analysis.job_stage import JobStage
 from ccld.streams.analysis.settings import AnalyzerSettings
 from ccld.streams.analysis.shard import ShardReport
-from ccld.streams.analysis.stage import JobStage
 
 
 class ShardedAnalyzer:

@@ -17,9 +17,9 @@ import pytest
 pytest.importorskip("torch", reason="torch is not installed (pip install 'ccl-d[torch]')")
 
 from ccld.cli import main as ccld_main  # noqa: E402
-from ccld.producers.attach.cli import prepare_env  # noqa: E402
 from ccld.producers.attach.localrun import launch  # noqa: E402
-from ccld.producers.attach.sinks import read_jsonl  # noqa: E402
+from ccld.producers.attach.outlets import read_jsonl  # noqa: E402
+from ccld.producers.attach.run_command import prepare_env  # noqa: E402
 from ccld.records import comm_hex  # noqa: E402
 from ccld.settings import Settings  # noqa: E402
 

@@ -21,11 +21,11 @@ import pytest
 
 pytest.importorskip("torch", reason="torch is not installed (pip install 'ccl-d[torch]')")
 
-from ccld.producers.attach.cli import prepare_env  # noqa: E402
 from ccld.producers.attach.localrun import LocalJob, launch  # noqa: E402
 from ccld.producers.attach.netns import NetnsJob, netns_refusal  # noqa: E402
+from ccld.producers.attach.outlets import read_jsonl  # noqa: E402
+from ccld.producers.attach.run_command import prepare_env  # noqa: E402
 from ccld.producers.attach.session import ENV_DETAIL  # noqa: E402
-from ccld.producers.attach.sinks import read_jsonl  # noqa: E402
 from ccld.records import AnomalyKind, DType, KernelRecord, OpType, Status  # noqa: E402
 from ccld.settings import Settings  # noqa: E402
 from harness import WorkerProcess, collect_verdicts, first_verdict, job_logs, kill_tree  # noqa: E402

@@ -6,7 +6,7 @@ from __future__ import annotations
 from analysis_factories import batches_by_tick
 
 from ccld.probe import frame
-from ccld.probe.tracker import FrameTracker, RankBinding
+from ccld.probe.frame_tracker import FrameTracker, RankBinding
 from ccld.probe.twin import TwinKernelWriter, alloc_frames, frame_bytes, set_enabled
 from ccld.records import AnomalyKind, DType, KernelRecord, OpType, Status, TraceId, VerdictState
 from ccld.streams.analysis.analyzer import analyze_batches

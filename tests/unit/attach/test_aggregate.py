@@ -19,7 +19,7 @@ import pytest
 from ccld.producers.attach import aggregate
 from ccld.producers.attach.aggregate import AggregatorSink, HostAggregator
 from ccld.producers.attach.bootstrap import ENV_AGGREGATE_SOCKET, child_env
-from ccld.producers.attach.sinks import KafkaSink, sink_from_spec
+from ccld.producers.attach.outlets import KafkaSink, sink_from_spec
 from ccld.records import KernelBatch
 from ccld.schemas.codec import encode_batch
 from ccld.settings import Settings
@@ -300,9 +300,9 @@ def test_the_socket_reaches_the_ranks_environment_only_when_given() -> None:
 def test_ccld_run_aggregates_by_default() -> None:
     import argparse
 
-    from ccld.producers.attach import cli
+    from ccld.producers.attach import run_command
 
     p = argparse.ArgumentParser()
-    cli.configure(p)
+    run_command.configure(p)
     assert p.parse_args(["--", "true"]).aggregate is True
     assert p.parse_args(["--no-aggregate", "--", "true"]).aggregate is False

@@ -11,7 +11,7 @@ from fr_factory import dump, entry, healthy, write
 from ccld.cli import main as ccld_main
 from ccld.identity import comm_hash
 from ccld.records import AnomalyKind, Verdict, comm_hex
-from ccld.streams.flight_recorder.cli import ImportResult, analyse
+from ccld.streams.flight_recorder.import_fr_command import ImportResult, analyse
 
 DATA = Path(__file__).parent / "data"
 

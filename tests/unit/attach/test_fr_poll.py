@@ -12,8 +12,8 @@ import pytest
 
 from ccld.identity import P2P_RECEIVER, P2P_SENDER, comm_hash, p2p_hash
 from ccld.producers.attach.fr_poll import FrPoller
-from ccld.producers.attach.sinks import ListSink
-from ccld.producers.attach.tracker import Identity, Tracker
+from ccld.producers.attach.op_tracker import Identity, Tracker
+from ccld.producers.attach.outlets import ListSink
 from ccld.records import DType, KernelRecord, OpType, Status
 
 MS = 1_000_000

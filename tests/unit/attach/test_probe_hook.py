@@ -6,8 +6,8 @@ from types import SimpleNamespace
 
 import pytest
 
+from ccld.producers.attach.op_tracker import OpCall
 from ccld.producers.attach.probe_hook import CudaMarkerHook, load_marker_hook
-from ccld.producers.attach.tracker import OpCall
 from ccld.records import DType, OpType, TraceId
 
 

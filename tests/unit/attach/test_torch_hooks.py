@@ -14,7 +14,7 @@ dist = pytest.importorskip("torch.distributed")
 
 from ccld.identity import comm_hash, p2p_hash  # noqa: E402
 from ccld.producers.attach import attach, current, detach  # noqa: E402
-from ccld.producers.attach.sinks import ListSink  # noqa: E402
+from ccld.producers.attach.outlets import ListSink  # noqa: E402
 from ccld.records import DType, KernelRecord, OpType, Status  # noqa: E402
 from ccld.settings import Settings  # noqa: E402
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from ccld.streams.flight_recorder.cli import analyse
+from ccld.streams.flight_recorder.import_fr_command import analyse
 
 CORPUS = Path(__file__).resolve().parents[3] / "benchmarks" / "fr"
 CASES = sorted(p.parent for p in CORPUS.glob("*/*/truth.json"))

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
-from ccld.streams.flight_recorder.cli import analyse
+from ccld.streams.flight_recorder.import_fr_command import analyse
 
 SYNTH = Path(__file__).resolve().parents[3] / "benchmarks" / "fr" / "synth.py"
 

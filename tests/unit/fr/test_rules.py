@@ -13,7 +13,7 @@ from frdumps import done, dump, op, write
 from ccld.cli import main as ccld_main
 from ccld.fr_dump.model import normalise_op
 from ccld.records import AnomalyKind, Verdict
-from ccld.streams.flight_recorder.cli import ImportResult, analyse
+from ccld.streams.flight_recorder.import_fr_command import ImportResult, analyse
 
 W4 = {"0": [0, 1, 2, 3]}
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pandas as pd
 
 from ccld.records import AnomalyKind, KernelBatch, Link, Verdict, VerdictState
-from ccld.sinks.cli_archive import summarize
+from ccld.sinks.archive_command import summarize
 from ccld.sinks.parquet import file_path, metrics_table, scan, verdicts_table, write_atomic
 from factories import make_kernel_record
 

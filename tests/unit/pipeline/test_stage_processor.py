@@ -19,7 +19,7 @@ from ccld.records import COMM_COLUMN, KernelBatch, comm_group, job_partition, me
 from ccld.schemas.codec import decode_dead_letter, encode_batch
 from ccld.settings import AnalyzerSettings
 from ccld.streams.processor import PartitionProcessor, ProcessorOptions
-from ccld.streams.stage import SHARD_WAIT_S, StageProcessor
+from ccld.streams.stage_processor import SHARD_WAIT_S, StageProcessor
 
 SCENARIO = Scenario.from_dict({
     "id": "stage-h1", "seed": 3, "ranks": 16, "layout": {"tp": 8, "pp": 1, "dp": 2}, "channels": 2,

@@ -11,11 +11,11 @@ import numpy as np
 
 from ccld.bounded import op_sampled
 from ccld.probe import frame
+from ccld.probe.frame_tracker import FrameTracker, RankBinding
 from ccld.probe.poller import FrameSource, ProbePoller
-from ccld.probe.tracker import FrameTracker, RankBinding
 from ccld.probe.twin import TwinKernelWriter, alloc_frames, frame_bytes, set_enabled
-from ccld.producers.attach.sinks import ListSink
-from ccld.producers.attach.tracker import Identity, Tracker
+from ccld.producers.attach.op_tracker import Identity, Tracker
+from ccld.producers.attach.outlets import ListSink
 from ccld.records import DType, KernelBatch, KernelRecord, OpType, Status, TraceId, detail_sampled
 
 S = 1_000_000_000

@@ -7,7 +7,7 @@ from __future__ import annotations
 import struct
 
 from ccld.probe import frame, layout
-from ccld.probe.tracker import FrameTracker, RankBinding
+from ccld.probe.frame_tracker import FrameTracker, RankBinding
 from ccld.probe.twin import TwinKernelWriter, alloc_frames, frame_bytes, set_enabled
 from ccld.records import DType, KernelBatch, KernelRecord, OpType, Status, TraceId
 from ccld.schemas.codec import decode_metrics, encode_batch

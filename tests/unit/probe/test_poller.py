@@ -7,9 +7,9 @@ import time
 import numpy as np
 import pytest
 
+from ccld.probe.frame_tracker import RankBinding
 from ccld.probe.poller import FrameSource, OpCounts, ProbePoller
 from ccld.probe.ring_plan import RingOp, emulate, expected_counts, fold, frozen_counts
-from ccld.probe.tracker import RankBinding
 from ccld.probe.twin import TwinKernelWriter, alloc_frames, frame_bytes, set_enabled
 from ccld.records import DType, KernelRecord, OpType, Status, TraceId
 

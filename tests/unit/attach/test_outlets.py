@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from ccld.errors import ConfigError
-from ccld.producers.attach.sinks import JsonlSink, KafkaSink, read_jsonl, sink_from_spec
+from ccld.producers.attach.outlets import JsonlSink, KafkaSink, read_jsonl, sink_from_spec
 from ccld.records import DType, KernelBatch, KernelRecord, OpType, Status
 from ccld.settings import Settings
 

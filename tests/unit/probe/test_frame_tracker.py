@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from ccld.probe import frame
-from ccld.probe.tracker import ClockMap, CountOf, FrameTracker, RankBinding, rates_between
+from ccld.probe.frame_tracker import ClockMap, CountOf, FrameTracker, RankBinding, rates_between
 from ccld.probe.twin import TwinKernelWriter, alloc_frames, frame_bytes, set_enabled
 from ccld.records import DType, KernelRecord, OpType, Status, TraceId
 

@@ -22,9 +22,9 @@ from typing import Any
 from ccld.errors import RecordError, SchemaError
 from ccld.records import DeadLetter
 from ccld.schemas.codec import DEAD_LETTER_RAW_MAX
+from ccld.streams.analysis.job_stage import JobStage
 from ccld.streams.analysis.settings import AnalyzerSettings
 from ccld.streams.analysis.shard import decode_report
-from ccld.streams.analysis.stage import JobStage
 from ccld.streams.outbox import Outbox
 from ccld.streams.processor import Output, counted_dead_letter
 

@@ -69,7 +69,7 @@ def prepare_env(
 def start_aggregator(settings: Settings) -> Any:
     """A running ``HostAggregator`` sending through Kafka, or None (said on stderr) when it cannot start."""
     from ccld.producers.attach.aggregate import HostAggregator
-    from ccld.producers.attach.sinks import KafkaSink
+    from ccld.producers.attach.outlets import KafkaSink
 
     agg = HostAggregator(sink=KafkaSink(settings, keep_ids=True))
     try:

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from ccld.bounded import EXITS_KEPT, op_sampled
-from ccld.producers.attach.sinks import ListSink
-from ccld.producers.attach.tracker import Identity, OpCall, Tracker
+from ccld.producers.attach.op_tracker import Identity, OpCall, Tracker
+from ccld.producers.attach.outlets import ListSink
 from ccld.records import (
     DETAIL_OPS_PER_S,
     DType,
