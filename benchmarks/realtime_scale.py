@@ -538,7 +538,7 @@ def in_process_ttv(g: Generated, expect: Expectation, onset_s: float) -> float |
     communicators over ``g.groups`` shards and one job stage, as the workers analyze them: the parts of
     one split batch share its producer and sequence number, which one analyzer would take for duplicates)."""
     from ccld.settings import Settings
-    from ccld.streams.analysis.analyzer import analyze_batches
+    from ccld.streams.analysis.replay import analyze_batches
 
     verdicts = analyze_batches(g.batches, settings=Settings.load({}).analyzer, tick_s=1.0, groups=g.groups)
     hit = first_correct(expect, ((v.detected_time, v) for v in verdicts))

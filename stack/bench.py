@@ -227,7 +227,7 @@ def plot_confusion(conf: Mapping[str, Any], path: Path) -> None:
 def analyze_in_process(sc: Scenario, settings: Settings | None = None) -> list[Verdict]:
     """simulate -> analyze_batches, on the simulated clock; the analyzer never sees ``expect``."""
     from ccld.producers.simulator.sim import simulate
-    from ccld.streams.analysis.analyzer import analyze_batches
+    from ccld.streams.analysis.replay import analyze_batches
 
     analyzer = None if settings is None else settings.analyzer
     groups = 1 if settings is None else settings.analysis_groups

@@ -27,6 +27,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from ccld.producers.attach.outlets import KafkaSink
 from ccld.records import KernelBatch, KernelRecord
 from ccld.schemas.codec import decode_metrics, encode_batch
 from ccld.settings import Settings
@@ -320,8 +321,6 @@ class AggregatorSink:
 
     def _get_fallback(self) -> Any:
         if self._fallback is None:
-            from ccld.producers.attach.outlets import KafkaSink
-
             self._fallback = KafkaSink(self.settings if self.settings is not None else Settings.load())
         return self._fallback
 

@@ -191,22 +191,3 @@ def _bounded(fn: Callable[[], Any], timeout_s: float) -> Any:
     t.start()
     t.join(timeout_s + 0.2)
     return box[0] if box else None
-
-
-def sink_from_spec(
-    spec: str, settings: Settings, producer_id: str | None = None, aggregate_socket: str | None = None
-) -> Any:
-    """``kafka`` (default) or ``jsonl:<dir or file>``. With ``aggregate_socket``, Kafka batches go
-    through the host's aggregator listening there (``AggregatorSink``; direct when it cannot take them)."""
-    kind, _, arg = spec.partition(":")
-    if kind in ("", "kafka"):
-        if aggregate_socket:
-            from ccld.producers.attach.aggregate import AggregatorSink
-
-            return AggregatorSink(aggregate_socket, settings)
-        return KafkaSink(settings, producer_id)
-    if kind == "jsonl" and arg:
-        return JsonlSink(arg)
-    from ccld.errors import ConfigError
-
-    raise ConfigError(f"unknown attach sink {spec!r}: use 'kafka' or 'jsonl:DIR'")

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from ccld.bounded import DEFAULT_INTERVAL_S, DETAIL_MODES
 from ccld.errors import ConfigError
 from ccld.producers.attach.op_tracker import RecordSink, Tracker
-from ccld.producers.attach.outlets import sink_from_spec
+from ccld.producers.attach.outlet_spec import sink_from_spec
 from ccld.settings import Settings
 
 if TYPE_CHECKING:

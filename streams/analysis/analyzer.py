@@ -3,15 +3,16 @@
 ``ingest`` only queues a batch (cheap, so thousands of small batches cost little); ``evaluate``
 applies everything queued with a few numpy passes per job, judges completed ops for slowness,
 stalled communicators for hangs, resolves the cross-communicator wait-for relation, and turns
-root causes into incidents. ``analyze_batches`` replays a stream with an evaluation every tick.
+root causes into incidents.
+``replay.analyze_batches`` replays a stream with an evaluation every tick.
 """
 
 from __future__ import annotations
 
 import logging
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from typing import Any
 
 from ccld.errors import RecordError
 from ccld.records import KernelBatch, Verdict
@@ -21,9 +22,6 @@ from ccld.streams.analysis.job_stage import JobStage
 from ccld.streams.analysis.jobview import JobAnalysis
 from ccld.streams.analysis.settings import AnalyzerSettings
 from ccld.streams.analysis.shard import ShardReport, Watch, shard_report
-
-if TYPE_CHECKING:
-    from ccld.streams.analysis.sharded import ShardedAnalyzer
 
 log = logging.getLogger(__name__)
 
@@ -257,45 +255,3 @@ class Analyzer:
     @property
     def stats(self) -> Mapping[str, int]:
         return dict(self._stats)
-
-
-def analyze_batches(
-    batches: Iterable[tuple[float, KernelBatch]],
-    settings: AnalyzerSettings | None = None,
-    tick_s: float = 1.0,
-    *,
-    then: Iterable[float] = (),
-    groups: int = 1,
-) -> list[Verdict]:
-    """Feed ``(arrival time, batch)`` pairs (non-decreasing time) and evaluate every ``tick_s``.
-
-    After the last batch the analyzer evaluates once more, then at every time of ``then``
-    (a post-mortem replay lets the clock run on past the hang thresholds). ``groups`` > 1 spreads
-    each job's communicators over that many shards and one job stage (``sharded.ShardedAnalyzer``).
-    """
-    a: Analyzer | ShardedAnalyzer
-    if groups > 1:
-        from ccld.streams.analysis.sharded import ShardedAnalyzer  # it builds on Analyzer
-
-        a = ShardedAnalyzer(groups, settings)
-    else:
-        a = Analyzer(settings)
-    out: list[Verdict] = []
-    next_tick: float | None = None
-    now = 0.0
-    for t, b in batches:
-        if next_tick is None:
-            next_tick = t + tick_s
-        while t >= next_tick:
-            out.extend(a.evaluate(next_tick))
-            next_tick += tick_s
-        a.ingest(b, t)
-        now = t
-    if next_tick is not None:
-        out.extend(a.evaluate(max(now, next_tick)))
-    for t in then:
-        out.extend(a.evaluate(t))
-    return out
-
-
-

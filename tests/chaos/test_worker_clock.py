@@ -16,7 +16,7 @@ import pytest
 
 from ccld.records import KernelBatch
 from ccld.settings import AnalyzerSettings, Settings
-from ccld.streams.analysis.analyzer import analyze_batches
+from ccld.streams.analysis.replay import analyze_batches
 from chaoslib import (
     committed,
     produce,

@@ -16,7 +16,7 @@ import pytest
 from ccld.producers.simulator.scenario import Expectation, Scenario
 from ccld.producers.simulator.sim import simulate
 from ccld.stack.bench import incidents, onset_of
-from ccld.streams.analysis.analyzer import analyze_batches
+from ccld.streams.analysis.replay import analyze_batches
 
 HERE = Path(__file__).parent
 CASES = sorted(p.name for p in HERE.iterdir() if (p / "scenario.json").is_file())

@@ -23,7 +23,7 @@ from ccld.producers.simulator.scenario import Scenario, load_scenarios
 from ccld.producers.simulator.sim import simulate
 from ccld.records import Verdict, VerdictState
 from ccld.settings import Settings
-from ccld.streams.analysis.analyzer import analyze_batches
+from ccld.streams.analysis.replay import analyze_batches
 from ccld.topics import ensure_topics
 from harness import WorkerProcess, collect_verdicts
 

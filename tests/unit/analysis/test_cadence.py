@@ -9,8 +9,9 @@ import pytest
 from analysis_factories import Comm, Probe, batches_by_tick
 
 from ccld.records import AnomalyKind, DType, KernelRecord, OpType, Status, VerdictState
-from ccld.streams.analysis.analyzer import Analyzer, analyze_batches
+from ccld.streams.analysis.analyzer import Analyzer
 from ccld.streams.analysis.cadence import Cadence
+from ccld.streams.analysis.replay import analyze_batches
 
 RS, AG = OpType.REDUCE_SCATTER, OpType.ALL_GATHER
 

@@ -11,7 +11,7 @@ from analysis_factories import Comm, Probe, batches_by_tick, healthy_steps
 
 from ccld.records import AnomalyKind, KernelRecord, Link, Status, VerdictState
 from ccld.settings import AnalyzerSettings
-from ccld.streams.analysis.analyzer import analyze_batches
+from ccld.streams.analysis.replay import analyze_batches
 
 US_OP = 100e-6  # far shorter than the 100-ms poll: no PROGRESS sample ever lands inside
 

@@ -8,7 +8,7 @@ import dataclasses
 from analysis_factories import NS, Comm, Probe, batches_by_tick, healthy_steps
 
 from ccld.records import AnomalyKind, KernelRecord, Status, VerdictState
-from ccld.streams.analysis.analyzer import analyze_batches
+from ccld.streams.analysis.replay import analyze_batches
 
 CULPRIT = 2
 #: how far after the true exit the culprit's source put it (a poll midpoint), and what it says it may be off

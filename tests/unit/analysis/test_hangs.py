@@ -7,7 +7,8 @@ from analysis_factories import Comm, Probe, batches_by_tick, healthy_steps
 
 from ccld.records import AnomalyKind, DType, KernelRecord, Link, OpType, Status, VerdictState
 from ccld.settings import AnalyzerSettings
-from ccld.streams.analysis.analyzer import Analyzer, analyze_batches
+from ccld.streams.analysis.analyzer import Analyzer
+from ccld.streams.analysis.replay import analyze_batches
 
 
 def stuck(probe: Probe, comm: Comm, i: int, seq: int, t_enter: float, until: float, send: int = 0,

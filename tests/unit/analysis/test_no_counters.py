@@ -9,7 +9,7 @@ import numpy as np
 from ccld.producers.simulator.scenario import Scenario
 from ccld.producers.simulator.sim import simulate
 from ccld.records import AnomalyKind, KernelBatch
-from ccld.streams.analysis.analyzer import analyze_batches
+from ccld.streams.analysis.replay import analyze_batches
 
 S2 = Scenario.from_dict({
     "id": "s2-nocounters", "seed": 21, "ranks": 16, "layout": {"tp": 8, "pp": 1, "dp": 2}, "channels": 4,

@@ -9,7 +9,7 @@ from ccld.probe import frame
 from ccld.probe.frame_tracker import FrameTracker, RankBinding
 from ccld.probe.twin import TwinKernelWriter, alloc_frames, frame_bytes, set_enabled
 from ccld.records import AnomalyKind, DType, KernelRecord, OpType, Status, TraceId, VerdictState
-from ccld.streams.analysis.analyzer import analyze_batches
+from ccld.streams.analysis.replay import analyze_batches
 
 S = 1_000_000_000
 MS = 1_000_000

@@ -11,7 +11,8 @@ from test_hangs import stuck
 
 from ccld.records import AnomalyKind, KernelBatch, KernelRecord, OpType, VerdictState
 from ccld.settings import AnalyzerSettings
-from ccld.streams.analysis.analyzer import Analyzer, analyze_batches
+from ccld.streams.analysis.analyzer import Analyzer
+from ccld.streams.analysis.replay import analyze_batches
 
 
 def h1_records(probe: Probe) -> list[tuple[float, KernelRecord]]:

@@ -17,7 +17,8 @@ import pytest
 from ccld.producers.simulator.scenario import Scenario, load_scenarios
 from ccld.producers.simulator.sim import simulate
 from ccld.records import COMM_COLUMN, KernelBatch, Verdict, comm_group
-from ccld.streams.analysis.analyzer import Analyzer, analyze_batches
+from ccld.streams.analysis.analyzer import Analyzer
+from ccld.streams.analysis.replay import analyze_batches
 from ccld.streams.analysis.shard import ShardReport, decode_report, encode_report
 
 SUITES = Path(__file__).resolve().parents[3] / "benchmarks" / "scenarios"

@@ -6,7 +6,7 @@ from analysis_factories import Comm, Probe, batches_by_tick, healthy_steps
 
 from ccld.records import AnomalyKind, Link, VerdictState
 from ccld.settings import AnalyzerSettings
-from ccld.streams.analysis.analyzer import analyze_batches
+from ccld.streams.analysis.replay import analyze_batches
 
 
 def opens(recs: list, settings: AnalyzerSettings | None = None) -> list:  # type: ignore[type-arg]

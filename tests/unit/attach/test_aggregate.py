@@ -19,7 +19,8 @@ import pytest
 from ccld.producers.attach import aggregate
 from ccld.producers.attach.aggregate import AggregatorSink, HostAggregator
 from ccld.producers.attach.bootstrap import ENV_AGGREGATE_SOCKET, child_env
-from ccld.producers.attach.outlets import KafkaSink, sink_from_spec
+from ccld.producers.attach.outlet_spec import sink_from_spec
+from ccld.producers.attach.outlets import KafkaSink
 from ccld.records import KernelBatch
 from ccld.schemas.codec import encode_batch
 from ccld.settings import Settings

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from ccld.errors import ConfigError
-from ccld.producers.attach.outlets import JsonlSink, KafkaSink, read_jsonl, sink_from_spec
+from ccld.producers.attach.outlet_spec import sink_from_spec
+from ccld.producers.attach.outlets import JsonlSink, KafkaSink, read_jsonl
 from ccld.records import DType, KernelBatch, KernelRecord, OpType, Status
 from ccld.settings import Settings
 

@@ -18,7 +18,7 @@ from ccld.producers.simulator.sim import simulate
 from ccld.records import COMM_COLUMN, KernelBatch
 from ccld.schemas.codec import _writers, decode, decode_metrics, encode_batch, load_schema
 from ccld.sinks.parquet import metrics_table
-from ccld.streams.analysis.analyzer import analyze_batches
+from ccld.streams.analysis.replay import analyze_batches
 from factories import make_kernel_record, written_by
 
 GOLDEN = Path(__file__).resolve().parents[2] / "golden"
