@@ -12,13 +12,16 @@ import math
 import struct
 import zlib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, fields
+from typing import Any, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
 
+from ccld.anomaly import AnomalyKind
 from ccld.errors import RecordError
+
+__all__ = ["AnomalyKind"]  # re-exported: the class table (ccld.anomaly) owns it; the rest is imported by name
 
 I64 = npt.NDArray[np.int64]
 
@@ -67,21 +70,6 @@ class Status(enum.IntEnum):
     # record format): it says "alive and idle" and is never mistaken for a sampled op's DONE.
     # Batches only (a column value); a single KernelRecord on the wire cannot carry it.
     IDLE = 3
-
-
-class AnomalyKind(enum.StrEnum):
-    """The six root-cause classes of the paper."""
-
-    H1 = "H1"  # not-entered hang: the culprit never entered an op its peers entered
-    H2 = "H2"  # inconsistent hang: ranks entered ops whose signatures or order differ
-    H3 = "H3"  # hardware-fault hang: consistent op, data movement stopped on a link
-    S1 = "S1"  # comp-slow: a late arriver makes everyone wait (P >= beta)
-    S2 = "S2"  # comm-slow: the communication itself is slow (P <= alpha)
-    S3 = "S3"  # mixed-slow: both (alpha < P < beta)
-
-    @property
-    def is_hang(self) -> bool:
-        return self.value.startswith("H")
 
 
 class VerdictState(enum.StrEnum):
@@ -582,24 +570,21 @@ class KernelBatch:
         return out
 
 
-@dataclass(frozen=True, slots=True)
-class Link:
-    """A directed link between two global ranks (data flows src -> dst)."""
+class Link(NamedTuple):
+    """A directed link between two global ranks (data flows src -> dst); a pair, so ``src, dst = link`` works."""
 
     src: int
     dst: int
 
 
-@dataclass(frozen=True)
-class Verdict:
-    """One verdict about one incident: the class, the root cause, the evidence.
+@dataclass(frozen=True, kw_only=True)
+class Finding:
+    """What the analyzer found: the class, the root cause, the evidence; a ``Verdict`` without its incident.
 
-    ``onset_time`` and ``detected_time`` are seconds on the analyzer's clock (wall clock in
-    the worker, simulated time in the simulator), never a rank's clock.
+    The detectors' candidates (``streams.analysis.incidents.Candidate``) and the verdicts on the wire
+    share these fields, so a field added here reaches both.
     """
 
-    incident_id: str
-    state: VerdictState
     kind: AnomalyKind
     job: str
     communicator: str  # 16 hex digits
@@ -610,13 +595,29 @@ class Verdict:
     confidence: float
     evidence: str
     onset_time: float
-    detected_time: float
     root_cause_hosts: tuple[str, ...] = ()
     link: Link | None = None
     channel: int | None = None
     p: float | None = None
     mismatch_field: str | None = None
     details: Mapping[str, str] = field(default_factory=dict)
+
+
+#: the fields every finding has (a Verdict adds its incident, state and detection time)
+FINDING_FIELDS = tuple(f.name for f in fields(Finding))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Verdict(Finding):
+    """One verdict about one incident: the class, the root cause, the evidence.
+
+    ``onset_time`` and ``detected_time`` are seconds on the analyzer's clock (wall clock in
+    the worker, simulated time in the simulator), never a rank's clock.
+    """
+
+    incident_id: str
+    state: VerdictState
+    detected_time: float
 
     def to_dict(self) -> dict[str, Any]:
         return {

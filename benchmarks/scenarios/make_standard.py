@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ccld.anomaly import CLASSES, Family, kinds_of
 from ccld.producers.simulator.engine import COMPUTE_SHARE, TP_SHARE
 from ccld.producers.simulator.scenario import Scenario
 from ccld.producers.simulator.sim import manifested
@@ -54,7 +55,10 @@ MEGATRON_LAYOUTS: dict[int, list[tuple[int, int, int]]] = {
 }
 SMALL_MEDIUM = [8, 16, 32, 64, 128, 256, 512]
 SIZE_WEIGHTS = [14, 20, 20, 16, 12, 10, 8]
-LINK_KINDS = ("H3", "S2", "S3")
+#: the classes whose root cause includes a link, and so need a peer (the class table says which)
+LINK_KINDS = tuple(k.value for k, c in CLASSES.items() if c.names_link)
+SLOW_KINDS = kinds_of(Family.SLOW)
+ALL_KINDS = tuple(k.value for k in CLASSES)
 
 
 @dataclass(frozen=True)
@@ -202,7 +206,7 @@ class Maker:
             late = comm_excess * r.uniform(0.85, 1.2)  # P = late / (late + comm_excess) ~ 0.5
             f["link_factor"] = round(lf, 3)
             f["compute_factor"] = round(1 + late / (COMPUTE_SHARE * sc["step_time_s"]), 3)
-        if kind in ("S1", "S2", "S3") and self.p.intermittent and r.random() < self.p.intermittent:
+        if kind in SLOW_KINDS and self.p.intermittent and r.random() < self.p.intermittent:
             f["on_s"] = float(r.choice([20, 30, 40]))
             f["off_s"] = float(r.choice([10, 15, 20]))
         return f
@@ -309,7 +313,7 @@ def build_v1(seed: int = 20260101, check: bool = True) -> list[dict[str, Any]]:
     def size() -> int:
         return m.rng.choices(SMALL_MEDIUM, SIZE_WEIGHTS)[0]
 
-    for kind in ("H1", "H2", "H3", "S1", "S2", "S3"):
+    for kind in ALL_KINDS:
         for _ in range(36):
             m.single(kind, size())
     for _ in range(36):
@@ -346,7 +350,7 @@ def build_wide_v1(seed: int = 77003, check: bool = True) -> list[dict[str, Any]]
     def size() -> int:
         return m.rng.choices(SMALL_MEDIUM, SIZE_WEIGHTS)[0]
 
-    for kind in ("H1", "H2", "H3", "S1", "S2", "S3"):
+    for kind in ALL_KINDS:
         for _ in range(30):
             m.single(kind, size())
     for _ in range(30):
@@ -379,7 +383,7 @@ def build_megatron(seed: int, check: bool, profile: Profile, scale: float = 1.0)
     def n(k: int) -> int:
         return max(1, round(k * scale))
 
-    for kind in ("H1", "H2", "H3", "S1", "S2", "S3"):
+    for kind in ALL_KINDS:
         for _ in range(n(47)):
             m.single(kind, size())
     for _ in range(n(42)):

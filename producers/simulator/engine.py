@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from ccld.anomaly import Effect, kinds_with
 from ccld.producers.simulator.scenario import Fault, Scenario
 from ccld.producers.simulator.topology import Topology
 from ccld.records import PEAK_LAG_MAX, DType, OpType
@@ -32,6 +33,9 @@ from ccld.records import PEAK_LAG_MAX, DType, OpType
 I64 = npt.NDArray[np.int64]
 F64 = npt.NDArray[np.float64]
 INF = math.inf
+#: the classes whose faults slow a rank's compute, and those that act on a link (slow or stopped)
+COMPUTE_KINDS = kinds_with(Effect.COMPUTE)
+LINK_KINDS = kinds_with(Effect.LINK | Effect.LINK_STOP)
 
 #: Share of the step time each part takes when healthy (the remaining ~13 % is waiting).
 COMPUTE_SHARE = 0.6
@@ -166,8 +170,9 @@ class FaultBook:
             if f.kind == "H1":
                 self.h1_onset[f.rank] = min(self.h1_onset[f.rank], f.onset_s)
         self.h1_fired: set[int] = set()
-        self.compute_faults = [f for f in sc.faults if f.kind in ("S1", "S3")]
-        self.link_faults = [f for f in sc.faults if f.kind in ("S2", "S3", "H3")]
+        # which faults touch compute and which a link: the class table's effects
+        self.compute_faults = [f for f in sc.faults if f.kind in COMPUTE_KINDS]
+        self.link_faults = [f for f in sc.faults if f.kind in LINK_KINDS]
         self.pending_h2 = [f for f in sc.faults if f.kind == "H2"]
         self.pending_h3 = [f for f in sc.faults if f.kind == "H3"]
         self.pending_transient = [f for f in sc.faults if f.kind == "transient"]

@@ -32,12 +32,13 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from ccld.anomaly import CLASSES, Family, kinds_of
 from ccld.errors import ScenarioError
 from ccld.producers.simulator.workload import Workload
 from ccld.records import Verdict
 
-HANG_KINDS = ("H1", "H2", "H3")
-SLOW_KINDS = ("S1", "S2", "S3")
+HANG_KINDS = kinds_of(Family.HANG)
+SLOW_KINDS = kinds_of(Family.SLOW)
 BENIGN_KINDS = ("transient", "checkpoint", "restart", "recreate")
 RECREATE_FAMILIES = ("tp", "dp", "pp")
 MISMATCH_FIELDS = ("op", "dtype", "count", "order")
@@ -48,13 +49,7 @@ MAX_HW_CHANNELS = 64
 #: kind -> {field: default}; ``None`` as default means "required" for rank, "derived" for peer,
 #: "not recurring" for every_s.
 FAULT_FIELDS: dict[str, dict[str, Any]] = {
-    "H1": {"rank": None, "onset_s": 60.0},
-    "H2": {"rank": None, "onset_s": 60.0, "mismatch": "dtype"},
-    "H3": {"rank": None, "peer": None, "onset_s": 60.0},
-    "S1": {"rank": None, "onset_s": 60.0, "factor": 4.0, "on_s": None, "off_s": 0.0},
-    "S2": {"rank": None, "peer": None, "onset_s": 60.0, "factor": 0.25, "on_s": None, "off_s": 0.0},
-    "S3": {"rank": None, "peer": None, "onset_s": 60.0, "compute_factor": 1.3, "link_factor": 0.25, "on_s": None,
-           "off_s": 0.0},
+    **{k.value: dict(c.fault_fields) for k, c in CLASSES.items()},
     "transient": {"rank": None, "onset_s": 60.0, "delay_s": 1.0},
     "checkpoint": {"onset_s": 60.0, "pause_s": 10.0, "writer_rank": 0, "every_s": None},
     # Megatron-style workload only: the job restarts as a new incarnation after down_s; a family of

@@ -12,50 +12,25 @@ from __future__ import annotations
 import hashlib
 from collections import OrderedDict
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
-from ccld.records import AnomalyKind, Link, Verdict, VerdictState
-
-#: How specific a class is; an incident only ever moves to a more specific one.
-KIND_RANK = {
-    AnomalyKind.H1: 0, AnomalyKind.H3: 1, AnomalyKind.H2: 2,
-    # S3 is both causes at once: a comm-slow (S2) or comp-slow (S1) incident found to have the other
-    # cause on the same rank too becomes S3
-    AnomalyKind.S1: 0, AnomalyKind.S2: 1, AnomalyKind.S3: 2,
-}
-
+from ccld.records import FINDING_FIELDS, AnomalyKind, Finding, Link, Verdict, VerdictState
 
 #: ``details["link"]`` of a slow verdict whose link no counter poll has caught yet.
 LINK_NOT_OBSERVED = "not observed"
 
 
-@dataclass(frozen=True)
-class Candidate:
-    """Everything a verdict needs, as the detectors produce it."""
+@dataclass(frozen=True, kw_only=True)
+class Candidate(Finding):
+    """A finding as the detectors produce it: a verdict's fields, plus what matching an incident needs."""
 
-    kind: AnomalyKind
-    job: str
     incarnation: int
-    communicator: str  # 16 hex digits
-    op_seq: int
-    op_type: str
-    root_cause_ranks: tuple[int, ...]
-    affected_ranks: tuple[int, ...]
-    confidence: float
-    evidence: str
-    onset_time: float
-    root_cause_hosts: tuple[str, ...] = ()
-    link: tuple[int, int] | None = None
-    channel: int | None = None
-    p: float | None = None
-    mismatch_field: str | None = None
-    details: Mapping[str, str] = field(default_factory=dict)
     resolve_key: tuple[str, int] = ("", 0)  # hang: ("hang", op_seq); slow: ("slow", signature code)
 
     @property
     def family(self) -> str:
-        return "hang" if self.kind.is_hang else "slow"
+        return self.kind.info.family.value
 
     @property
     def match_key(self) -> str:
@@ -74,27 +49,10 @@ class Candidate:
         return hashlib.sha1(raw.encode()).hexdigest()[:16]
 
     def verdict(self, incident_id: str, state: VerdictState, now: float) -> Verdict:
-        return Verdict(
-            incident_id=incident_id,
-            state=state,
-            kind=self.kind,
-            job=self.job,
-            communicator=self.communicator,
-            op_seq=self.op_seq,
-            op_type=self.op_type,
-            root_cause_ranks=self.root_cause_ranks,
-            affected_ranks=self.affected_ranks,
-            confidence=round(self.confidence, 4),
-            evidence=self.evidence,
-            onset_time=self.onset_time,
-            detected_time=now,
-            root_cause_hosts=self.root_cause_hosts,
-            link=None if self.link is None else Link(*self.link),
-            channel=self.channel,
-            p=None if self.p is None else round(self.p, 4),
-            mismatch_field=self.mismatch_field,
-            details=dict(self.details),
-        )
+        found = {name: getattr(self, name) for name in FINDING_FIELDS}
+        found.update(confidence=round(self.confidence, 4), p=None if self.p is None else round(self.p, 4),
+                     details=dict(self.details))
+        return Verdict(incident_id=incident_id, state=state, detected_time=now, **found)
 
 
 @dataclass
@@ -125,12 +83,13 @@ class IncidentBook:
             n = len(c.affected_ranks)
             grew = n >= max(inc.affected_n * 1.25, inc.affected_n + 1)
             # a more specific class (a link named, a mismatch seen) replaces a less specific one at once
-            better = KIND_RANK[c.kind] > KIND_RANK[inc.last.kind] or (c.link is not None and inc.last.link is None)
+            better = (c.kind.info.precedence > inc.last.kind.info.precedence
+                      or (c.link is not None and inc.last.link is None))
             # S3 without a link was a guess (no poll had caught the slow link): once a link is named
             # elsewhere in the communicator, the late rank computes slowly and that is all (S1)
             better = better or (c.kind == AnomalyKind.S1 and inc.last.kind == AnomalyKind.S3
                                 and inc.last.details.get("link") == LINK_NOT_OBSERVED)
-            if better or (grew and KIND_RANK[c.kind] == KIND_RANK[inc.last.kind]
+            if better or (grew and c.kind.info.precedence == inc.last.kind.info.precedence
                           and now - inc.last_report >= self.update_min_interval_s):
                 upd = replace(
                     c, communicator=inc.first.communicator, op_seq=inc.first.op_seq, onset_time=inc.first.onset_time,
@@ -218,7 +177,7 @@ def _cand_from(d: Mapping[str, Any]) -> Candidate:
         affected_ranks=(),  # only the count is kept (bounded state); updates re-learn the set
         confidence=float(d["confidence"]), evidence=str(d["evidence"]), onset_time=float(d["onset_time"]),
         root_cause_hosts=tuple(str(x) for x in d.get("hosts", [])),
-        link=None if link is None else (int(link[0]), int(link[1])),
+        link=None if link is None else Link(int(link[0]), int(link[1])),
         channel=None if d.get("channel") is None else int(d["channel"]),
         p=None if d.get("p") is None else float(d["p"]), mismatch_field=d.get("mismatch_field"),
         resolve_key=(str(rk[0]), int(rk[1])),

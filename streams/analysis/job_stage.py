@@ -13,9 +13,9 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from ccld.records import AnomalyKind, Verdict
+from ccld.records import AnomalyKind, Link, Verdict
 from ccld.streams.analysis.hangs import CommDiag
-from ccld.streams.analysis.incidents import KIND_RANK, Candidate, IncidentBook
+from ccld.streams.analysis.incidents import Candidate, IncidentBook
 from ccld.streams.analysis.settings import AnalyzerSettings
 from ccld.streams.analysis.shard import ShardReport, Stall
 from ccld.streams.analysis.waitfor import HangRoot, resolve
@@ -139,7 +139,7 @@ def best_slow(cands: Iterable[Candidate]) -> list[Candidate]:
     best: dict[str, Candidate] = {}
     for c in sorted(cands, key=lambda c: (c.communicator, c.op_seq)):
         held = best.get(c.match_key)
-        if held is None or KIND_RANK[c.kind] > KIND_RANK[held.kind]:
+        if held is None or c.kind.info.precedence > held.kind.info.precedence:
             best[c.match_key] = c
     return list(best.values())
 
@@ -187,7 +187,7 @@ def hang_candidate(root: HangRoot, st: Stall, hosts: tuple[str, ...], job: str, 
         evidence=ev,
         onset_time=st.onset,
         root_cause_hosts=hosts,
-        link=d.link,
+        link=None if d.link is None else Link(*d.link),
         channel=d.channel,
         mismatch_field=d.mismatch_field,
         details={"stall_s": f"{stall:.1f}", "threshold_s": f"{thr:.1f}", "communicators": str(len(root.via))},

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ccld.records import AnomalyKind, OpType
+from ccld.records import AnomalyKind, Link, OpType
 from ccld.streams.analysis.cadence import Cadence
 from ccld.streams.analysis.hangs import CommDiag
 from ccld.streams.analysis.incidents import LINK_NOT_OBSERVED, Candidate
@@ -88,12 +88,9 @@ class JobAnalysis:
 
     def threshold(self, kind: AnomalyKind, cid: int, op_type: int) -> float:
         s = self.s
-        if kind == AnomalyKind.H1:
-            base = s.barrier_hang_min_s if op_type == BARRIER else s.hang_min_s
-        elif kind == AnomalyKind.H2:
-            base = s.h2_min_s
-        else:
-            base = s.h3_min_s
+        # each hang class names its threshold setting in the class table; a barrier waits longer by design
+        setting = "barrier_hang_min_s" if kind == AnomalyKind.H1 and op_type == BARRIER else kind.info.threshold_setting
+        base = float(getattr(s, setting or "h3_min_s"))
         thr = max(base, s.hang_op_factor * float(self.js.c_maxop_s[cid]))
         if kind == AnomalyKind.H1:
             mem = self.pauses.get(cid) or self.restored_pauses.get(self.js.comm_hex(cid))
@@ -205,7 +202,7 @@ def slow_candidate(ja: JobAnalysis, f: SlowFinding) -> Candidate:
         evidence=ev,
         onset_time=f.onset_now,
         root_cause_hosts=ja.hosts_of(roots),
-        link=f.link,
+        link=None if f.link is None else Link(*f.link),
         channel=f.channel,
         p=f.p,
         details={"slow_ops": str(f.n_slow), "culprit_share": f"{f.share:.2f}",

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from ccld.errors import RecordError, SchemaError
-from ccld.records import AnomalyKind
+from ccld.records import AnomalyKind, Link
 from ccld.schemas.codec import decode, encode
 from ccld.streams.analysis.hangs import I64, CommDiag, diagnose
 from ccld.streams.analysis.incidents import Candidate
@@ -153,7 +153,7 @@ def _candidate_in(d: Mapping[str, Any], job: str, incarnation: int) -> Candidate
         root_cause_ranks=tuple(int(r) for r in d["root_cause_ranks"]),
         affected_ranks=tuple(int(r) for r in d["affected_ranks"]),
         confidence=float(d["confidence"]), evidence=str(d["evidence"]), onset_time=float(d["onset_time"]),
-        root_cause_hosts=tuple(str(h) for h in d["root_cause_hosts"]), link=_link_in(d["link"]),
+        root_cause_hosts=tuple(str(h) for h in d["root_cause_hosts"]), link=_verdict_link_in(d["link"]),
         channel=_opt_int(d["channel"]), p=None if d["p"] is None else float(d["p"]),
         mismatch_field=_opt_str(d["mismatch_field"]), details={str(k): str(v) for k, v in d["details"].items()},
         resolve_key=(str(d["resolve_family"]), int(d["resolve_value"])),
@@ -174,6 +174,10 @@ def _link_out(link: tuple[int, int] | None) -> dict[str, int] | None:
 
 def _link_in(d: Mapping[str, Any] | None) -> tuple[int, int] | None:
     return None if d is None else (int(d["src"]), int(d["dst"]))
+
+
+def _verdict_link_in(d: Mapping[str, Any] | None) -> Link | None:
+    return None if d is None else Link(int(d["src"]), int(d["dst"]))
 
 
 def _opt_int(v: Any) -> int | None:
@@ -265,8 +269,9 @@ def shard_report(ja: JobAnalysis, watch: Watch, now: float, stats: dict[str, Any
         diags[cid] = d
         comm = js.comm_hex(cid)
         stalls.append(Stall(comm, d, now - mark, ja.threshold(d.kind, cid, d.op_type), mark))
-        watch.add(Candidate(d.kind, ja.job, ja.incarnation, comm, d.seq, d.op_name, (), (), 0.0, "", mark,
-                            resolve_key=("hang", d.seq)))
+        watch.add(Candidate(kind=d.kind, job=ja.job, incarnation=ja.incarnation, communicator=comm, op_seq=d.seq,
+                            op_type=d.op_name, root_cause_ranks=(), affected_ranks=(), confidence=0.0, evidence="",
+                            onset_time=mark, resolve_key=("hang", d.seq)))
     ja.learn_pauses(diags, now)
     # every root the job stage can name is missing from some H1 op or an H2/H3 culprit, and the shard
     # of that op knows its host (the rank reported there before); waiting ranks need none

@@ -11,6 +11,11 @@ so a blip never alerts) with the same culprit in most of them, for ``slow_confir
 P = (T_max - T_min - b_spr) / (T_max - b_max): the paper's (T_max - T_min)/(T_max - T_base)
 with the healthy arrival spread taken out of both, so normal jitter does not pull a comm-slow
 op towards P = 1. Late arriver (comp-slow): P ~ 1; everybody slow (comm-slow): P ~ 0.
+
+Array names say what one entry is, by prefix: ``b_`` one per baseline, i.e. per (communicator,
+op signature); ``w_`` the repeated-counting window, one row per baseline and one column per
+recent op; ``m_`` and ``c_`` are ``JobState``'s per-member and per-communicator arrays
+(see ``state.py``). A ``c_`` local (``c_slow``) is the communication part of an op's time.
 """
 
 from __future__ import annotations

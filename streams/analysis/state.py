@@ -6,6 +6,13 @@ few numpy passes whatever the number of communicators. Updates are idempotent: r
 same records changes nothing. Times are of two kinds that are never mixed: ``*_ns`` on the
 reporting rank's own clock (only differences on one rank are used) and ``*_now`` on the
 analyzer's clock.
+
+Array names say what one entry is, by prefix:
+
+- ``m_``: one per member, i.e. per (communicator, comm rank); a communicator's members are the
+  slice ``c_off[cid] : c_off[cid] + c_size[cid]``;
+- ``c_``: one per communicator (``cid``, the job's dense communicator index);
+- ``g_``: one per global rank of the job.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from ccld.errors import SchemaError
-from ccld.records import AnomalyKind
+from ccld.records import AnomalyKind, Link
 from ccld.schemas.codec import HEADER_SIZE, decode, encode, encode_verdict, load_schema
 from ccld.streams.analysis.hangs import CommDiag
 from ccld.streams.analysis.incidents import Candidate
@@ -24,17 +24,18 @@ def _ranks(*r: int) -> np.ndarray:
 
 
 def _slow(kind: AnomalyKind, **kw: object) -> Candidate:
-    base = Candidate(kind, "job-a", 3, "00000000000000ff", 41, "all_reduce", (5,), (4, 5, 6), 0.875,
-                     f"{kind} evidence", 12.5, resolve_key=("slow", 7_000_000_000_123))
+    base = Candidate(kind=kind, job="job-a", incarnation=3, communicator="00000000000000ff", op_seq=41,
+                     op_type="all_reduce", root_cause_ranks=(5,), affected_ranks=(4, 5, 6), confidence=0.875,
+                     evidence=f"{kind} evidence", onset_time=12.5, resolve_key=("slow", 7_000_000_000_123))
     return dataclasses.replace(base, **kw)
 
 
 def make_report() -> ShardReport:
     slow = (
         _slow(AnomalyKind.S1, p=0.93),  # no link, no channel
-        _slow(AnomalyKind.S2, root_cause_ranks=(5, 6), link=(5, 6), channel=3, p=0.05,
+        _slow(AnomalyKind.S2, root_cause_ranks=(5, 6), link=Link(5, 6), channel=3, p=0.05,
               root_cause_hosts=("node-1",), details={"link": "5->6", "channel": "3"}),
-        _slow(AnomalyKind.S3, communicator="1000000000000000", link=(2**40, -1), details={"link": "not observed"}),
+        _slow(AnomalyKind.S3, communicator="1000000000000000", link=Link(2**40, -1), details={"link": "not observed"}),
         _slow(AnomalyKind.S2, root_cause_ranks=(), p=None, resolve_key=("", 0)),  # defaults all the way
     )
     h1 = CommDiag(cid=4, seq=35, op_type=0, kind=AnomalyKind.H1, waiting=_ranks(8, 9, 10), missing=_ranks(13, -1),
