@@ -367,12 +367,13 @@ class TorchHooks:
         else:
             peer = -1
         if self.seq_source is None:
-            seq: int | None = st.seq
+            seq = st.seq
             st.seq = st.seq + 1
         else:
-            seq = self.seq_source(st, st.name)
-            if seq is None:
+            sourced = self.seq_source(st, st.name)
+            if sourced is None:
                 return None
+            seq = sourced
         call = self.tracker.enter(st.comm_hash, seq, op_type, dtype, count, peer, st.comm_rank, st.size)
         if self.marker is not None:
             self.marker.on_enter(call, tensors)

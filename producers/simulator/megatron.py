@@ -114,9 +114,9 @@ def _comms(topo: Topology) -> _Comms:
     m_cid = np.repeat(np.arange(len(sizes), dtype=np.int64), sizes)
     host_ix = {h: i for i, h in enumerate(topo.hosts)}
     m_lhost = np.zeros(m, dtype=np.int64)
-    for cid, hs in enumerate(hosts):  # members' host -> index in the comm's table
+    for cid, names in enumerate(hosts):  # members' host -> index in the comm's table
         loc = np.full(len(topo.hosts), -1, dtype=np.int64)
-        loc[[host_ix[h] for h in hs]] = np.arange(len(hs))
+        loc[[host_ix[h] for h in names]] = np.arange(len(names))
         sl = slice(int(off[cid]), int(off[cid]) + sizes[cid])
         m_lhost[sl] = loc[topo.host_of[m_rank[sl]]]
     fam = [{"ppb": "pp"}.get(f, f) for f in topo.comm_family] + ["pp"] * (len(hashes) - topo.n_comms)
@@ -442,7 +442,7 @@ class MegatronSim(FaultBook):
             self._rows(g[sel], (k0[sel] + j) * self.dt, final=False)
         self.next_inst[g] = np.maximum(k0, k1)
 
-    def _rows(self, g: I64, t: F64, *, final: bool) -> None:
+    def _rows(self, g: I64, t: npt.NDArray[np.floating[Any]], *, final: bool) -> None:
         f, mi = self.mf[g], self.mi[g]
         tp = self.tmpl[mi[:, _I_TMPL]]
         ex = f[:, _F_EXIT]
@@ -479,7 +479,7 @@ class MegatronSim(FaultBook):
             "_send": send, "_recv": recv, "_peak": peak,
         })
 
-    def _ns(self, t: F64, ranks: I64) -> I64:
+    def _ns(self, t: npt.NDArray[np.floating[Any]], ranks: I64) -> I64:
         h = self.topo.host_of[ranks]
         return EPOCH_NS + np.rint((t * (1.0 + self.drift[h]) + self.skew[h]) * 1e9).astype(np.int64)
 
