@@ -103,3 +103,13 @@ def test_the_verdict_key_readers_are_told_to_dedupe_on_is_the_code_s() -> None:
         assert changed == (name in documented), (
             f"docs/wire-format.md says {name} {'is' if name in documented else 'is not'} part of a verdict's "
             f"identity; Verdict.dedupe_key {'uses' if changed else 'ignores'} it")
+
+
+def test_every_file_the_architecture_map_names_exists() -> None:
+    """docs/architecture.md is where a newcomer starts: a path it names that is gone sends them nowhere."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    named = set(re.findall(r"`([\w./<>-]+/[\w.<>-]*)`", text))
+    # `<kind>-<ranks>` style placeholders stand for a family of paths; check their fixed prefix
+    missing = [p for p in sorted(named) if not (ROOT / p.split("<", 1)[0]).exists()]
+    assert len(named) > 20, "the map names fewer files than expected: did the pattern stop matching?"
+    assert not missing, f"docs/architecture.md names paths that do not exist: {missing}"
