@@ -96,7 +96,7 @@ class MappedHostBuffer:
         try:
             attrs = self._rt.pointerGetAttributes(self.ptr)
             dptr = int(getattr(attrs, "devicePointer", 0) or self.ptr)
-        except Exception:  # older CuPy: unified addressing makes host and device pointers equal
+        except Exception:  # noqa: BLE001 - older CuPy: unified addressing makes host and device pointers equal
             dptr = self.ptr
         return dptr
 

@@ -111,7 +111,7 @@ def nvrtc_available() -> bool:
         from cupy_backends.cuda.libs import nvrtc
 
         nvrtc.getVersion()
-    except Exception:  # ImportError, or libnvrtc missing
+    except Exception:  # noqa: BLE001 - ImportError, or libnvrtc missing
         return False
     return True
 
@@ -129,7 +129,7 @@ def compile_with_nvrtc(name: str, arch: str) -> CompileResult:
         nvrtc.compileProgram(prog, ["-std=c++17", f"--gpu-architecture=compute_{number}"])
         ok = len(nvrtc.getPTX(prog)) > 0
         message = nvrtc.getProgramLog(prog)
-    except Exception as exc:  # NVRTCError: the log says why
+    except Exception as exc:  # noqa: BLE001 - NVRTCError: the log says why
         ok = False
         message = f"{exc}: {nvrtc.getProgramLog(prog)}"
     finally:

@@ -63,6 +63,7 @@ def wait_until_answers(bootstrap: str, timeout_s: float = 20.0, config: dict[str
 
     ``config``: extra client settings (TLS/SASL from ``ccld.security.kafka_config``).
     """
+    from confluent_kafka import KafkaException
     from confluent_kafka.admin import AdminClient
 
     deadline = time.monotonic() + timeout_s
@@ -79,7 +80,7 @@ def wait_until_answers(bootstrap: str, timeout_s: float = 20.0, config: dict[str
         try:
             admin.list_topics(timeout=2)
             return
-        except Exception as exc:  # KafkaException while it starts
+        except KafkaException as exc:  # while it starts
             last = exc
             time.sleep(0.1)
     raise BrokerError(f"no Kafka broker answered at {bootstrap} within {timeout_s:.0f} s ({last})")
