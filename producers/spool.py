@@ -13,7 +13,7 @@ replay, oldest first, counted). Frames are written with one
 last frame (power loss) fails its CRC and ends the segment. No fsync: the spool rides out
 broker outages, not machine crashes.
 
-Pure file I/O, no Kafka: the producer decides what to spool and when to replay.
+Pure file I/O, no Kafka: ``ccld.producers.spool_replay`` decides what to spool and when to replay.
 """
 
 from __future__ import annotations

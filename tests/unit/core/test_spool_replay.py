@@ -17,6 +17,7 @@ from confluent_kafka import TIMESTAMP_CREATE_TIME, KafkaError, KafkaException
 
 from ccld.producers.kafka import MetricsProducer
 from ccld.producers.spool import SpooledMessage
+from ccld.producers.spool_replay import SpoolReplay
 from ccld.settings import Settings
 
 #: what the stand-in broker answers for a message key: None (delivered) or an error
@@ -87,19 +88,21 @@ def producer(tmp_path: Path, client: StandInClient, **changes: Any) -> MetricsPr
 
 
 def spool(p: MetricsProducer, n: int, *, records: int = 2, size: int = 100, written_s: float = 0.0) -> None:
-    assert p._spool is not None
+    on_disk = p._spool_replay.spool
+    assert on_disk is not None
     for i in range(n):
-        assert p._spool.append(SpooledMessage(key=key(i), value=b"x" * size, partition=0, records=records,
-                                              written_s=written_s))
+        assert on_disk.append(SpooledMessage(key=key(i), value=b"x" * size, partition=0, records=records,
+                                             written_s=written_s))
 
 
 def replay(p: MetricsProducer, client: StandInClient, rounds: int = 200) -> None:
     """Drive the replay as the sender thread would, without its back-off waits."""
+    r = p._spool_replay
     for _ in range(rounds):
-        p._next_replay_s = 0.0
-        p._replay_step()
+        r._next_replay_s = 0.0
+        r.step()
         client.poll()
-        if p._spool is not None and not p._spool.pending_messages and p._replay is None:
+        if r.spool is not None and not r.spool.pending_messages and r._group is None:
             return
     raise AssertionError(f"the spool did not drain in {rounds} rounds: {p.stats_line()}")
 
@@ -135,7 +138,8 @@ def test_replay_sends_in_spool_order_across_segments_and_a_retried_group(tmp_pat
     client = DroppingClient(at=key(23))
     p = producer(tmp_path, client, spool_max_mb=0.05)  # segments of ~13 KB: 60 messages span several
     spool(p, 60, size=500)
-    assert p._spool is not None and len(list(p._spool.dir.glob("*.seg"))) > 2
+    on_disk = p._spool_replay.spool
+    assert on_disk is not None and len(list(on_disk.dir.glob("*.seg"))) > 2
     replay(p, client)
     assert client.state == "after", "the broker never failed: nothing was retried"
     assert first_seen(client.delivered) == [key(i) for i in range(60)]
@@ -191,12 +195,12 @@ def test_an_unclassified_error_is_retried_a_bounded_number_of_times(tmp_path: Pa
     assert first_seen(client.delivered) == [key(i) for i in range(6) if i != 2]
     # once inside a group of four (whose head, key 1, then moved on), then REPLAY_ATTEMPTS_MAX times
     # in a row as the head: bounded, and never again after it was counted lost
-    assert client.produced.count(key(2)) == MetricsProducer.REPLAY_ATTEMPTS_MAX + 1
+    assert client.produced.count(key(2)) == SpoolReplay.REPLAY_ATTEMPTS_MAX + 1
     assert p.stats["replay_rejected_records"] == 2 and p.stats["lost_records"] == 2
 
 
 def test_an_outage_is_waited_out_however_long(tmp_path: Path) -> None:
-    down = {"rounds": 3 * MetricsProducer.REPLAY_ATTEMPTS_MAX}
+    down = {"rounds": 3 * SpoolReplay.REPLAY_ATTEMPTS_MAX}
 
     def verdict(_k: bytes) -> KafkaError | None:
         if down["rounds"]:
@@ -238,9 +242,10 @@ def test_records_past_the_age_limit_are_discarded_oldest_first_and_counted(
     client = StandInClient()
     p = producer(tmp_path, client, spool_max_age_s=60)
     now = time.time()
-    assert p._spool is not None
+    on_disk = p._spool_replay.spool
+    assert on_disk is not None
     for i, age in enumerate([600, 300, 61, 30, 5, 0]):  # spooled oldest first, as an outage fills it
-        p._spool.append(SpooledMessage(key=key(i), value=b"v", partition=0, records=i + 1, written_s=now - age))
+        on_disk.append(SpooledMessage(key=key(i), value=b"v", partition=0, records=i + 1, written_s=now - age))
     with caplog.at_level(logging.WARNING, logger="ccld.producers.kafka"):
         replay(p, client)
     assert client.produced == [key(3), key(4), key(5)], "only the records younger than the limit go out"
