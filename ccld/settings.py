@@ -114,6 +114,7 @@ class Settings:
     worker_shutdown_grace_s: float = 30.0  # after SIGTERM/SIGINT the worker exits anyway after this long
     worker_clock_max_skew_s: float = 30.0  # timestamps this far ahead of the producers' consensus do not move the clock
     worker_clock_active_s: float = 120.0  # a producer silent this long no longer votes on the analyzer clock
+    worker_caught_up_lag_s: float = 5.0  # reading messages later than this, the worker is behind: silence is no hang
     worker_deadletter_raw_max_bytes: int = 65_536  # raw bytes of a bad message kept in its dead letter
     producer_queue_max: int = 200_000  # kernel records waiting in a producer, at most
     producer_batch_max: int = 2_000  # kernel records per batch message, at most

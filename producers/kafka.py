@@ -151,7 +151,7 @@ class MetricsProducer:
         try:
             with self._lock:
                 self._batcher.add(record, time.monotonic())
-        except Exception:  # the training job must never see our failure
+        except Exception:  # noqa: BLE001 - the training job must never see our failure
             self._counters["produce_errors"] += 1
 
     def send_batch(self, batch: KernelBatch, timestamp_ms: int | None = None, *, block_s: float = 10.0) -> bool:

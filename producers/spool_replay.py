@@ -290,7 +290,8 @@ class SpoolReplay:
             self._purge_wanted = True  # the rest of librdkafka's queue follows, in order, not piecemeal
         ts_type, ts = msg.timestamp()
         stamp = ts if ts_type == TIMESTAMP_CREATE_TIME else None
-        self.keep(SpooledMessage(key=msg.key() or b"", value=msg.value() or b"", partition=msg.partition(),
+        part = msg.partition()  # None (or -1) when librdkafka never picked one: the replay derives it from the key
+        self.keep(SpooledMessage(key=msg.key() or b"", value=msg.value() or b"", partition=-1 if part is None else part,
                                  records=records, timestamp_ms=stamp))
         return True
 

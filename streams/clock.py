@@ -10,6 +10,12 @@ even count, the middle estimate nearer to the worker's own wall clock). A timest
 ``max_skew_s`` ahead of the consensus does not move the clock: the clock moves to the consensus
 instead, and the message is counted as ``clock_rejected``.
 
+**Lag.** The clock also says how late the worker reads the job: each producer's *delay* (the
+worker's wall time at receipt minus the message's timestamp) has a floor, the smallest delay it
+showed (it relaxes upward slowly, so a clock step or drift is forgotten); a message's delay above
+its producer's floor is how far behind the worker reads (``lag_s``). The floor absorbs any fixed
+offset between that producer's clock and the worker's, so a skewed producer is not "lag".
+
 With a single producer the consensus is that producer, so the simulator and ``ccld bench
 --through-kafka`` (one producer stamping simulated time, which runs far faster than the wall
 clock and jumps between scenarios) keep driving the clock exactly as before. A producer that
@@ -37,11 +43,17 @@ SNAPSHOT_PRODUCERS = 1024
 CONSENSUS_EVERY_S = 1.0
 
 
+#: How fast a producer's delay floor forgets its lowest value (s per s of worker wall time): a clock
+#: stepped back by NTP stops looking like lag after about (step / FLOOR_RELAX) seconds.
+FLOOR_RELAX = 0.01
+
+
 @dataclass
 class _Producer:
     newest_ts: float  # the producer's newest message timestamp (s)
     newest_recv: float  # worker wall time when newest_ts arrived
     last_recv: float  # worker wall time of the producer's latest message
+    floor: float = math.inf  # smallest (recv - timestamp) seen, relaxed upward by FLOOR_RELAX
 
     def estimate(self, recv: float) -> float:
         return self.newest_ts + max(0.0, recv - self.newest_recv)
@@ -60,6 +72,7 @@ class JobClock:
         self._producers: dict[str, _Producer] = {}
         self._lead = 0.0  # consensus minus the worker's wall time, as last computed
         self._lead_at = -math.inf  # worker wall time it was computed at
+        self.lag_s = 0.0  # how far behind the worker read this job's latest message (see the module doc)
 
     def observe(self, producer: str, ts: float | None, recv: float) -> bool:
         """Take one message's timestamp (s) received at worker wall time ``recv``; False if it was not trusted."""
@@ -74,6 +87,9 @@ class JobClock:
             p = _Producer(ts, recv, recv)
         elif ts >= p.newest_ts:
             p.newest_ts, p.newest_recv = ts, recv
+        delay = recv - ts
+        p.floor = min(delay, p.floor + FLOOR_RELAX * max(0.0, recv - p.last_recv))
+        self.lag_s = delay - p.floor
         p.last_recv = recv
         self._producers[producer] = p
         if fresh:
@@ -111,6 +127,11 @@ class JobClock:
             return 0.0
         return self.now_s + max(0.0, recv - self.moved_recv)
 
+    def hold(self, recv: float) -> None:
+        """The worker is behind: the wall time until ``recv`` is not the job's silence (its messages may be
+        waiting unread), so it will not count in ``extrapolated``; only the data's own time does."""
+        self.moved_recv = max(self.moved_recv, recv)
+
     def _advance(self, ts: float, recv: float) -> None:
         if ts > self.now_s:
             self.now_s = ts
@@ -127,11 +148,12 @@ class JobClock:
 
     def state_dict(self) -> dict[str, Any]:
         return {"now_s": self.now_s, "moved_recv": self.moved_recv,
-                "producers": {n: [p.newest_ts, p.newest_recv, p.last_recv]
+                "producers": {n: [p.newest_ts, p.newest_recv, p.last_recv, p.floor if math.isfinite(p.floor) else None]
                               for n, p in list(self._producers.items())[-SNAPSHOT_PRODUCERS:]}}
 
     def load_state_dict(self, d: dict[str, Any]) -> None:
         self.now_s = float(d.get("now_s", 0.0))
         self.moved_recv = float(d.get("moved_recv", 0.0))
-        self._producers = {str(n): _Producer(float(v[0]), float(v[1]), float(v[2]))
+        self._producers = {str(n): _Producer(float(v[0]), float(v[1]), float(v[2]),
+                                             math.inf if len(v) < 4 or v[3] is None else float(v[3]))
                            for n, v in dict(d.get("producers", {})).items()}

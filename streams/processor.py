@@ -51,6 +51,7 @@ class ProcessorOptions:
     eval_every_s: float = 1.0  # evaluate at most once per this much analyzer-clock time (handle(evaluate=None))
     clock_max_skew_s: float = 30.0  # see JobClock
     clock_active_s: float = 120.0  # see JobClock
+    caught_up_lag_s: float = 5.0  # reading later than this, the worker is behind: silence is not evidence
     dead_letter_raw_max: int = DEAD_LETTER_RAW_MAX  # raw bytes kept in a dead letter
     shard: bool = False  # jobs spread over partitions: report to the job stage instead of deciding verdicts
     partitions: int = 0  # of the metrics topic (0: unknown, the routing is not checked)
@@ -85,6 +86,8 @@ class PartitionProcessor(Outbox):
         self._cadence_searched = -math.inf  # monotonic time of the last snapshot that searched step patterns
         self._init_outbox(state)
         self._misrouted: set[str] = set()  # jobs already reported as misrouted (one error line each)
+        self.lag_s = 0.0  # how far behind the latest message was read (JobClock.lag_s), at wall time lag_recv
+        self.lag_recv = -math.inf
         # Shard mode (jobs spread over several partitions): reports for the job stage, no verdicts here.
         self._reports: list[tuple[bytes, bytes]] = []
         if state:
@@ -159,6 +162,7 @@ class PartitionProcessor(Outbox):
             self.counters["clock_rejected"] = sum(j.clock.rejected for j in self.jobs.values())
             self.counters["clock_ignored"] = sum(j.clock.ignored for j in self.jobs.values())
         now = job.clock.now_s
+        self.lag_s, self.lag_recv = job.clock.lag_s, recv
         self.counters["records"] += batch.n
         try:
             job.analyzer.ingest(batch, now)
@@ -201,10 +205,26 @@ class PartitionProcessor(Outbox):
         return counted_dead_letter(self.counters, raw, reason, detail, topic=topic, partition=self.partition,
                                    offset=offset, raw_max=self.options.dead_letter_raw_max)
 
-    def tick(self, recv_s: float | None = None) -> list[tuple[Verdict, bytes]]:
-        """Re-evaluate on a timer: each job's clock advances by the wall time the job was quiet."""
+    def recent_lag(self, recv: float, window_s: float = 2.0) -> float:
+        """How far behind this partition's messages were read, judged on those handled in the last
+        ``window_s`` of wall time (none handled: nothing waited, 0)."""
+        return self.lag_s if recv - self.lag_recv <= window_s else 0.0
+
+    def tick(self, recv_s: float | None = None, *, caught_up: bool | None = None) -> list[tuple[Verdict, bytes]]:
+        """Re-evaluate on a timer: each job's clock advances by the wall time the job was quiet.
+
+        Only while the worker is caught up (``caught_up``; None: this partition's own ``recent_lag``
+        under ``caught_up_lag_s``): while messages wait unread, a job's silence is not evidence, so its
+        clock holds at the time of its data and stalls are judged on the data alone."""
         recv = time.time() if recv_s is None else recv_s
+        if caught_up is None:
+            caught_up = self.recent_lag(recv) < self.options.caught_up_lag_s
+        self.counters["lag_ms"] = int(self.recent_lag(recv) * 1000)
+        if not caught_up:
+            self.counters["behind_ticks"] = self.counters.get("behind_ticks", 0) + 1
         for name, job in list(self.jobs.items()):
+            if not caught_up:
+                job.clock.hold(recv)
             now = job.clock.extrapolated(recv)
             if now > 0.0:
                 self._evaluate_job(name, job, now)
