@@ -47,6 +47,7 @@ class AnalyzerSettings:
     pause_memory: int = 8  # benign pauses remembered per communicator
     cadence_ops: int = 64  # recent ops per communicator learned as a signature pattern (H2 without majority)
     wait_edge_min_s: float = 2.0  # a communicator counts as waiting (wait-for edge) after this stall
+    cut_min_s: float = 1.0  # silent this long, a stall no rank was seen waiting in longer than its op lasts is a cut
 
     # --- slowness
     slow_factor: float = 1.3  # an op is slow when its time exceeds slow_factor x the learned baseline

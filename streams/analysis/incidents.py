@@ -34,6 +34,10 @@ class Candidate(Finding):
 
     @property
     def match_key(self) -> str:
+        host = self.details.get("host")
+        if host and self.family == "hang":
+            # a host's incident (job_stage.merge_by_host): the host, however many of its ranks are named yet
+            return f"{self.job}|{self.incarnation}|{self.family}|host:{host}"
         roots = self.root_cause_ranks
         if self.family == "slow" and roots:
             # a slowdown is matched by its first root: the late arriver (S1), the rank whose link is
@@ -164,6 +168,8 @@ def _cand_dict(c: Candidate) -> dict[str, Any]:
         "onset_time": c.onset_time, "hosts": list(c.root_cause_hosts),
         "link": None if c.link is None else list(c.link), "channel": c.channel, "p": c.p,
         "mismatch_field": c.mismatch_field, "resolve_key": list(c.resolve_key),
+        # what the match key reads (a host's incident), not the free-text details
+        **({"host": c.details["host"]} if "host" in c.details else {}),
     }
 
 
@@ -181,4 +187,5 @@ def _cand_from(d: Mapping[str, Any]) -> Candidate:
         channel=None if d.get("channel") is None else int(d["channel"]),
         p=None if d.get("p") is None else float(d["p"]), mismatch_field=d.get("mismatch_field"),
         resolve_key=(str(rk[0]), int(rk[1])),
+        details={"host": str(d["host"])} if d.get("host") else {},
     )

@@ -115,7 +115,7 @@ class JobStage:
             c = hang_candidate(root, cur, self._hosts(v, root.roots), job, inc)
             if c is not None:
                 out.append(c)
-        return out
+        return merge_by_host(out)
 
     @staticmethod
     def _hosts(v: _JobView, ranks: tuple[int, ...]) -> tuple[str, ...]:
@@ -128,6 +128,36 @@ class JobStage:
                         out.append(h)
                     break
         return tuple(out)
+
+
+def merge_by_host(cands: list[Candidate]) -> list[Candidate]:
+    """Not-entered hangs whose roots are all on one host, found together, are one incident: the host.
+
+    A node that dies (or whose ranks all stop at once) leaves each of its ranks missing from some op
+    its peers wait in; one H1 per rank would page once per rank for one fault. The merged candidate
+    names every such rank and the host, is matched as that host's incident (``details["host"]``), and
+    keeps the earliest op as its own. One rank alone on its host stays a rank's incident.
+    """
+    groups: dict[str, list[Candidate]] = {}
+    for c in cands:
+        if c.kind == AnomalyKind.H1 and len(c.root_cause_hosts) == 1:
+            groups.setdefault(c.root_cause_hosts[0], []).append(c)
+    merged = {id(c) for g in groups.values() if len(g) > 1 for c in g}
+    out = [c for c in cands if id(c) not in merged]
+    for host, g in sorted(groups.items()):
+        if len(g) < 2:
+            continue
+        first = min(g, key=lambda c: (c.onset_time, c.communicator, c.op_seq))
+        roots = tuple(sorted({r for c in g for r in c.root_cause_ranks}))
+        affected = tuple(sorted({r for c in g for r in c.affected_ranks} - set(roots)))
+        comms = {c.communicator for c in g}
+        ev = (f"host {host}: ranks {_ranks(roots)} never entered the ops their peers wait in "
+              f"({len(g)} ops in {len(comms)} communicators; {len(affected)} ranks wait); the host stopped, "
+              f"or all its ranks did: first {first.evidence}")
+        out.append(replace(first, root_cause_ranks=roots, affected_ranks=affected, evidence=ev,
+                           confidence=max(c.confidence for c in g),
+                           details={**first.details, "host": host, "communicators": str(len(comms))}))
+    return out
 
 
 def best_slow(cands: Iterable[Candidate]) -> list[Candidate]:

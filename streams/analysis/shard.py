@@ -258,6 +258,15 @@ def shard_report(ja: JobAnalysis, watch: Watch, now: float, stats: dict[str, Any
     stalls: list[Stall] = []
     for cid in stalled.tolist():
         mark = float(js.c_progress_now[cid])
+        sl = slice(int(js.c_off[cid]), int(js.c_off[cid] + js.c_size[cid]))
+        if now - float(js.m_seen_now[sl].max(initial=-1.0)) >= s.cut_min_s:
+            # every rank of it went silent: a hang only if its own records showed someone waiting in the
+            # op longer than the op normally lasts before they stopped; else the job ended mid-op, or its
+            # link to the broker was cut (a hung rank's peers report every interval while they wait)
+            inside = ~js.m_done[sl] & (js.m_t_enter[sl] >= 0) & (js.m_t_sample[sl] >= js.m_t_enter[sl])
+            waited = float((js.m_t_sample[sl] - js.m_t_enter[sl])[inside].max(initial=0)) / 1e9
+            if waited < max(s.cut_min_s, 2.0 * float(js.c_maxop_s[cid])):
+                continue
         cached = ja.diag_cache.get(cid)
         if cached is None or cached[0] != mark:
             d = diagnose(js, cid, ja.known_sigs(cid), ja.expected_sig(cid))

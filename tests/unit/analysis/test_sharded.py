@@ -87,7 +87,8 @@ def test_shards_deciding_alone_would_name_the_victims() -> None:
                 shards[g].ingest(part, t)
     staged = {v.root_cause_ranks for v in analyze_batches(batches, tick_s=1.0, groups=3)}
     assert staged == {(2,)}, staged
-    assert len(alone) > 1 and (2,) in alone, alone
+    # alone, the shards name ranks other than 2 (victims), whether one by one or merged with 2 by host
+    assert any(2 in r for r in alone) and any(set(r) - {2} for r in alone), alone
 
 
 def test_by_group_splits_rows_by_communicator_and_keeps_every_row() -> None:

@@ -1,0 +1,90 @@
+"""Silence is not a hang, and a lost host is one incident (issue 18, item 4).
+
+- A whole job whose records stop mid-step (a scheduler's cancel, ``kill -9`` of every rank, a cut
+  to the broker) has ended: no verdict, however many of its ops were in flight at the cut.
+- A host whose ranks all stop at once while the other ranks wait for them is one incident naming
+  the host and its ranks, not one H1 per rank.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+
+import numpy as np
+import pytest
+
+from ccld.producers.simulator.scenario import Scenario
+from ccld.producers.simulator.sim import simulate
+from ccld.records import KernelBatch, Verdict
+from ccld.streams.analysis.analyzer import Analyzer
+
+HOST0 = range(8)  # gpus_per_node 8: ranks 0-7 are node-0000
+
+
+def job(faults: list[dict[str, object]], duration_s: float) -> Scenario:
+    return Scenario.from_dict({
+        "id": "silence", "seed": 4, "ranks": 64, "gpus_per_node": 8, "layout": {"tp": 8, "pp": 2, "dp": 4},
+        "channels": 2, "duration_s": duration_s, "clock_skew_s": 1.0, "jitter": 0.05,
+        "workload": {"microbatches": 4, "layers": 2, "layer_ms": 4.0},  # some op is always in flight
+        "faults": faults, "expect": [],
+    })
+
+
+@cache
+def batches(lost_host: bool) -> tuple[tuple[float, KernelBatch], ...]:
+    faults = [{"kind": "H1", "rank": r, "onset_s": 30.0} for r in HOST0] if lost_host else []
+    return tuple(simulate(job(faults, 60.0)))
+
+
+def run(feed: list[tuple[float, KernelBatch]], then_s: float) -> list[Verdict]:
+    """Ingest in time order with an evaluation every second, then let the clock run ``then_s`` on."""
+    a = Analyzer()
+    out: list[Verdict] = []
+    tick = 1.0
+    last = 0.0
+    for t, b in feed:
+        while t >= tick:
+            out += a.evaluate(tick)
+            tick += 1.0
+        a.ingest(b, t)
+        last = t
+    for k in range(int(then_s)):
+        out += a.evaluate(last + 1.0 + k)
+    return out
+
+
+def without_ranks(feed: tuple[tuple[float, KernelBatch], ...], ranks: range, after_s: float
+                  ) -> list[tuple[float, KernelBatch]]:
+    out = []
+    for t, b in feed:
+        if t > after_s:
+            keep = np.flatnonzero(~np.isin(b.columns["rank"], list(ranks)))
+            if keep.size == 0:
+                continue
+            b = b.take(keep)
+        out.append((t, b))
+    return out
+
+
+@pytest.mark.parametrize("cut_s", [20.0, 31.7, 44.9, 52.5])
+def test_a_healthy_job_whose_records_all_stop_mid_step_gets_no_verdict(cut_s: float) -> None:
+    # Before the cut rule each of these cuts opened H3s on the ops in flight (up to 20 at 20.0 s)
+    feed = [(t, b) for t, b in batches(False) if t <= cut_s]
+    assert run(feed, then_s=60.0) == []
+
+
+def test_a_hang_seen_before_the_job_went_silent_is_still_a_hang() -> None:
+    """The other side of the rule: ranks 0-7 stop at 30 s, everyone else goes on reporting (waiting) until
+    the whole job goes silent at 36 s; the host's hang was seen before the silence and is reported."""
+    feed = [(t, b) for t, b in without_ranks(batches(True), HOST0, 30.5) if t <= 36.0]
+    got = [v for v in run(feed, then_s=40.0) if v.state.value == "open"]
+    assert [(v.kind.value, v.root_cause_hosts) for v in got] == [("H1", ("node-0000",))], got
+
+
+def test_a_lost_host_is_one_incident_naming_the_host_and_its_ranks() -> None:
+    # ranks 0-7 stop (never enter their next ops) at 30 s and their records stop with them
+    got = [v for v in run(without_ranks(batches(True), HOST0, 30.5), then_s=5.0) if v.state.value == "open"]
+    assert len(got) == 1, [v.describe() for v in got]
+    v = got[0]
+    assert (v.kind.value, v.root_cause_ranks, v.root_cause_hosts) == ("H1", tuple(HOST0), ("node-0000",))
+    assert "host node-0000" in v.evidence
