@@ -1,6 +1,6 @@
 """A worker's state per input topic: processors by partition, their snapshots, and the events each snapshot covers.
 
-``WorkerState`` is what the worker's Faust app (``app``) keeps for the metrics topic and, in shard
+``WorkerState`` is what the worker (``app.WorkerApp``) keeps for the metrics topic and, in shard
 mode, for the reports topic: it restores a partition's processor from its changelog snapshot, writes
 snapshots, and acks consumed events only once a snapshot that covers them is on the broker.
 """
