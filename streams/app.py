@@ -20,6 +20,9 @@ that went past offsets its processor never saw and reads them back first (``catc
 Nothing silent: every failure on input is a dead letter with a reason plus a counter, and the
 agent's loop body catches everything, so no message can stop the stream. The counters go to the
 log as one JSON line (``counters {...}``) when they change, and at shutdown.
+
+``WorkerApp`` is the worker: its agents, timers, courier and rebalance hooks are named methods, and
+the state they share is its attributes; ``create_app`` builds one and returns its Faust app.
 """
 
 from __future__ import annotations
@@ -29,29 +32,25 @@ import json
 import logging
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import Any
 
 import faust
+from confluent_kafka import KafkaException
+from faust.types import TopicT
 
+from ccld.errors import CcldError
 from ccld.records import DeadLetter, Verdict, job_partition
 from ccld.security import faust_kwargs
 from ccld.settings import Settings
 from ccld.streams.processor import Output, PartitionProcessor, ProcessorOptions
 from ccld.streams.recovery import read_partition, topic_id, verdict_keys_on_topic
 from ccld.streams.stage_processor import StageProcessor
+from ccld.streams.worker_state import P, WorkerState
 from ccld.topics import ensure_topics
 
 log = logging.getLogger(__name__)
 
-#: Write a partition's snapshot at most this often (seconds of wall time; more often than offsets are
-#: committed), before and after every verdict send, and at shutdown.
-SNAPSHOT_EVERY_S = 1.0
-#: ... and sooner, this long after the last one, when the agent has no more messages waiting: records
-#: arrive in bursts (every producer flushes once a second), and an event is committed only once a
-#: snapshot covers it, so a snapshot at the end of each burst takes a second off the committed lag.
-SNAPSHOT_IDLE_S = 0.2
 #: Attempts to deliver one dead letter before it is counted lost (an outage is not an attempt: the
 #: producer waits for the broker inside one attempt; only errors the broker answered count).
 DEAD_LETTER_ATTEMPTS = 5
@@ -59,9 +58,12 @@ DEAD_LETTER_ATTEMPTS = 5
 COUNTERS_EVERY_S = 5.0
 #: Check this often (seconds) that the topics still exist and are the same topics.
 TOPIC_CHECK_EVERY_S = 2.0
+#: What the blocking confluent-kafka reads (``recovery``, ``ensure_topics``, run in a thread) raise when
+#: the broker is unreachable or refuses: the library's own error, a result's timeout, and ours (BrokerError).
+READ_ERRORS = (KafkaException, TimeoutError, CcldError)
 
 
-def counters_line(state: WorkerState) -> str:
+def counters_line(state: WorkerState[Any]) -> str:
     """Every partition's counters as one JSON object (what the chaos tests and an operator read)."""
     return json.dumps({str(p): proc.report() for p, proc in sorted(state.processors.items())}, sort_keys=True)
 
@@ -74,110 +76,11 @@ def processor_options(settings: Settings) -> ProcessorOptions:
                             groups=settings.analysis_groups)
 
 
-P = TypeVar("P", PartitionProcessor, StageProcessor)
-
-
-class WorkerState(Generic[P]):
-    """One topic's processors by partition, plus what to snapshot when and which consumed events it covers."""
-
-    def __init__(self, settings: Settings, table: Any, topic: str, restore: Callable[[int, bytes | None], P]) -> None:
-        self.settings = settings
-        self.table = table
-        self.topic = topic
-        self._restore = restore  # a partition's processor from its snapshot (None: a new one)
-        self.processors: dict[int, P] = {}
-        self.last_snapshot: dict[int, float] = {}
-        # One sender per partition at a time: the agent and the timer both flush pending verdicts.
-        self.locks: dict[int, asyncio.Lock] = {}
-        # Consumed events not yet acknowledged to Faust, by partition: an event is acked (its offset
-        # may be committed) only once a snapshot that includes it is on the broker, so a worker killed
-        # at any moment resumes from a snapshot at least as new as its committed offsets.
-        self.held: dict[int, list[Any]] = {}
-        self.ack: Callable[[Any], Awaitable[Any]] | None = None
-        self.wake = asyncio.Event()  # set when verdicts are pending: the courier sends them at once
-        # The metrics topic's identity (its topic id). A broker that lost its log (an in-memory broker
-        # restarted) brings the topic back under a new id with offsets from 0 again, while the consumer
-        # goes on from its old position: the offsets below it are read once more (``backfill``).
-        self.topic_id: str | None = None
-        self.checkpoint_locks: dict[int, asyncio.Lock] = {}
-
-    def processor(self, partition: int) -> P:
-        proc = self.processors.get(partition)
-        if proc is None:
-            raw = self.table.data.get(self.key(partition)) if self.table is not None else None
-            proc = self._restore(partition, raw)
-            if raw:
-                log.info("%s partition %d: resumed from a %d-byte snapshot (%d verdicts pending)", self.topic,
-                         partition, len(raw), len(proc.pending()))
-            self.processors[partition] = proc
-            self.last_snapshot[partition] = time.monotonic()
-        return proc
-
-    def lock(self, partition: int) -> asyncio.Lock:
-        return self.locks.setdefault(partition, asyncio.Lock())
-
-    def key(self, partition: int) -> bytes:
-        return f"{self.topic}:{partition}".encode()
-
-    def _due(self, partition: int, force: bool, idle: bool = False) -> P | None:
-        proc = self.processors.get(partition)
-        every = SNAPSHOT_IDLE_S if idle else SNAPSHOT_EVERY_S
-        if self.table is None or proc is None or (
-                not force and time.monotonic() - self.last_snapshot.get(partition, 0.0) < every):
-            return None
-        return proc
-
-    def maybe_snapshot(self, partition: int, force: bool) -> None:
-        """Queue the partition's snapshot on its changelog without waiting (shutdown, revocation)."""
-        proc = self._due(partition, force)
-        if proc is not None:
-            key, value = self.key(partition), proc.snapshot()
-            self.table.data[key] = value
-            self.table.send_changelog(partition, key, value)
-            self.last_snapshot[partition] = time.monotonic()
-
-    async def checkpoint(self, partition: int, force: bool, idle: bool = False) -> None:
-        """Snapshot when due (or ``force``), wait for the broker's ack, then ack the events it covers.
-
-        ``idle``: no more messages are waiting, so the snapshot is due sooner (``SNAPSHOT_IDLE_S``).
-        """
-        async with self.checkpoint_locks.setdefault(partition, asyncio.Lock()):
-            await self._checkpoint(partition, force, idle)
-
-    async def _checkpoint(self, partition: int, force: bool, idle: bool = False) -> None:
-        proc = self._due(partition, force, idle)
-        if proc is None:
-            return
-        key, value, upto = self.key(partition), proc.snapshot(), proc.next_offset
-        covered = [e for e in self.held.get(partition, ()) if e.message.offset < upto]
-        self.table.data[key] = value
-        self.last_snapshot[partition] = time.monotonic()
-        # Written straight to the partition's changelog (the timer, outside any event, saves too) and sent
-        # now rather than through Faust's buffer, so that awaiting the future waits for the broker's ack.
-        fut = await self.table.changelog_topic.send(key=key, value=value, partition=partition,
-                                                    key_serializer="raw", value_serializer="raw", force=True)
-        await fut  # raises if the broker refused it: then nothing is acked and a later snapshot retries
-        done = {id(e) for e in covered}
-        self.held[partition] = [e for e in self.held.get(partition, ()) if id(e) not in done]
-        if self.ack is not None:
-            for e in covered:
-                await self.ack(e)
-
-    def owns(self, partition: int, proc: P) -> bool:
-        """Whether ``proc`` is still this worker's processor of ``partition`` (not revoked meanwhile)."""
-        return self.processors.get(partition) is proc
-
-    def drop(self, partition: int) -> None:
-        """The partition went to another worker: its unacknowledged events will be re-delivered there."""
-        self.processors.pop(partition, None)
-        self.held.pop(partition, None)
-
-
-def create_app(settings: Settings, *, app_id: str | None = None) -> faust.App:
-    """Build the worker app for ``settings`` (bootstrap must be set)."""
+def faust_app(settings: Settings, app_id: str | None = None) -> faust.App:
+    """The Faust app configured for ``settings``, with nothing registered on it yet."""
     faust_dir = Path(tempfile.gettempdir()) / "ccld-faust"
     faust_dir.mkdir(exist_ok=True)
-    app = faust.App(
+    return faust.App(
         app_id or settings.worker_app_id,
         broker=f"kafka://{settings.bootstrap}",
         store="memory://",
@@ -201,46 +104,149 @@ def create_app(settings: Settings, *, app_id: str | None = None) -> faust.App:
         stream_wait_empty=False,
         **faust_kwargs(settings),  # TLS / SASL, the same settings every other client uses
     )
-    metrics = app.topic(settings.metrics_topic, value_type=bytes, key_type=bytes,
-                        value_serializer="raw", key_serializer="raw", internal=False)
-    verdicts = app.topic(settings.verdicts_topic, value_type=bytes, key_type=bytes,
-                         value_serializer="raw", key_serializer="raw", internal=False)
-    deadletter = app.topic(settings.deadletter_topic, value_type=bytes, key_type=bytes,
-                           value_serializer="raw", key_serializer="raw", internal=False)
-    # bytes keys and values: Faust then uses the raw codec for both (no JSON round trip).
-    table = app.Table("analyzer-state", default=None, partitions=settings.metrics_partitions,
-                      key_type=bytes, value_type=bytes)
-    options = processor_options(settings)
-    shard = options.shard  # jobs spread over partitions: a job stage on the reports topic decides
-    state: WorkerState[PartitionProcessor] = WorkerState(
-        settings, table, settings.metrics_topic,
-        restore=lambda p, raw: PartitionProcessor.restore(p, settings.analyzer, raw, options))
-    states: list[WorkerState[Any]] = [state]
-    app.ccld_state = state  # type: ignore[attr-defined]
-    reports = app.topic(settings.reports_topic, value_type=bytes, key_type=bytes,
-                        value_serializer="raw", key_serializer="raw", internal=False)
-    stage: WorkerState[StageProcessor] | None = None
-    if shard:
-        stage_table = app.Table("stage-state", default=None, partitions=settings.metrics_partitions,
-                                key_type=bytes, value_type=bytes)
-        stage = WorkerState(settings, stage_table, settings.reports_topic,
-                            restore=lambda p, raw: StageProcessor.restore(
-                                p, settings.analyzer, raw, groups=settings.analysis_groups,
-                                dead_letter_raw_max=settings.worker_deadletter_raw_max_bytes))
-        stage.wake = state.wake  # one courier sends the verdicts of both
-        states.append(stage)
-        app.ccld_stage = stage  # type: ignore[attr-defined]
 
-    async def send_dead_letter(proc: PartitionProcessor | StageProcessor, dl: DeadLetter, raw: bytes) -> None:
+
+def _raw_topic(app: faust.App, name: str) -> TopicT:
+    """A topic of raw bytes keys and values (Faust's raw codec: no JSON round trip)."""
+    return app.topic(name, value_type=bytes, key_type=bytes, value_serializer="raw", key_serializer="raw",
+                     internal=False)
+
+
+class WorkerApp:
+    """The stream worker on one Faust app: metrics in, verdicts and dead letters out (see the module docstring).
+
+    ``state`` holds the metrics topic's processors; in shard mode (``analysis_groups`` > 1) ``stage``
+    holds the job stage's on the reports topic, and one courier sends the verdicts of both.
+
+    Sends through Faust's producer (verdicts, dead letters, reports, snapshots on the changelog) catch
+    ``Exception``, not KafkaError: besides Faust's ProducerSendError and aiokafka's errors, aiokafka
+    asserts on a partition its stale metadata lacks (AssertionError, or TypeError with no metadata at
+    all), which is what a broker restarted empty looks like. Each failure is counted or retried there.
+    """
+
+    def __init__(self, settings: Settings, *, app_id: str | None = None) -> None:
+        self.settings = settings
+        self.app = app = faust_app(settings, app_id)
+        self.metrics = _raw_topic(app, settings.metrics_topic)
+        self.verdicts = _raw_topic(app, settings.verdicts_topic)
+        self.deadletter = _raw_topic(app, settings.deadletter_topic)
+        # bytes keys and values: Faust then uses the raw codec for both (no JSON round trip).
+        table = app.Table("analyzer-state", default=None, partitions=settings.metrics_partitions,
+                          key_type=bytes, value_type=bytes)
+        options = processor_options(settings)
+        self.shard = options.shard  # jobs spread over partitions: a job stage on the reports topic decides
+        self.state: WorkerState[PartitionProcessor] = WorkerState(
+            settings, table, settings.metrics_topic,
+            restore=lambda p, raw: PartitionProcessor.restore(p, settings.analyzer, raw, options))
+        self.states: list[WorkerState[Any]] = [self.state]
+        self.reports = _raw_topic(app, settings.reports_topic)
+        self.stage: WorkerState[StageProcessor] | None = None
+        if self.shard:
+            stage_table = app.Table("stage-state", default=None, partitions=settings.metrics_partitions,
+                                    key_type=bytes, value_type=bytes)
+            self.stage = WorkerState(settings, stage_table, settings.reports_topic,
+                                     restore=lambda p, raw: StageProcessor.restore(
+                                         p, settings.analyzer, raw, groups=settings.analysis_groups,
+                                         dead_letter_raw_max=settings.worker_deadletter_raw_max_bytes))
+            self.stage.wake = self.state.wake  # one courier sends the verdicts of both
+            self.states.append(self.stage)
+        # The counters line last logged, and when (``_tick`` logs it again only when it changed).
+        self._counters_at = time.monotonic()
+        self._counters_line = ""
+        self._register()
+
+    def _register(self) -> None:
+        """Hand the methods to Faust: the courier task, the agents, the rebalance and shutdown hooks, the timers."""
+        app = self.app
+        app.ccld_state = self.state  # type: ignore[attr-defined]
+        if self.stage is not None:
+            app.ccld_stage = self.stage  # type: ignore[attr-defined]
+        app.task(self._courier)
+        app.agent(self.metrics, name="ccld-analyze")(self._analyze)
+        if self.stage is not None:
+            app.agent(self.reports, name="ccld-decide")(self._decide)
+        app.on_partitions_revoked.connect(self._on_revoke)
+        app.timer(TOPIC_CHECK_EVERY_S)(self._watch_topics)
+        app.timer(self.settings.worker_tick_s)(self._tick)
+        app.on_before_shutdown.connect(self._on_shutdown)
+
+    # -- the agents: decode, delegate to the processor, deliver its output ------------------------------
+
+    async def _analyze(self, stream: Any) -> None:
+        """The metrics agent: each message handled by its partition's processor, its output delivered."""
+        state = self.state
+        manual = stream.noack()  # events are acked by WorkerState.checkpoint, after the snapshot covering them
+        state.ack = manual.ack
+        async for event in manual.events():
+            msg = event.message
+            try:
+                proc = state.processor(msg.partition)
+                if 0 <= proc.next_offset < msg.offset:
+                    await self._catch_up(msg.partition, proc, msg.offset)
+                ts = msg.timestamp if msg.timestamp else None
+                out = proc.handle(msg.value, topic=msg.topic, offset=msg.offset, timestamp_s=ts)
+                await self._deliver(proc, out)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # noqa: BLE001 - a bug on one message must not stop the stream (handle() never raises)
+                log.exception("worker failed on %s[%d]@%d; going on", msg.topic, msg.partition, msg.offset)
+            # Held even after a failure: an event never acked would stop every later commit of the partition.
+            state.held.setdefault(msg.partition, []).append(event)
+            try:
+                # The stream reads its channel's queue: empty means this burst of messages is done.
+                queue = getattr(getattr(stream, "channel", None), "queue", None)
+                await state.checkpoint(msg.partition, force=False, idle=queue is not None and queue.empty())
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - any send error (class docstring); the next checkpoint retries,
+                # and until then nothing more is committed
+                log.warning("partition %d: snapshot not written: %s: %s", msg.partition, type(exc).__name__, exc)
+
+    async def _decide(self, stream: Any) -> None:
+        """The job stage: each shard report decided at once; its verdicts go out from the courier."""
+        stage = self.stage
+        if stage is None:  # registered only in shard mode, where the stage exists
+            return
+        manual = stream.noack()  # acked after the snapshot that covers them, as the analyze agent does
+        stage.ack = manual.ack
+        async for event in manual.events():
+            msg = event.message
+            try:
+                proc = stage.processor(msg.partition)
+                await self._deliver(proc, proc.handle(msg.value, topic=msg.topic, offset=msg.offset))
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # noqa: BLE001 - handle() never raises; a bug elsewhere must not stop the stream
+                log.exception("job stage failed on %s[%d]@%d; going on", msg.topic, msg.partition, msg.offset)
+            stage.held.setdefault(msg.partition, []).append(event)
+            try:
+                await stage.checkpoint(msg.partition, force=False)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - any send error (class docstring); the next checkpoint retries
+                log.warning("reports partition %d: snapshot not written: %s: %s", msg.partition,
+                            type(exc).__name__, exc)
+
+    async def _deliver(self, proc: PartitionProcessor | StageProcessor, out: Output) -> None:
+        """Send a message's dead letters (awaited: the event is held, later acked, only once they are on the
+        broker), wake the courier for its verdicts, and send a shard's reports."""
+        for dl, raw in out.dead_letters:
+            await self._send_dead_letter(proc, dl, raw)
+        if proc.pending():
+            self.state.wake.set()  # verdicts go out from the courier; they are in every snapshot until acknowledged
+        if isinstance(proc, PartitionProcessor):
+            await self._send_reports(proc)
+
+    async def _send_dead_letter(self, proc: PartitionProcessor | StageProcessor, dl: DeadLetter, raw: bytes) -> None:
         log.warning("dead letter from %s[%d]@%d: %s: %s", dl.source_topic, dl.source_partition,
                     dl.source_offset, dl.reason, dl.detail[:200])
         for attempt in range(1, DEAD_LETTER_ATTEMPTS + 1):
             try:
                 # force: publish now (not attached to the event's commit); awaiting the future waits for the ack.
-                fut = await deadletter.send(key=dl.reason.encode(), value=raw, force=True)
+                fut = await self.deadletter.send(key=dl.reason.encode(), value=raw, force=True)
                 await fut
                 return
-            except Exception as exc:  # noqa: BLE001 - counted, retried, never raised into the stream
+            except Exception as exc:  # noqa: BLE001 - any send error (class docstring): counted, retried
                 proc.counters["dead_letter_send_failures"] = proc.counters.get("dead_letter_send_failures", 0) + 1
                 log.warning("dead letter send failed (attempt %d of %d): %s: %s", attempt, DEAD_LETTER_ATTEMPTS,
                             type(exc).__name__, exc)
@@ -249,11 +255,46 @@ def create_app(settings: Settings, *, app_id: str | None = None) -> faust.App:
         log.error("dead letter LOST after %d attempts: %s[%d]@%d reason %s (%d raw bytes)", DEAD_LETTER_ATTEMPTS,
                   dl.source_topic, dl.source_partition, dl.source_offset, dl.reason, len(dl.raw))
 
-    async def flush_verdicts(st: WorkerState[P], partition: int, proc: P) -> None:
+    async def _send_reports(self, proc: PartitionProcessor) -> None:
+        """Shard mode: the reports go to their job's partition of the reports topic. Not held for an ack: a
+        shard reports every job again each second, and the end of a finding for ``OVER_REPORT_S``."""
+        for key, raw in proc.take_reports():
+            try:
+                part = job_partition(key.decode(), self.settings.metrics_partitions)
+                await self.reports.send(key=key, value=raw, partition=part, force=True)
+            except Exception as exc:  # noqa: BLE001 - any send error (class docstring): counted; the next
+                # report carries the same state
+                proc.counters["report_send_failures"] = proc.counters.get("report_send_failures", 0) + 1
+                log.warning("partition %d: report not sent: %s: %s", proc.partition, type(exc).__name__, exc)
+
+    # -- the courier: the only sender of verdicts ---------------------------------------------------------
+
+    async def _courier(self) -> None:
+        """Send pending verdicts and write due snapshots; the only place that waits for the broker besides
+        the agent itself, so an outage never stops the timer from evaluating (and finding verdicts)."""
+        while True:
+            try:
+                await asyncio.wait_for(self.state.wake.wait(), timeout=self.settings.worker_tick_s)
+            except TimeoutError:
+                pass
+            self.state.wake.clear()
+            for st in self.states:
+                self._restore_assigned(st)
+                for partition, proc in list(st.processors.items()):
+                    try:
+                        await self._flush_verdicts(st, partition, proc)
+                        await st.checkpoint(partition, force=False)
+                    except asyncio.CancelledError:
+                        raise
+                    except Exception as exc:  # noqa: BLE001 - the only sender must outlive any round; retried
+                        log.warning("%s partition %d: courier round failed: %s: %s", st.topic, partition,
+                                    type(exc).__name__, exc)
+
+    async def _flush_verdicts(self, st: WorkerState[P], partition: int, proc: P) -> None:
         """Send every pending verdict of ``partition``, each marked sent only after the broker's ack."""
         async with st.lock(partition):
             if proc.restored_pending and proc.pending():
-                await reconcile(partition, proc)
+                await self._reconcile(partition, proc)
             items = proc.pending()
             if not items:
                 return
@@ -262,26 +303,27 @@ def create_app(settings: Settings, *, app_id: str | None = None) -> faust.App:
                 # The pending verdicts reach the changelog before they reach the verdicts topic.
                 await st.checkpoint(partition, force=True)
                 for v, raw in items:
-                    fut = await verdicts.send(key=v.incident_id.encode(), value=raw, force=True)
+                    fut = await self.verdicts.send(key=v.incident_id.encode(), value=raw, force=True)
                     await fut  # resolves on the broker's acknowledgement (acks=all), raises on failure
                     proc.mark_sent(v)
                     sent.append(v)
                     log.info("verdict %s", v.describe())
-            except Exception as exc:  # noqa: BLE001 - the rest stays pending; the next round tries again
+            except Exception as exc:  # noqa: BLE001 - any send error (class docstring): the rest stays pending
                 proc.counters["verdict_send_failures"] += 1
                 log.warning("partition %d: verdict send failed, %d left pending: %s: %s", partition,
                             len(proc.pending()), type(exc).__name__, exc)
             if sent:
                 try:
                     await st.checkpoint(partition, force=True)
-                except Exception as exc:  # noqa: BLE001 - a later snapshot carries it; at worst a repeat
+                except Exception as exc:  # noqa: BLE001 - any send error (class docstring): a later snapshot
+                    # carries it; at worst a repeat
                     log.warning("partition %d: snapshot after verdicts failed: %s", partition, exc)
 
-    async def reconcile(partition: int, proc: PartitionProcessor | StageProcessor) -> None:
+    async def _reconcile(self, partition: int, proc: PartitionProcessor | StageProcessor) -> None:
         """Mark sent the restored pending verdicts that are already on the verdicts topic (no repeat)."""
         try:
-            on_topic = await asyncio.to_thread(verdict_keys_on_topic, settings)
-        except Exception as exc:  # noqa: BLE001 - then they are sent again: a repeat, never a loss
+            on_topic = await asyncio.to_thread(verdict_keys_on_topic, self.settings)
+        except READ_ERRORS as exc:  # then they are sent again: a repeat, never a loss
             log.warning("partition %d: could not read the verdicts topic to reconcile: %s", partition, exc)
             return
         proc.restored_pending = False
@@ -292,30 +334,16 @@ def create_app(settings: Settings, *, app_id: str | None = None) -> faust.App:
         log.info("partition %d: %d restored pending verdicts were already on the topic, %d to send", partition,
                  len(done), len(proc.pending()))
 
-    async def deliver(proc: PartitionProcessor | StageProcessor, out: Output) -> None:
-        # Dead letters are awaited here: the event is held (and later acked) only once they are on the broker.
-        for dl, raw in out.dead_letters:
-            await send_dead_letter(proc, dl, raw)
-        if proc.pending():
-            state.wake.set()  # verdicts go out from the courier; they are in every snapshot until acknowledged
-        if isinstance(proc, PartitionProcessor):
-            await send_reports(proc)
+    # -- rebalances: what a worker does with partitions that come and go ----------------------------------
 
-    async def send_reports(proc: PartitionProcessor) -> None:
-        """Shard mode: the reports go to their job's partition of the reports topic. Not held for an ack: a
-        shard reports every job again each second, and the end of a finding for ``OVER_REPORT_S``."""
-        for key, raw in proc.take_reports():
-            try:
-                part = job_partition(key.decode(), settings.metrics_partitions)
-                await reports.send(key=key, value=raw, partition=part, force=True)
-            except Exception as exc:  # noqa: BLE001 - counted; the next report carries the same state
-                proc.counters["report_send_failures"] = proc.counters.get("report_send_failures", 0) + 1
-                log.warning("partition %d: report not sent: %s: %s", proc.partition, type(exc).__name__, exc)
+    def _restore_assigned(self, st: WorkerState[Any]) -> None:
+        """Restore every assigned partition of ``st`` that has a snapshot, once the table has recovered.
 
-    def restore_assigned(st: WorkerState[Any]) -> None:
-        # A restarted worker must send the verdicts its snapshot holds pending even if no new message
-        # ever arrives on their partition: restore every assigned partition that has a snapshot, once
-        # the table's recovery from the changelog has finished (before that its snapshot may be stale).
+        A restarted worker must send the verdicts its snapshot holds pending even if no new message ever
+        arrives on their partition; before the table's recovery from the changelog has finished, its
+        snapshot may be stale.
+        """
+        app = self.app
         recovery = getattr(app.tables, "recovery", None)
         if recovery is None or not recovery.completed.is_set() or recovery.in_recovery or app.rebalancing:
             return
@@ -323,95 +351,39 @@ def create_app(settings: Settings, *, app_id: str | None = None) -> faust.App:
             if tp.topic == st.topic and tp.partition not in st.processors and st.key(tp.partition) in st.table.data:
                 st.processor(tp.partition)
 
-    @app.task
-    async def courier() -> None:
-        """Send pending verdicts and write due snapshots; the only place that waits for the broker besides
-        the agent itself, so an outage never stops the timer from evaluating (and finding verdicts)."""
-        while True:
-            try:
-                await asyncio.wait_for(state.wake.wait(), timeout=settings.worker_tick_s)
-            except TimeoutError:
-                pass
-            state.wake.clear()
-            for st in states:
-                restore_assigned(st)
-                for partition, proc in list(st.processors.items()):
-                    try:
-                        await flush_verdicts(st, partition, proc)
-                        await st.checkpoint(partition, force=False)
-                    except asyncio.CancelledError:
-                        raise
-                    except Exception as exc:  # noqa: BLE001 - retried on the next round
-                        log.warning("%s partition %d: courier round failed: %s: %s", st.topic, partition,
-                                    type(exc).__name__, exc)
+    async def _on_revoke(self, sender: Any, /, *args: Any, signal: Any, **kwargs: Any) -> None:
+        """Another worker owns these partitions now: save what we know and stop ticking them (no double verdicts)."""
+        revoked = args[0] if args else kwargs.get("revoked", ())
+        for tp in revoked:
+            for st in self.states:
+                if tp.topic == st.topic and tp.partition in st.processors:
+                    st.maybe_snapshot(tp.partition, force=True)
+                    st.drop(tp.partition)
 
-    @app.agent(metrics, name="ccld-analyze")
-    async def analyze(stream: Any) -> None:
-        manual = stream.noack()  # events are acked by WorkerState.checkpoint, after the snapshot covering them
-        state.ack = manual.ack
-        async for event in manual.events():
-            msg = event.message
-            try:
-                proc = state.processor(msg.partition)
-                if 0 <= proc.next_offset < msg.offset:
-                    await catch_up(msg.partition, proc, msg.offset)
-                ts = msg.timestamp if msg.timestamp else None
-                out = proc.handle(msg.value, topic=msg.topic, offset=msg.offset, timestamp_s=ts)
-                await deliver(proc, out)
-            except asyncio.CancelledError:
-                raise
-            except Exception:  # a bug on one message must not stop the stream (handle() itself never raises)
-                log.exception("worker failed on %s[%d]@%d; going on", msg.topic, msg.partition, msg.offset)
-            # Held even after a failure: an event never acked would stop every later commit of the partition.
-            state.held.setdefault(msg.partition, []).append(event)
-            try:
-                # The stream reads its channel's queue: empty means this burst of messages is done.
-                queue = getattr(getattr(stream, "channel", None), "queue", None)
-                await state.checkpoint(msg.partition, force=False, idle=queue is not None and queue.empty())
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # the next checkpoint retries; until then nothing more is committed
-                log.warning("partition %d: snapshot not written: %s: %s", msg.partition, type(exc).__name__, exc)
+    async def _on_shutdown(self, sender: Any, /, *args: Any, signal: Any, **kwargs: Any) -> None:
+        """Queue every partition's snapshot and log the counters a last time."""
+        # The consumer has committed its last offsets; the producer flushes after this signal.
+        for st in self.states:
+            for partition in list(st.processors):
+                st.maybe_snapshot(partition, force=True)
+        log.info("counters %s", counters_line(self.state))
 
-    if stage is not None:
-        st_stage = stage
+    # -- read-back: offsets the consumer went past, a recreated topic's new log ---------------------------
 
-        @app.agent(reports, name="ccld-decide")
-        async def decide(stream: Any) -> None:
-            """The job stage: each shard report decided at once; its verdicts go out from the courier."""
-            manual = stream.noack()  # acked after the snapshot that covers them, as the analyze agent does
-            st_stage.ack = manual.ack
-            async for event in manual.events():
-                msg = event.message
-                try:
-                    proc = st_stage.processor(msg.partition)
-                    await deliver(proc, proc.handle(msg.value, topic=msg.topic, offset=msg.offset))
-                except asyncio.CancelledError:
-                    raise
-                except Exception:  # handle() never raises; a bug elsewhere must not stop the stream
-                    log.exception("job stage failed on %s[%d]@%d; going on", msg.topic, msg.partition, msg.offset)
-                st_stage.held.setdefault(msg.partition, []).append(event)
-                try:
-                    await st_stage.checkpoint(msg.partition, force=False)
-                except asyncio.CancelledError:
-                    raise
-                except Exception as exc:  # the next checkpoint retries
-                    log.warning("reports partition %d: snapshot not written: %s: %s", msg.partition,
-                                type(exc).__name__, exc)
-
-    async def handle_read_back(partition: int, proc: PartitionProcessor,
-                               messages: list[tuple[int, float | None, bytes | None]]) -> bool:
+    async def _handle_read_back(self, partition: int, proc: PartitionProcessor,
+                                messages: list[tuple[int, float | None, bytes | None]]) -> bool:
         """Handle messages read back from the broker (``read_partition``) in order; False when the partition
         was revoked half way (its next owner resumes from the snapshot and reads them itself)."""
         for i, (offset, ts, value) in enumerate(messages):
-            if not state.owns(partition, proc):
+            if not self.state.owns(partition, proc):
                 return False
-            await deliver(proc, proc.handle(value, topic=settings.metrics_topic, offset=offset, timestamp_s=ts))
+            await self._deliver(proc, proc.handle(value, topic=self.settings.metrics_topic, offset=offset,
+                                                  timestamp_s=ts))
             if i % 200 == 199:
                 await asyncio.sleep(0)  # let the agent, timer and courier run
         return True
 
-    async def catch_up(partition: int, proc: PartitionProcessor, upto: int) -> None:
+    async def _catch_up(self, partition: int, proc: PartitionProcessor, upto: int) -> None:
         """Read back and handle the offsets between what ``proc`` has seen and ``upto``, the consumer's next.
 
         Faust acks (so may commit) the messages it drops without handing them to the agent: those of an
@@ -422,8 +394,8 @@ def create_app(settings: Settings, *, app_id: str | None = None) -> faust.App:
         """
         start = proc.next_offset
         try:
-            messages = await asyncio.to_thread(read_partition, settings, partition, upto, start=start)
-        except Exception as exc:  # noqa: BLE001 - then handle() below counts and logs the offsets skipped
+            messages = await asyncio.to_thread(read_partition, self.settings, partition, upto, start=start)
+        except READ_ERRORS as exc:  # then handle() in the agent counts and logs the offsets skipped
             proc.counters["catch_up_failures"] = proc.counters.get("catch_up_failures", 0) + 1
             log.error("partition %d: could not read back offsets %d to %d: %s", partition, start, upto - 1, exc)
             return
@@ -432,8 +404,8 @@ def create_app(settings: Settings, *, app_id: str | None = None) -> faust.App:
         # The partition's sender waits until the gap is handled: a snapshot older than the last one sent may
         # be what we resumed from, so a verdict found again in these offsets may already be on the topic,
         # and is checked against it (``reconcile``) before anything of this partition is sent.
-        async with state.lock(partition):
-            if not await handle_read_back(partition, proc, messages):
+        async with self.state.lock(partition):
+            if not await self._handle_read_back(partition, proc, messages):
                 return  # revoked meanwhile: the next owner resumes from the snapshot and catches up itself
             if proc.pending():
                 proc.restored_pending = True
@@ -444,22 +416,21 @@ def create_app(settings: Settings, *, app_id: str | None = None) -> faust.App:
             log.error("partition %d: only %d of the %d messages between offsets %d and %d could be read back",
                       partition, len(messages), upto - start, start, upto - 1)
 
-    @app.on_partitions_revoked.connect
-    async def on_revoked(sender: Any, /, *args: Any, signal: Any, **kwargs: Any) -> None:
-        # Another worker owns these now: save what we know and stop ticking them (no double verdicts).
-        revoked = args[0] if args else kwargs.get("revoked", ())
-        for tp in revoked:
-            for st in states:
-                if tp.topic == st.topic and tp.partition in st.processors:
-                    st.maybe_snapshot(tp.partition, force=True)
-                    st.drop(tp.partition)
+    async def _watch_topics(self) -> None:
+        """The topic timer: ``_check_topics``, surviving anything."""
+        try:
+            await self._check_topics()
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # noqa: BLE001 - an error escaping a Faust timer crashes the worker; checked again soon
+            log.exception("topic check failed")
 
-    @app.timer(TOPIC_CHECK_EVERY_S)
-    async def watch_topics() -> None:
+    async def _check_topics(self) -> None:
         """Recreate lost topics; notice a recreated metrics topic and re-read it from its first offset."""
+        settings = self.settings
         try:
             found = await asyncio.to_thread(topic_id, settings)
-        except Exception as exc:  # noqa: BLE001 - the broker is unreachable: nothing to decide now
+        except READ_ERRORS as exc:  # the broker is unreachable: nothing to decide now
             log.debug("topic check failed: %s", exc)
             return
         if found is None:
@@ -467,23 +438,23 @@ def create_app(settings: Settings, *, app_id: str | None = None) -> faust.App:
                         settings.metrics_topic)
             try:
                 await asyncio.to_thread(ensure_topics, settings)
-            except Exception as exc:  # noqa: BLE001 - tried again on the next check
+            except READ_ERRORS as exc:  # tried again on the next check
                 log.warning("could not recreate the topics: %s", exc)
             return
-        old, state.topic_id = state.topic_id, found
+        old, self.state.topic_id = self.state.topic_id, found
         if old is not None and found != old:
             log.warning("topic %s was recreated (id %s, was %s): its offsets start again", settings.metrics_topic,
                         found, old)
         # Judged per processor, not per change seen: a partition restored from a snapshot taken before its
         # re-read finished (a rebalance in the middle of it) still names the old topic and is re-read now.
-        for partition, proc in list(state.processors.items()):
+        for partition, proc in list(self.state.processors.items()):
             if proc.topic_id is None:
                 proc.topic_id = found
             elif proc.topic_id != found:
                 proc.counters["topic_resets"] = proc.counters.get("topic_resets", 0) + 1
-                await backfill(partition, proc, found)
+                await self._backfill(partition, proc, found)
 
-    async def backfill(partition: int, proc: PartitionProcessor, topic: str) -> None:
+    async def _backfill(self, partition: int, proc: PartitionProcessor, topic: str) -> None:
         """Read the new log of ``partition`` below the highest offset handled so far, and handle it.
 
         The consumer went on from its position in the old log, so the new log's first offsets would
@@ -493,51 +464,47 @@ def create_app(settings: Settings, *, app_id: str | None = None) -> faust.App:
         """
         upto = proc.next_offset
         try:
-            messages = await asyncio.to_thread(read_partition, settings, partition, upto)
-        except Exception as exc:  # noqa: BLE001 - counted and logged, tried again on the next check
+            messages = await asyncio.to_thread(read_partition, self.settings, partition, upto)
+        except READ_ERRORS as exc:  # counted and logged, tried again on the next check
             proc.counters["backfill_failures"] = proc.counters.get("backfill_failures", 0) + 1
             log.error("partition %d: could not re-read the recreated topic below offset %d: %s", partition, upto, exc)
             return
         log.warning("partition %d: re-reading %d messages of the recreated topic (offsets 0 to %d)", partition,
                     len(messages), upto - 1)
-        if not await handle_read_back(partition, proc, messages):
+        if not await self._handle_read_back(partition, proc, messages):
             log.warning("partition %d: revoked while re-reading the recreated topic; its next owner re-reads it",
                         partition)
             return
         proc.counters["backfilled_messages"] = proc.counters.get("backfilled_messages", 0) + len(messages)
         proc.topic_id = topic
         try:
-            await state.checkpoint(partition, force=True)
-        except Exception as exc:  # noqa: BLE001 - the courier's next snapshot carries it
+            await self.state.checkpoint(partition, force=True)
+        except Exception as exc:  # noqa: BLE001 - any send error (class docstring): the courier's next
+            # snapshot carries it
             log.warning("partition %d: snapshot after the re-read failed: %s", partition, exc)
 
-    last_report: dict[str, Any] = {"at": time.monotonic(), "line": ""}
+    # -- the timer: evaluation only -----------------------------------------------------------------------
 
-    @app.timer(settings.worker_tick_s)
-    async def tick() -> None:
-        if time.monotonic() - last_report["at"] >= COUNTERS_EVERY_S:
-            last_report["at"] = time.monotonic()
-            report = counters_line(state)
-            if report != last_report["line"]:
-                last_report["line"] = report
+    async def _tick(self) -> None:
+        """Evaluate every partition (finding hangs even with the broker away) and log changed counters."""
+        if time.monotonic() - self._counters_at >= COUNTERS_EVERY_S:
+            self._counters_at = time.monotonic()
+            report = counters_line(self.state)
+            if report != self._counters_line:
+                self._counters_line = report
                 log.info("counters %s", report)
-        for partition, proc in list(state.processors.items()):
+        for partition, proc in list(self.state.processors.items()):
             try:
                 # Evaluation only: nothing here waits for the broker (the courier sends), so hangs are
                 # still found, and kept pending, while the broker is unreachable.
                 if proc.tick():
-                    state.wake.set()
-                if shard:
-                    await send_reports(proc)
-            except Exception:  # the timer must survive anything one partition does
+                    self.state.wake.set()
+                if self.shard:
+                    await self._send_reports(proc)
+            except Exception:  # noqa: BLE001 - the timer must survive anything one partition does
                 log.exception("tick failed on partition %d", partition)
 
-    @app.on_before_shutdown.connect
-    async def on_shutdown(sender: Any, /, *args: Any, signal: Any, **kwargs: Any) -> None:
-        # The consumer has committed its last offsets; the producer flushes after this signal.
-        for st in states:
-            for partition in list(st.processors):
-                st.maybe_snapshot(partition, force=True)
-        log.info("counters %s", counters_line(state))
 
-    return app
+def create_app(settings: Settings, *, app_id: str | None = None) -> faust.App:
+    """Build the worker app for ``settings`` (bootstrap must be set)."""
+    return WorkerApp(settings, app_id=app_id).app

@@ -1,0 +1,128 @@
+"""A worker's state per input topic: processors by partition, their snapshots, and the events each snapshot covers.
+
+``WorkerState`` is what the worker (``app.WorkerApp``) keeps for the metrics topic and, in shard
+mode, for the reports topic: it restores a partition's processor from its changelog snapshot, writes
+snapshots, and acks consumed events only once a snapshot that covers them is on the broker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, Generic, TypeVar
+
+from ccld.settings import Settings
+from ccld.streams.processor import PartitionProcessor
+from ccld.streams.stage_processor import StageProcessor
+
+log = logging.getLogger(__name__)
+
+#: Write a partition's snapshot at most this often (seconds of wall time; more often than offsets are
+#: committed), before and after every verdict send, and at shutdown.
+SNAPSHOT_EVERY_S = 1.0
+#: ... and sooner, this long after the last one, when the agent has no more messages waiting: records
+#: arrive in bursts (every producer flushes once a second), and an event is committed only once a
+#: snapshot covers it, so a snapshot at the end of each burst takes a second off the committed lag.
+SNAPSHOT_IDLE_S = 0.2
+
+
+P = TypeVar("P", PartitionProcessor, StageProcessor)
+
+
+class WorkerState(Generic[P]):
+    """One topic's processors by partition, plus what to snapshot when and which consumed events it covers."""
+
+    def __init__(self, settings: Settings, table: Any, topic: str, restore: Callable[[int, bytes | None], P]) -> None:
+        self.settings = settings
+        self.table = table
+        self.topic = topic
+        self._restore = restore  # a partition's processor from its snapshot (None: a new one)
+        self.processors: dict[int, P] = {}
+        self.last_snapshot: dict[int, float] = {}
+        # One sender per partition at a time: the agent and the timer both flush pending verdicts.
+        self.locks: dict[int, asyncio.Lock] = {}
+        # Consumed events not yet acknowledged to Faust, by partition: an event is acked (its offset
+        # may be committed) only once a snapshot that includes it is on the broker, so a worker killed
+        # at any moment resumes from a snapshot at least as new as its committed offsets.
+        self.held: dict[int, list[Any]] = {}
+        self.ack: Callable[[Any], Awaitable[Any]] | None = None
+        self.wake = asyncio.Event()  # set when verdicts are pending: the courier sends them at once
+        # The metrics topic's identity (its topic id). A broker that lost its log (an in-memory broker
+        # restarted) brings the topic back under a new id with offsets from 0 again, while the consumer
+        # goes on from its old position: the offsets below it are read once more (``backfill``).
+        self.topic_id: str | None = None
+        self.checkpoint_locks: dict[int, asyncio.Lock] = {}
+
+    def processor(self, partition: int) -> P:
+        """The partition's processor, restored from its snapshot the first time it is asked for."""
+        proc = self.processors.get(partition)
+        if proc is None:
+            raw = self.table.data.get(self.key(partition)) if self.table is not None else None
+            proc = self._restore(partition, raw)
+            if raw:
+                log.info("%s partition %d: resumed from a %d-byte snapshot (%d verdicts pending)", self.topic,
+                         partition, len(raw), len(proc.pending()))
+            self.processors[partition] = proc
+            self.last_snapshot[partition] = time.monotonic()
+        return proc
+
+    def lock(self, partition: int) -> asyncio.Lock:
+        return self.locks.setdefault(partition, asyncio.Lock())
+
+    def key(self, partition: int) -> bytes:
+        return f"{self.topic}:{partition}".encode()
+
+    def _due(self, partition: int, force: bool, idle: bool = False) -> P | None:
+        proc = self.processors.get(partition)
+        every = SNAPSHOT_IDLE_S if idle else SNAPSHOT_EVERY_S
+        if self.table is None or proc is None or (
+                not force and time.monotonic() - self.last_snapshot.get(partition, 0.0) < every):
+            return None
+        return proc
+
+    def maybe_snapshot(self, partition: int, force: bool) -> None:
+        """Queue the partition's snapshot on its changelog without waiting (shutdown, revocation)."""
+        proc = self._due(partition, force)
+        if proc is not None:
+            key, value = self.key(partition), proc.snapshot()
+            self.table.data[key] = value
+            self.table.send_changelog(partition, key, value)
+            self.last_snapshot[partition] = time.monotonic()
+
+    async def checkpoint(self, partition: int, force: bool, idle: bool = False) -> None:
+        """Snapshot when due (or ``force``), wait for the broker's ack, then ack the events it covers.
+
+        ``idle``: no more messages are waiting, so the snapshot is due sooner (``SNAPSHOT_IDLE_S``).
+        """
+        async with self.checkpoint_locks.setdefault(partition, asyncio.Lock()):
+            await self._checkpoint(partition, force, idle)
+
+    async def _checkpoint(self, partition: int, force: bool, idle: bool = False) -> None:
+        proc = self._due(partition, force, idle)
+        if proc is None:
+            return
+        key, value, upto = self.key(partition), proc.snapshot(), proc.next_offset
+        covered = [e for e in self.held.get(partition, ()) if e.message.offset < upto]
+        self.table.data[key] = value
+        self.last_snapshot[partition] = time.monotonic()
+        # Written straight to the partition's changelog (the timer, outside any event, saves too) and sent
+        # now rather than through Faust's buffer, so that awaiting the future waits for the broker's ack.
+        fut = await self.table.changelog_topic.send(key=key, value=value, partition=partition,
+                                                    key_serializer="raw", value_serializer="raw", force=True)
+        await fut  # raises if the broker refused it: then nothing is acked and a later snapshot retries
+        done = {id(e) for e in covered}
+        self.held[partition] = [e for e in self.held.get(partition, ()) if id(e) not in done]
+        if self.ack is not None:
+            for e in covered:
+                await self.ack(e)
+
+    def owns(self, partition: int, proc: P) -> bool:
+        """Whether ``proc`` is still this worker's processor of ``partition`` (not revoked meanwhile)."""
+        return self.processors.get(partition) is proc
+
+    def drop(self, partition: int) -> None:
+        """The partition went to another worker: its unacknowledged events will be re-delivered there."""
+        self.processors.pop(partition, None)
+        self.held.pop(partition, None)
