@@ -43,6 +43,7 @@ from ccld.errors import CcldError
 from ccld.records import DeadLetter, Verdict, job_partition
 from ccld.security import faust_kwargs
 from ccld.settings import Settings
+from ccld.streams.lag import LagWatch
 from ccld.streams.processor import Output, PartitionProcessor, ProcessorOptions
 from ccld.streams.recovery import read_partition, topic_id, verdict_keys_on_topic
 from ccld.streams.stage_processor import StageProcessor
@@ -71,6 +72,7 @@ def counters_line(state: WorkerState[Any]) -> str:
 def processor_options(settings: Settings) -> ProcessorOptions:
     return ProcessorOptions(eval_every_s=settings.worker_tick_s, clock_max_skew_s=settings.worker_clock_max_skew_s,
                             clock_active_s=settings.worker_clock_active_s,
+                            caught_up_lag_s=settings.worker_caught_up_lag_s,
                             dead_letter_raw_max=settings.worker_deadletter_raw_max_bytes,
                             shard=settings.analysis_groups > 1, partitions=settings.metrics_partitions,
                             groups=settings.analysis_groups)
@@ -153,6 +155,7 @@ class WorkerApp:
         # The counters line last logged, and when (``_tick`` logs it again only when it changed).
         self._counters_at = time.monotonic()
         self._counters_line = ""
+        self.lag = LagWatch(settings.worker_caught_up_lag_s)
         self._register()
 
     def _register(self) -> None:
@@ -485,6 +488,25 @@ class WorkerApp:
 
     # -- the timer: evaluation only -----------------------------------------------------------------------
 
+    def _caught_up(self) -> bool:
+        """Whether the worker reads its metrics partitions as the messages arrive (``lag.LagWatch``)."""
+        now = time.time()
+        unread: dict[int, int | None] = {}
+        for tp in self.app.consumer.assignment():
+            if tp.topic != self.state.topic:
+                continue
+            proc = self.state.processors.get(tp.partition)
+            try:
+                high = self.app.consumer.highwater(tp)
+            except Exception:  # noqa: BLE001 - no fetch yet, or a rebalance: unknown, not behind
+                high = None
+            unread[tp.partition] = None if high is None or proc is None or proc.next_offset < 0 \
+                else int(high) - proc.next_offset
+            if proc is not None and unread[tp.partition] is not None:
+                proc.counters["unread_messages"] = max(0, int(unread[tp.partition] or 0))
+        lags = {p: proc.recent_lag(now) for p, proc in self.state.processors.items()}
+        return self.lag.update(now, unread, lags)
+
     async def _tick(self) -> None:
         """Evaluate every partition (finding hangs even with the broker away) and log changed counters."""
         if time.monotonic() - self._counters_at >= COUNTERS_EVERY_S:
@@ -493,11 +515,12 @@ class WorkerApp:
             if report != self._counters_line:
                 self._counters_line = report
                 log.info("counters %s", report)
+        caught_up = self._caught_up()
         for partition, proc in list(self.state.processors.items()):
             try:
                 # Evaluation only: nothing here waits for the broker (the courier sends), so hangs are
                 # still found, and kept pending, while the broker is unreachable.
-                if proc.tick():
+                if proc.tick(caught_up=caught_up):
                     self.state.wake.set()
                 if self.shard:
                     await self._send_reports(proc)

@@ -38,7 +38,8 @@ class WorkerState(Generic[P]):
         self.settings = settings
         self.table = table
         self.topic = topic
-        self._restore = restore  # a partition's processor from its snapshot (None: a new one)
+        # a partition's processor from its snapshot (None: a new one)
+        self._restore: Callable[[int, bytes | None], P] = restore
         self.processors: dict[int, P] = {}
         self.last_snapshot: dict[int, float] = {}
         # One sender per partition at a time: the agent and the timer both flush pending verdicts.
