@@ -777,6 +777,13 @@ _BOUNDED_BY_WS = np.array([v is None and name != "comm_size" for name, _, v in _
 _BOUNDED_COMM_SIZE = np.array([name == "comm_size" for name, _, _ in _BOUNDED])
 
 
+def _exit_before_enter(c: Mapping[str, I64]) -> npt.NDArray[np.bool_]:
+    """Rows that left their op before they entered it, on the same rank clock, beyond the exit's own
+    uncertainty: no source writes that; a producer that does mis-stamps its rows (a clock reset mid-op)."""
+    enter, exit_ = c["t_enter_ns"], c["t_exit_ns"]
+    return np.asarray((enter >= 0) & (exit_ >= 0) & (exit_ + c["t_exit_err_ns"] < enter))
+
+
 def _all_plausible(batch: KernelBatch) -> bool:
     """Whether no value of ``batch`` can be impossible, in a handful of array operations.
 
@@ -793,6 +800,8 @@ def _all_plausible(batch: KernelBatch) -> bool:
     if (m.min(axis=1) < _BOUNDED_LO).any() or (m.max(axis=1) > hi).any():
         return False
     if not bool((c["comm_rank"] < c["comm_size"]).all()):
+        return False
+    if _exit_before_enter(c).any():
         return False
     for name, table in (("op_type", _OP_TYPES), ("dtype", _DTYPES), ("status", _STATUSES)):
         if not table.all() and _not_member(c[name], table).any():  # a gap in the enum's values
@@ -847,6 +856,7 @@ def batch_value_problems(batch: KernelBatch) -> list[str]:
         check(((t < 0) & (t != -1)) | (t > MAX_TIME_NS), f"{name} negative or int64-extreme", t)
     err = c["t_exit_err_ns"]
     check((err < 0) | (err > MAX_TIME_NS), "t_exit_err_ns negative or int64-extreme", err)
+    check(_exit_before_enter(c), "t_exit_ns before t_enter_ns (by more than t_exit_err_ns)", c["t_exit_ns"])
     if batch.channels:
         counters = np.concatenate([batch.send, batch.recv], axis=1)
         check(np.asarray(((counters < 0) | (counters > MAX_COUNT)).any(axis=1)),

@@ -46,3 +46,15 @@ def test_the_fast_value_check_never_passes_what_the_detailed_checks_refuse() -> 
         tried += 1
         refused += bool(detailed)
     assert tried > 400 and 50 < refused < tried  # both outcomes were exercised
+
+
+def test_a_row_that_left_its_op_before_it_entered_it_is_refused() -> None:
+    """t_exit < t_enter on one rank's own clock is no measurement (issue 18: 240 such batches were analysed
+    silently); an exit inside its own uncertainty of the entry is still fine."""
+    late = KernelBatch.from_records([make_kernel_record(t_enter_ns=5_000_000, t_exit_ns=4_000_000)])
+    assert batch_value_problems(late) == ["t_exit_ns before t_enter_ns (by more than t_exit_err_ns) in 1 of 1 rows "
+                                          "(first row 0: 4000000)"]
+    within = KernelBatch.from_records([make_kernel_record(t_enter_ns=5_000_000, t_exit_ns=4_000_000,
+                                                          t_exit_err_ns=1_000_000)])
+    assert batch_value_problems(within) == []
+    assert batch_value_problems(KernelBatch.from_records([make_kernel_record(t_exit_ns=-1)])) == []
