@@ -24,6 +24,7 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from ccld.errors import SchemaError
+from ccld.reachability import broker_reachable
 from ccld.schemas.codec import decode_metrics, decode_verdict
 from ccld.security import kafka_config
 from ccld.settings import Settings
@@ -62,6 +63,7 @@ class Archiver:
         self._topic_ids: dict[str, str] = {}  # topic -> incarnation label, asked once per assignment
         self._incarnation: dict[tuple[str, int], str | None] = {}  # partition -> its messages' incarnation now
         self._last: dict[tuple[str, int], int] = {}  # partition -> last offset taken since it was assigned
+        self._unreachable_said = False
         self.on_file: Callable[[Path, int], None] | None = None
         self.assigned = threading.Event()  # set once the group gave us partitions
 
@@ -179,13 +181,20 @@ class Archiver:
         due = [key for key, buf in self._buffers.items() if force or buf.rows >= full or now - buf.first_seen >= age]
         if not due:
             return
+        topics = sorted({topic for topic, _ in due})
+        # With no broker listening, a commit waits about 7 s to fail (and a stop with it): the files are
+        # written all the same, uncommitted, and a replay rewrites them under the same names. Probed first
+        # only when stopping; while running, only when the broker did not answer the question below.
+        reachable = not force or self._reachable()
         # The incarnations now, asked once for every file of this round: a file whose messages came from
         # another incarnation than the topic has now must not commit its offsets to the new one's group.
-        current = self._ids.labels(sorted({topic for topic, _ in due}), ID_TIMEOUT_S)
+        current = self._ids.labels(topics, ID_TIMEOUT_S) if reachable else {}
+        if reachable and not force and len(current) < len(topics):
+            reachable = self._reachable()
         for key in due:
             buf = self._buffers[key]
             topic, partition = key
-            if buf.incarnation is None:  # the broker did not answer when the first message came
+            if buf.incarnation is None and reachable:  # the broker did not answer when the first message came
                 buf.incarnation = self._incarnation[key] = self._resolve(topic, partition, buf.start_offset,
                                                                          buf.items[0][1])
             if buf.incarnation is None:
@@ -201,8 +210,19 @@ class Archiver:
                 log.warning("%s was recreated (now %s) while %d messages of %s[%d] from offset %d waited; they are "
                             "archived under %s, not committed", topic, now_id, len(buf.items), topic, partition,
                             buf.start_offset, buf.incarnation)
-            self._flush(consumer, key, buf, commit=not recreated)
+            self._flush(consumer, key, buf, commit=reachable and not recreated)
             del self._buffers[key]
+
+    def _reachable(self) -> bool:
+        """Whether the broker accepts connections; said once when it does not."""
+        if broker_reachable(self.settings.bootstrap):
+            self._unreachable_said = False
+            return True
+        if not self._unreachable_said:
+            self._unreachable_said = True
+            log.warning("the broker at %s does not answer: files are written, offsets not committed until it is "
+                        "back", self.settings.bootstrap)
+        return False
 
     def _flush(self, consumer: Consumer, key: tuple[str, int], buf: _Buffer, *, commit: bool = True) -> None:
         topic, partition = key

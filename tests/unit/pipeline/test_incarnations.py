@@ -45,7 +45,8 @@ class Commits:
 
 
 def archiver(root: Path, ids: Ids) -> tuple[Archiver, Settings]:
-    s = Settings.load({}, bootstrap="127.0.0.1:1", archive_dir=str(root))
+    # Every buffer is due at once (one row is a full file): flushed as while running, not as when stopping.
+    s = Settings.load({}, bootstrap="127.0.0.1:1", archive_dir=str(root), sink_max_rows=1)
     arch = Archiver(s)
     arch._ids = ids
     return arch, s
@@ -71,11 +72,11 @@ def test_a_recreated_topic_gets_a_folder_of_its_own_and_the_old_rows_stay(tmp_pa
     arch, s = archiver(tmp_path, ids)
     c, m = Commits(), s.metrics_topic
     take(arch, c, m, range(0, 3), "old")
-    arch._flush_all(c, force=True)
+    arch._flush_all(c, force=False)
     take(arch, c, m, range(3, 5), "old")  # fetched, not yet written, when the topic is recreated
     ids.label = B
     take(arch, c, m, range(0, 2), "new")  # offsets went back: the old buffer is written under A first
-    arch._flush_all(c, force=True)
+    arch._flush_all(c, force=False)
     assert rows(tmp_path) == {(A, "old", o) for o in range(5)} | {(B, "new", o) for o in range(2)}
     # The old incarnation's last offsets are not committed to the new incarnation's group.
     assert c.offsets == [(m, 0, 3), (m, 0, 2)]
@@ -89,7 +90,7 @@ def test_a_file_waiting_while_the_topic_was_recreated_is_kept_and_not_committed(
     c = Commits()
     take(arch, c, s.metrics_topic, range(0, 4), "old")
     ids.label = B  # recreated before the flush, the offsets not (yet) gone back
-    arch._flush_all(c, force=True)
+    arch._flush_all(c, force=False)
     assert rows(tmp_path) == {(A, "old", o) for o in range(4)} and c.offsets == []
 
 
@@ -97,13 +98,13 @@ def test_a_replay_of_the_same_incarnation_rewrites_its_files(tmp_path: Path) -> 
     arch, s = archiver(tmp_path, Ids(A))
     c, m = Commits(), s.metrics_topic
     take(arch, c, m, range(0, 3), "job")
-    arch._flush_all(c, force=True)
+    arch._flush_all(c, force=False)
     take(arch, c, m, range(3, 6), "job")
     # Written, then killed before this commit landed:
-    arch._flush_all(c, force=True)
+    arch._flush_all(c, force=False)
     again, _ = archiver(tmp_path, Ids(A))  # restarted: re-reads from offset 3
     take(again, c, m, range(3, 6), "job")
-    again._flush_all(c, force=True)
+    again._flush_all(c, force=False)
     files = scan(tmp_path)
     assert [(f.incarnation, f.start_offset, f.rows) for f in files] == [(A, 0, 3), (A, 3, 3)]
 
@@ -136,10 +137,10 @@ def test_a_broker_without_topic_ids_gets_sink_tokens(tmp_path: Path) -> None:
     arch, s = archiver(tmp_path, ids)
     c, m = Commits(), s.metrics_topic
     take(arch, c, m, range(0, 3), "old", ts_ms=1_000)
-    arch._flush_all(c, force=True)
+    arch._flush_all(c, force=False)
     again, _ = archiver(tmp_path, ids)  # restarted against a recreated topic: other messages at the same offsets
     take(again, c, m, range(0, 2), "new", ts_ms=2_000)
-    again._flush_all(c, force=True)
+    again._flush_all(c, force=False)
     got = rows(tmp_path)
     assert {(j, o) for _, j, o in got} == {("old", 0), ("old", 1), ("old", 2), ("new", 0), ("new", 1)}
     assert len({inc for inc, _, _ in got}) == 2 and all(inc.startswith("sink-") for inc, _, _ in got)
