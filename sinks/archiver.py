@@ -9,6 +9,10 @@ Files are kept per topic incarnation (``sinks.incarnation``): a topic recreated,
 broker restarted, numbers offsets from 0 again, and its rows must not replace the old ones.
 A partition's incarnation is looked up when it is assigned and again whenever its offsets go
 back with no rebalance in between (what a consumer sees when the topic under it was recreated).
+
+An archive folder that cannot be written (full, read-only) is said once ("archive not
+writable: <path>: <reason>"); the files wait in memory, uncommitted, fetching is paused, and
+the write is tried again every few seconds.
 """
 
 from __future__ import annotations
@@ -37,6 +41,9 @@ log = logging.getLogger(__name__)
 #: How long a topic id lookup may take (it runs in the consume loop; a dead broker must not hold it up long).
 ID_TIMEOUT_S = 2.0
 
+#: How often a sink whose archive folder cannot be written (full, read-only, ...) tries again.
+RETRY_WRITE_S = 5.0
+
 
 @dataclass
 class _Buffer:
@@ -63,6 +70,8 @@ class Archiver:
         self._topic_ids: dict[str, str] = {}  # topic -> incarnation label, asked once per assignment
         self._incarnation: dict[tuple[str, int], str | None] = {}  # partition -> its messages' incarnation now
         self._last: dict[tuple[str, int], int] = {}  # partition -> last offset taken since it was assigned
+        self._unwritable: str | None = None  # what was said when the archive folder could not be written
+        self._blocked_until: float | None = None  # a file could not be written: fetching paused, retry then
         self._unreachable_said = False
         self.on_file: Callable[[Path, int], None] | None = None
         self.assigned = threading.Event()  # set once the group gave us partitions
@@ -87,13 +96,20 @@ class Archiver:
         consumer.subscribe(self.topics, on_assign=self._on_assign,
                            on_revoke=lambda c, parts: self._flush_all(c, force=True))
         heartbeat = self.root / ".sink-heartbeat"
-        self.root.mkdir(parents=True, exist_ok=True)
         beat = 0.0
         try:
             while not stop.is_set():
                 if time.monotonic() - beat >= 5.0:  # liveness for the compose healthcheck
-                    heartbeat.touch()
                     beat = time.monotonic()
+                    try:
+                        self.root.mkdir(parents=True, exist_ok=True)
+                        heartbeat.touch()
+                    except OSError as exc:  # said once; files that cannot be written pause the fetching
+                        self._cannot_write(exc)
+                if self._blocked_until is not None:
+                    # Nothing more is fetched while buffered files cannot be written: memory stays bounded,
+                    # and what is fetched later resumes right after them. (Paused again after a rebalance.)
+                    consumer.pause(consumer.assignment())
                 msgs = consumer.consume(num_messages=500, timeout=0.2)
                 for msg in msgs:
                     err = msg.error()
@@ -177,9 +193,14 @@ class Archiver:
 
     def _flush_all(self, consumer: Consumer, *, force: bool) -> None:
         now = time.monotonic()
+        if self._blocked_until is not None and now < self._blocked_until and not force:
+            return  # the archive folder could not be written a moment ago
         full, age = self.settings.sink_max_rows, self.settings.sink_max_age_s
-        due = [key for key, buf in self._buffers.items() if force or buf.rows >= full or now - buf.first_seen >= age]
+        due = [key for key, buf in self._buffers.items()
+               if force or self._blocked_until is not None or buf.rows >= full or now - buf.first_seen >= age]
         if not due:
+            if self._blocked_until is not None:  # what could not be written was dropped (revoked): fetch again
+                self._unblock(consumer)
             return
         topics = sorted({topic for topic, _ in due})
         # With no broker listening, a commit waits about 7 s to fail (and a stop with it): the files are
@@ -210,8 +231,24 @@ class Archiver:
                 log.warning("%s was recreated (now %s) while %d messages of %s[%d] from offset %d waited; they are "
                             "archived under %s, not committed", topic, now_id, len(buf.items), topic, partition,
                             buf.start_offset, buf.incarnation)
-            self._flush(consumer, key, buf, commit=reachable and not recreated)
+            try:
+                self._flush(consumer, key, buf, commit=reachable and not recreated)
+            except OSError as exc:
+                self._cannot_write(exc)
+                self._blocked_until = time.monotonic() + RETRY_WRITE_S
+                if force:  # stopping or revoked: not committed, so read again by the next owner
+                    self._buffers.clear()
+                return  # this file and the others stay buffered, uncommitted; tried again in a while
             del self._buffers[key]
+        if self._blocked_until is not None:
+            self._unblock(consumer)
+        if self._unwritable is not None:
+            log.warning("archive writable again: %s", self.root.resolve())
+            self._unwritable = None
+
+    def _unblock(self, consumer: Consumer) -> None:
+        self._blocked_until = None
+        consumer.resume(consumer.assignment())
 
     def _reachable(self) -> bool:
         """Whether the broker accepts connections; said once when it does not."""
@@ -223,6 +260,12 @@ class Archiver:
             log.warning("the broker at %s does not answer: files are written, offsets not committed until it is "
                         "back", self.settings.bootstrap)
         return False
+
+    def _cannot_write(self, exc: OSError) -> None:
+        """Say once per outage that the archive folder cannot be written, and why."""
+        if self._unwritable is None:
+            self._unwritable = f"archive not writable: {exc.filename or self.root}: {exc.strerror or exc}"
+            log.error("%s (offsets stay uncommitted; trying again every %.0f s)", self._unwritable, RETRY_WRITE_S)
 
     def _flush(self, consumer: Consumer, key: tuple[str, int], buf: _Buffer, *, commit: bool = True) -> None:
         topic, partition = key
