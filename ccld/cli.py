@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from ccld.errors import CcldError
+from ccld.lifeline import watch_supervisor
 from ccld.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -128,6 +129,8 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
 def main(argv: Sequence[str] | None = None) -> int:
     global _argv
     _argv = list(sys.argv[1:] if argv is None else argv)
+    # A child of `ccld up` stops when `ccld up` is gone, however it went (kill -9 included).
+    watch_supervisor()
     try:
         parser, loaded = build_parser()
         args = parser.parse_args(_argv)

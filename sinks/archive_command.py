@@ -1,4 +1,4 @@
-"""`ccld archive summary DIR`: what a Parquet archive holds, per topic and partition."""
+"""`ccld archive summary DIR`: what a Parquet archive holds, per topic, partition and topic incarnation."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ccld.errors import CcldError
 from ccld.settings import Settings
-from ccld.sinks.parquet import read_verdicts, scan
+from ccld.sinks.parquet import FileInfo, read_verdicts, scan
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -26,12 +26,24 @@ def summarize(root: Path, verdicts_topic: str) -> str:
         return f"{root}: no Parquet files"
     lines = [f"archive {root.resolve()}: {len(files)} files, {sum(f.rows for f in files):,} rows, "
              f"{sum(f.bytes for f in files) / 1e6:.1f} MB"]
-    by_tp: dict[tuple[str, int], list] = defaultdict(list)
+    by_tp: dict[tuple[str, int], list[FileInfo]] = defaultdict(list)
     for f in files:
         by_tp[(f.topic, f.partition)].append(f)
     for (topic, part), fs in sorted(by_tp.items()):
+        # scan() keeps each incarnation's files together, oldest incarnation first
+        by_inc: dict[str, list[FileInfo]] = defaultdict(list)
+        for f in fs:
+            by_inc[f.incarnation].append(f)
+        if len(by_inc) == 1:
+            lines.append(f"  {topic}[{part}]: {len(fs)} files, {sum(f.rows for f in fs):,} rows, "
+                         f"offsets from {fs[0].start_offset}")
+            continue
+        # A topic recreated (or a memory broker restarted) numbers offsets from 0 again: one line per incarnation.
         lines.append(f"  {topic}[{part}]: {len(fs)} files, {sum(f.rows for f in fs):,} rows, "
-                     f"offsets from {fs[0].start_offset}")
+                     f"{len(by_inc)} topic incarnations")
+        for inc, ifs in by_inc.items():
+            lines.append(f"    {inc or 'before incarnations were kept'}: {len(ifs)} files, "
+                         f"{sum(f.rows for f in ifs):,} rows, offsets from {ifs[0].start_offset}")
     if (root / verdicts_topic).is_dir():
         rows = read_verdicts(root, verdicts_topic)
         incidents = {r["incident_id"]: r for r in rows}

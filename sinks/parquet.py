@@ -1,10 +1,14 @@
 """Parquet files of metric records and verdicts: deterministic names, atomic writes.
 
 A file holds consecutive messages of one topic partition and is named by the offset of its
-first message, ``<root>/<topic>/<partition>/<start_offset:019d>.parquet``, so a replay after
-a crash rewrites the same file instead of adding a second copy. Files are written to a
-temporary name and renamed, and files the new one covers are removed, so readers never see
-a half-written file or the same message twice.
+first message, ``<root>/<topic>/<partition>/<incarnation>/<start_offset:019d>.parquet``, so a
+replay after a crash rewrites the same file instead of adding a second copy. ``<incarnation>``
+names the topic's incarnation (``sink.incarnation``): a topic recreated with offsets from 0
+again gets a folder of its own and never overwrites the old one's rows. Archives written before
+incarnations were kept have their files straight in the partition folder; they are read as
+they are and never written to. Files are written to a temporary name and renamed, and files
+of the same folder the new one covers are removed, so readers never see a half-written file or
+the same message twice.
 """
 
 from __future__ import annotations
@@ -25,8 +29,11 @@ from ccld.records import BATCH_COLUMNS, COMM_COLUMN, DType, KernelBatch, OpType,
 #: Rows per row group: large enough for fast scans, small enough to read one group in little memory.
 ROW_GROUP_ROWS = 128 * 1024
 
-def file_path(root: Path, topic: str, partition: int, start_offset: int) -> Path:
-    return root / topic / str(partition) / f"{start_offset:019d}.parquet"
+
+def file_path(root: Path, topic: str, partition: int, start_offset: int, incarnation: str = "") -> Path:
+    """Where the file starting at ``start_offset`` goes (``incarnation`` "": the layout before incarnations)."""
+    folder = root / topic / str(partition)
+    return (folder / incarnation if incarnation else folder) / f"{start_offset:019d}.parquet"
 
 
 def _names(codes: np.ndarray, enum_type: type[Any]) -> pa.Array:
@@ -99,8 +106,9 @@ def verdicts_table(verdicts: Sequence[tuple[int, int, Verdict]]) -> pa.Table:
 def write_atomic(table: pa.Table, path: Path, end_offset: int) -> Path:
     """Write ``table`` to ``path`` through a temp file; remove older files it now covers.
 
-    ``end_offset`` is the last offset in the file: files of the same partition that start
-    after ``path``'s start and at or before ``end_offset`` hold a subset and are removed.
+    ``end_offset`` is the last offset in the file: files of the same folder (partition and
+    incarnation) that start after ``path``'s start and at or before ``end_offset`` hold a subset
+    and are removed. Another incarnation's files are in another folder: never touched.
     """
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
@@ -135,20 +143,40 @@ class FileInfo:
     row_groups: int
     bytes: int
     path: Path
+    incarnation: str = ""  # "": an archive written before incarnations were kept
+
+
+def _files(folder: Path) -> list[Path]:
+    """Parquet files of ``folder``'s partitions, both layouts: ``<p>/<offset>`` and ``<p>/<incarnation>/<offset>``."""
+    return sorted([*folder.glob("*/*.parquet"), *folder.glob("*/*/*.parquet")])
 
 
 def scan(root: Path) -> list[FileInfo]:
-    """Every Parquet file of an archive, in topic/partition/offset order."""
+    """Every Parquet file of an archive, in topic/partition order, each incarnation's files together.
+
+    Incarnations of a partition come oldest first: the old layout's files, then by the time of
+    each folder's oldest file.
+    """
     out = []
-    for path in sorted(root.glob("*/*/*.parquet")):
-        md = pq.ParquetFile(path).metadata
-        out.append(FileInfo(path.parent.parent.name, int(path.parent.name), int(path.stem), md.num_rows,
-                            md.num_row_groups, path.stat().st_size, path))
-    return out
+    born: dict[tuple[str, int, str], float] = {}
+    for topic_dir in sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else []:
+        for path in _files(topic_dir):
+            parts = path.relative_to(topic_dir).parts
+            if not parts[0].isdigit() or not path.stem.isdigit():
+                continue  # not an archive file
+            md = pq.ParquetFile(path).metadata
+            st = path.stat()
+            f = FileInfo(topic_dir.name, int(parts[0]), int(path.stem), md.num_rows, md.num_row_groups,
+                         st.st_size, path, parts[1] if len(parts) == 3 else "")
+            k = (f.topic, f.partition, f.incarnation)
+            born[k] = min(born.get(k, float("inf")), st.st_mtime if f.incarnation else 0.0)
+            out.append(f)
+    return sorted(out, key=lambda f: (f.topic, f.partition, born[(f.topic, f.partition, f.incarnation)],
+                                      f.incarnation, f.start_offset))
 
 
 def read_verdicts(root: Path, topic: str) -> list[dict[str, Any]]:
-    files: Iterable[Path] = sorted((root / topic).glob("*/*.parquet"))
+    files: Iterable[Path] = _files(root / topic)
     rows: list[dict[str, Any]] = []
     for f in files:
         rows.extend(pq.read_table(f).to_pylist())

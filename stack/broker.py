@@ -17,6 +17,7 @@ from types import TracebackType
 from typing import Any
 
 from ccld.errors import BrokerError
+from ccld.lifeline import die_with_parent
 from ccld.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -87,7 +88,11 @@ def wait_until_answers(bootstrap: str, timeout_s: float = 20.0, config: dict[str
 
 
 class EmbeddedBroker:
-    """Start Tansu on ``port`` (0: a free one), wait until it answers, stop it on exit."""
+    """Start Tansu on ``port`` (0: a free one), wait until it answers, stop it on exit.
+
+    The broker dies with the thread that started it (``PR_SET_PDEATHSIG``): start it from a
+    thread that lives as long as the broker should, as the main thread does.
+    """
 
     def __init__(self, port: int = 0, host: str = HOST) -> None:
         self.host = host
@@ -110,8 +115,10 @@ class EmbeddedBroker:
         env = {**os.environ, "RUST_LOG": os.environ.get("RUST_LOG", "warn")}
         log.info("starting embedded broker: %s", " ".join(cmd))
         try:
+            # Its own session (a Ctrl-C is for us; we stop it), so it must not outlive us either: the kernel
+            # kills it when the thread that starts it here ends (ccld.lifeline; Tansu cannot watch a pipe).
             self._proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
-                                          start_new_session=True)
+                                          start_new_session=True, preexec_fn=die_with_parent(signal.SIGKILL))
         except OSError as exc:
             raise BrokerError(f"cannot run the Tansu binary {binary}: {exc}") from exc
         try:

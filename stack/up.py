@@ -22,6 +22,7 @@ from types import TracebackType
 
 from ccld.cli import count_arg
 from ccld.errors import BrokerError
+from ccld.lifeline import Lifeline
 from ccld.security import kafka_config
 from ccld.settings import Settings
 from ccld.stack.broker import EmbeddedBroker, wait_until_answers
@@ -54,6 +55,7 @@ class Pipeline:
         self.started = False
         self._backoff_factory = backoff
         self.backoff: dict[str, Backoff] = {}  # "broker", "worker", "sink"
+        self._lifeline: Lifeline | None = None  # children watch it: they stop when this process is gone
 
     def start(self, *, worker: bool = True, sink: bool = True, workers: int = 1) -> Pipeline:
         """Start the broker (unless the settings name one), ``workers`` workers and the sink."""
@@ -89,9 +91,14 @@ class Pipeline:
         if self.log_dir is not None:
             self.log_dir.mkdir(parents=True, exist_ok=True)
             out = os.open(self.log_dir / f"{name}.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        if self._lifeline is None:
+            self._lifeline = Lifeline()
         try:
+            # A session of its own: a Ctrl-C in the terminal reaches us alone, and we stop the children in
+            # order. So nothing tells them if we are killed: they watch the lifeline (ccld.lifeline).
             self.children[name] = subprocess.Popen(
-                [sys.executable, "-P", "-m", "ccld.cli", name.partition("-")[0]], env=child_env(self.settings),
+                [sys.executable, "-P", "-m", "ccld.cli", name.partition("-")[0]],
+                env={**child_env(self.settings), **self._lifeline.env()}, pass_fds=self._lifeline.pass_fds,
                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
             )
         finally:
@@ -188,6 +195,9 @@ class Pipeline:
     def stop(self, timeout_s: float = 15.0) -> None:
         self._stop_children(timeout_s)
         self.children.clear()
+        if self._lifeline is not None:
+            self._lifeline.close()
+            self._lifeline = None
         if self.broker is not None:
             self.broker.stop()
             self.broker = None

@@ -10,6 +10,7 @@ import time
 from typing import Any
 
 from ccld.errors import BrokerError
+from ccld.reachability import broker_reachable
 from ccld.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -18,6 +19,10 @@ log = logging.getLogger(__name__)
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--app-id", help="consumer group / app id (default: worker_app_id setting)")
     parser.add_argument("--web-port", type=int, help="serve Faust's web UI on 127.0.0.1:PORT (default: off)")
+
+
+#: How long a stop may take when no broker answers: there is nothing left to commit or send to.
+DEAD_BROKER_GRACE_S = 1.0
 
 
 def _exit_if_still_running(grace_s: float) -> None:
@@ -43,8 +48,13 @@ def run_worker(settings: Settings, app_id: str | None = None) -> int:
     app = create_app(settings, app_id=app_id)
     class Worker(faust.Worker):
         def _schedule_shutdown(self, signal: Any) -> None:
-            # With its broker gone, Faust's shutdown can wait forever: end the process anyway.
-            _exit_if_still_running(settings.worker_shutdown_grace_s)
+            # With its broker gone, Faust's shutdown can wait forever: end the process anyway, and soon when
+            # nothing listens there (its commits and sends would only time out; the input is read again).
+            grace = settings.worker_shutdown_grace_s
+            if not broker_reachable(settings.bootstrap):
+                grace = min(grace, DEAD_BROKER_GRACE_S)
+                log.warning("stopping with no broker at %s: exiting within %.0f s", settings.bootstrap, grace)
+            _exit_if_still_running(grace)
             super()._schedule_shutdown(signal)
 
     worker = Worker(app, loglevel=settings.log_level.lower(), quiet=True, redirect_stdouts=False,

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -160,15 +162,26 @@ def archived(root: Path, topic: str) -> Counter[tuple[int, int]]:
 
     Safe to call while a sink writes: a file the sink replaced or removed meanwhile is skipped.
     """
+    return Counter({(p, o): n for (_, p, o), n in archived_by(root, topic, None).items()})
+
+
+def archived_by(root: Path, topic: str, column: str | None) -> Counter[tuple[Any, int, int]]:
+    """Rows of ``topic`` per ``(value of column, partition, offset)`` (``column`` None: the value is None).
+
+    Every file counts, whatever folder under its partition it is in (the sink keeps each incarnation of a
+    topic in a folder of its own), so a row overwritten or deleted shows as missing.
+    """
     import pyarrow.parquet as pq
 
-    rows: Counter[tuple[int, int]] = Counter()
-    for path in sorted((root / topic).glob("*/*.parquet")):
+    rows: Counter[tuple[Any, int, int]] = Counter()
+    for path in sorted((root / topic).rglob("*.parquet")):
         try:
-            offsets = pq.read_table(path, columns=["offset"]).column("offset").to_pylist()
-        except FileNotFoundError:
+            table = pq.read_table(path, columns=["offset"] if column is None else ["offset", column])
+        except FileNotFoundError:  # replaced or removed by the sink meanwhile
             continue
-        rows.update((int(path.parent.name), int(o)) for o in offsets)
+        values = [None] * table.num_rows if column is None else table.column(column).to_pylist()
+        partition = int(path.relative_to(root / topic).parts[0])
+        rows.update((v, partition, int(o)) for v, o in zip(values, table.column("offset").to_pylist(), strict=True))
     return rows
 
 
@@ -278,3 +291,74 @@ def fault_during_outage(broker: ChaosBroker, settings: Settings, worker: WorkerP
             "records_on_broker": sum(b.n for b in batches.values()), "verdict": hit[0] if hit else None,
             "verdicts_raw": [v for v in raw if v.state.value == "open"], "wall_s": time.monotonic() - t0,
             "verdict_after_thaw_s": verdict_after_thaw_s}
+
+
+def children_of(pid: int) -> dict[int, str]:
+    """pid -> command line of the direct children of ``pid`` (from /proc: no psutil needed)."""
+    out: dict[int, str] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+            if ppid == pid:
+                out[int(entry.name)] = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except (OSError, ValueError, IndexError):
+            continue
+    return out
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie (exited, not yet reaped) is not alive
+        return (Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]) != "Z"
+    except OSError:
+        return False
+
+
+class Lines:
+    """Lines of a pipe, read in a thread so a test can wait for one with a deadline."""
+
+    def __init__(self, stream: object) -> None:
+        self.q: queue.Queue[str] = queue.Queue()
+        self.seen: list[str] = []
+        threading.Thread(target=self._pump, args=(stream,), daemon=True).start()
+
+    def _pump(self, stream: object) -> None:
+        for line in stream:  # type: ignore[attr-defined]
+            self.q.put(line)
+
+    def wait_for(self, text: str, timeout_s: float) -> str:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                line = self.q.get(timeout=0.2)
+            except queue.Empty:
+                continue
+            self.seen.append(line)
+            if text in line:
+                return line
+        raise AssertionError(f"no line with {text!r} within {timeout_s} s; saw:\n{''.join(self.seen)}")
+
+
+def publish_verdicts(settings: Settings, prefix: str, n: int) -> list[str]:
+    """``n`` distinct verdicts (incident ids ``<prefix>-<i>``) straight onto the verdicts topic; returns the ids."""
+    from ccld.records import AnomalyKind, VerdictState
+    from ccld.schemas.codec import encode_verdict
+
+    p = Producer({"bootstrap.servers": settings.bootstrap, "linger.ms": 5})
+    ids = []
+    for i in range(n):
+        v = Verdict(incident_id=f"{prefix}-{i}", state=VerdictState.OPEN, kind=AnomalyKind.H1, job=prefix,
+                    communicator="00000000000000aa", op_seq=i, op_type="ALL_REDUCE", root_cause_ranks=(i % 8,),
+                    affected_ranks=tuple(range(8)), confidence=0.9, evidence="chaos", onset_time=float(i),
+                    detected_time=float(i) + 20.0)
+        p.produce(settings.verdicts_topic, encode_verdict(v), key=v.incident_id.encode())
+        p.poll(0)
+        ids.append(v.incident_id)
+    assert p.flush(30) == 0, "the broker did not take every verdict"
+    return ids

@@ -6,12 +6,10 @@ Real processes only: `ccld up` with its embedded broker, worker and sink; faults
 from __future__ import annotations
 
 import os
-import queue
 import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 import uuid
 from collections import Counter
@@ -22,62 +20,20 @@ from confluent_kafka.admin import AdminClient
 
 from ccld.settings import Settings
 from ccld.stack.broker import EmbeddedBroker, free_port, port_is_free
-from chaoslib import archived, produce, raw_verdicts, record_result, scenario_batches, wait_for
+from chaoslib import (
+    Lines,
+    alive,
+    archived,
+    children_of,
+    produce,
+    raw_verdicts,
+    record_result,
+    scenario_batches,
+    wait_for,
+)
 from harness import collect_verdicts
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
-
-
-def children_of(pid: int) -> dict[int, str]:
-    """pid -> command line of the direct children of ``pid`` (from /proc: no psutil needed)."""
-    out: dict[int, str] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-            ppid = int(stat.rsplit(")", 1)[1].split()[1])
-            if ppid == pid:
-                out[int(entry.name)] = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except (OSError, ValueError, IndexError):
-            continue
-    return out
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:  # a zombie (exited, not yet reaped) is not alive
-        return (Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]) != "Z"
-    except OSError:
-        return False
-
-
-class Lines:
-    """Lines of a pipe, read in a thread so a test can wait for one with a deadline."""
-
-    def __init__(self, stream: object) -> None:
-        self.q: queue.Queue[str] = queue.Queue()
-        self.seen: list[str] = []
-        threading.Thread(target=self._pump, args=(stream,), daemon=True).start()
-
-    def _pump(self, stream: object) -> None:
-        for line in stream:  # type: ignore[attr-defined]
-            self.q.put(line)
-
-    def wait_for(self, text: str, timeout_s: float) -> str:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            try:
-                line = self.q.get(timeout=0.2)
-            except queue.Empty:
-                continue
-            self.seen.append(line)
-            if text in line:
-                return line
-        raise AssertionError(f"no line with {text!r} within {timeout_s} s; saw:\n{''.join(self.seen)}")
 
 
 def leave_time_wait(port: int) -> None:
