@@ -123,6 +123,7 @@ class Settings:
     spool_dir: str = ""  # folder of the on-disk spool for records the broker did not take; empty: no spool
     spool_max_mb: float = 256.0  # the spool holds at most this much; records beyond it are counted lost
     spool_max_age_s: float = 3600.0  # spooled records older than this are discarded (counted lost), not replayed
+    verdicts_broker_timeout_s: float = 30.0  # `ccld verdicts` exits (code 2) when no broker answered for this long
     session_timeout_ms: int = 6_000  # consumer group session timeout (short: fast joins and failover)
     heartbeat_ms: int = 2_000  # consumer group heartbeat interval
     security_protocol: str = "PLAINTEXT"  # PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL, for every Kafka client
@@ -262,6 +263,9 @@ def _validate(s: Settings) -> None:
         raise ConfigError("producer_message_timeout_ms and producer_connect_timeout_s must be positive")
     if s.spool_max_mb <= 0 or s.spool_max_age_s <= 0:
         raise ConfigError("spool_max_mb and spool_max_age_s must be positive")
+    for name in ("verdicts_broker_timeout_s",):
+        if getattr(s, name) <= 0:
+            raise ConfigError(f"{name} must be positive, got {getattr(s, name)}")
     _validate_security(s)
     a = s.analyzer
     if not 0.0 <= a.alpha <= a.beta <= 1.0:
