@@ -125,6 +125,15 @@ class Settings:
     spool_dir: str = ""  # folder of the on-disk spool for records the broker did not take; empty: no spool
     spool_max_mb: float = 256.0  # the spool holds at most this much; records beyond it are counted lost
     spool_max_age_s: float = 3600.0  # spooled records older than this are discarded (counted lost), not replayed
+    verdicts_broker_timeout_s: float = 30.0  # `ccld verdicts` exits (code 2) when no broker answered for this long
+    alert_group: str = "ccld-alert"  # consumer group of `ccld alert`
+    alert_alertmanager_url: str = ""  # Alertmanager base URL for `ccld alert` (http://host:9093); empty: none
+    alert_webhook_url: str = ""  # URL `ccld alert` POSTs each verdict to as JSON; empty: none
+    alert_slack: bool = False  # the webhook gets a Slack-compatible {"text": ...} body instead of the verdict
+    alert_repeat_s: float = 60.0  # re-post open incidents to Alertmanager this often (it resolves alerts not re-sent)
+    alert_backlog_max: int = 1_000  # verdicts waiting for a receiver, at most; then consuming pauses (none dropped)
+    alert_timeout_s: float = 10.0  # one HTTP delivery attempt gives up after this long
+    alert_retry_max_s: float = 30.0  # retries of a failed delivery back off from 0.5 s, doubling up to this
     session_timeout_ms: int = 6_000  # consumer group session timeout (short: fast joins and failover)
     heartbeat_ms: int = 2_000  # consumer group heartbeat interval
     security_protocol: str = "PLAINTEXT"  # PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL, for every Kafka client
@@ -264,6 +273,16 @@ def _validate(s: Settings) -> None:
         raise ConfigError("producer_message_timeout_ms and producer_connect_timeout_s must be positive")
     if s.spool_max_mb <= 0 or s.spool_max_age_s <= 0:
         raise ConfigError("spool_max_mb and spool_max_age_s must be positive")
+    for name in ("verdicts_broker_timeout_s", "alert_repeat_s", "alert_timeout_s", "alert_retry_max_s"):
+        if getattr(s, name) <= 0:
+            raise ConfigError(f"{name} must be positive, got {getattr(s, name)}")
+    if s.alert_backlog_max < 1:
+        raise ConfigError(f"alert_backlog_max must be at least 1, got {s.alert_backlog_max}")
+    for name in ("alert_alertmanager_url", "alert_webhook_url"):
+        url = getattr(s, name)
+        # a typo (no scheme, a host without http://) must fail at startup, not as retries forever
+        if url and not url.lower().startswith(("http://", "https://")):
+            raise ConfigError(f"{name} must be an http:// or https:// URL, got {url!r}")
     _validate_security(s)
     a = s.analyzer
     if not 0.0 <= a.alpha <= a.beta <= 1.0:

@@ -9,6 +9,7 @@ from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from ccld.errors import BrokerError
+from ccld.kafka_events import KafkaLog, reason, unreachable
 from ccld.security import kafka_config
 from ccld.settings import Settings
 
@@ -28,12 +29,15 @@ def topic_specs(settings: Settings) -> dict[str, int]:
 
 def ensure_topics(settings: Settings, timeout_s: float = 15.0) -> dict[str, int]:
     """Create missing topics; returns name -> partitions as the broker reports them."""
-    admin = AdminClient(kafka_config(settings))
+    # librdkafka's connect retries stay off stderr: a broker that does not answer is the one line below
+    klog = KafkaLog(muted=True)
+    admin = AdminClient(kafka_config(settings, logger=klog))
     specs = topic_specs(settings)
     try:
         existing = admin.list_topics(timeout=timeout_s).topics
     except KafkaException as exc:
-        raise BrokerError(f"cannot reach Kafka at {settings.bootstrap}: {exc}") from exc
+        admin.poll(0)  # serves the queued log lines: the muted log keeps the newest cause
+        raise BrokerError(unreachable(settings.bootstrap, reason(klog.last) or str(exc.args[0]))) from exc
     missing = [
         NewTopic(name, num_partitions=n, replication_factor=settings.replication_factor)
         for name, n in specs.items()

@@ -1,0 +1,318 @@
+"""`ccld alert` as a real process: verdicts on the real broker reach a real Alertmanager and a local webhook.
+
+Alertmanager is Debian's ``prometheus-alertmanager`` (``.ci/run`` installs it), started per module on a
+free loopback port with no gossip; the tests that need it skip, saying so, only where it is not installed.
+The webhook is a small ``http.server`` in a thread that answers what each test scripts.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import threading
+import time
+import urllib.parse
+import urllib.request
+import uuid
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka import Consumer, Producer, TopicPartition
+
+from ccld.anomaly import CLASSES, AnomalyKind
+from ccld.records import Verdict, VerdictState
+from ccld.schemas.codec import encode_verdict
+from ccld.settings import Settings
+from ccld.stack.broker import free_port
+from factories import make_verdict
+from harness import WorkerProcess
+
+pytestmark = pytest.mark.integration
+
+
+# --- helpers ----------------------------------------------------------------------------------------
+
+
+def publish(settings: Settings, verdicts: list[Verdict]) -> None:
+    """Each verdict on the verdicts topic, keyed by its incident as the worker keys them."""
+    p = Producer({"bootstrap.servers": settings.bootstrap})
+    for v in verdicts:
+        p.produce(settings.verdicts_topic, key=v.incident_id.encode(), value=encode_verdict(v))
+    assert p.flush(20) == 0
+
+
+def wait_for(cond: Callable[[], Any], timeout_s: float) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        got = cond()
+        if got:
+            return got
+        time.sleep(0.3)
+    return cond()
+
+
+def counters(proc: WorkerProcess) -> dict[str, int]:
+    """The last ``counters {...}`` line of a stopped ``ccld alert``'s log (it logs one at exit)."""
+    lines = [ln for ln in proc.log_path.read_text().splitlines() if "counters {" in ln]
+    assert lines, proc.log()
+    return dict(json.loads(lines[-1].split("counters ", 1)[1]))
+
+
+def committed(settings: Settings) -> int:
+    """The group's committed offset of the verdicts topic's partition 0 (-1001: none)."""
+    c = Consumer({"bootstrap.servers": settings.bootstrap, "group.id": settings.alert_group})
+    try:
+        return int(c.committed([TopicPartition(settings.verdicts_topic, 0)], timeout=10)[0].offset)
+    finally:
+        c.close()
+
+
+def incident(**over: Any) -> Verdict:
+    """An H1 verdict with wall-clock times, as a worker sends one."""
+    now = time.time()
+    base: dict[str, Any] = dict(incident_id=uuid.uuid4().hex[:16], kind=AnomalyKind.H1, job="alert-job",
+                                communicator="9f3c5a0e1d2b4c6f", op_seq=35, op_type="ALL_REDUCE",
+                                root_cause_ranks=(13,), root_cause_hosts=("node-0001",), affected_ranks=(8, 9),
+                                evidence="ranks 8,9 entered ALL_REDUCE #35 and waited 21.0 s; rank 13 never entered",
+                                confidence=0.95, onset_time=now - 21, detected_time=now)
+    base.update(over)
+    return make_verdict(**base)
+
+
+def alert_process(settings: Settings, tmp_path: Path, name: str = "alert") -> WorkerProcess:
+    return WorkerProcess(settings, tmp_path / f"{name}.log", command="alert", ready="alerting:")
+
+
+# --- Alertmanager -----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def alertmanager(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """Base URL of a real Alertmanager on a free loopback port (no cluster gossip, a receiver that drops)."""
+    binary = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
+    if binary is None:
+        pytest.skip("Alertmanager is not installed: apt-get install prometheus-alertmanager (.ci/run does)")
+    d = tmp_path_factory.mktemp("alertmanager")
+    config = d / "alertmanager.yml"
+    # "null" quoted: a bare null is YAML's null, and Alertmanager wants a receiver name
+    config.write_text('route:\n  receiver: "null"\nreceivers:\n  - name: "null"\n')
+    port = free_port()
+    with open(d / "alertmanager.log", "wb") as out:
+        proc = subprocess.Popen([binary, f"--config.file={config}", f"--storage.path={d / 'data'}",
+                                 f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address="],
+                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+
+    def ready() -> bool:
+        try:
+            with urllib.request.urlopen(f"{url}/-/ready", timeout=2) as resp:
+                return bool(resp.status == 200)
+        except OSError:
+            return proc.poll() is not None  # exited: stop waiting, fail below
+
+    try:
+        assert wait_for(ready, 30) and proc.poll() is None, (d / "alertmanager.log").read_text()
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def am_alerts(url: str, incident_id: str) -> list[dict[str, Any]]:
+    """The alerts Alertmanager lists for one incident (resolved ones it does not list)."""
+    query = urllib.parse.urlencode({"filter": f'incident_id="{incident_id}"'})
+    with urllib.request.urlopen(f"{url}/api/v2/alerts?{query}", timeout=5) as resp:
+        return list(json.loads(resp.read()))
+
+
+def test_incident_fires_keeps_firing_and_resolves_in_alertmanager(
+    ccld_settings: Settings, alertmanager: str, tmp_path: Path
+) -> None:
+    s = ccld_settings.replace(alert_group=f"alert-{uuid.uuid4().hex[:8]}", alert_alertmanager_url=alertmanager,
+                              alert_repeat_s=2.0, alert_retry_max_s=1.0)
+    opened = incident()
+    proc = alert_process(s, tmp_path).start()
+    try:
+        publish(s, [opened])
+
+        def active() -> list[dict[str, Any]]:
+            return [a for a in am_alerts(alertmanager, opened.incident_id) if a["status"]["state"] == "active"]
+
+        alerts = wait_for(active, 30)
+        assert len(alerts) == 1, f"{alerts}\n{proc.log()}"
+        a = alerts[0]
+        assert {k: v for k, v in a["labels"].items() if k != "severity"} == {
+            "alertname": "CCLD_H1", "job": "alert-job", "kind": "H1", "ranks": "13", "hosts": "node-0001",
+            "communicator": "9f3c5a0e1d2b4c6f", "incident_id": opened.incident_id}
+        assert a["annotations"]["action"] == CLASSES[AnomalyKind.H1].action
+        assert a["annotations"]["report"] == f"ccld report {opened.incident_id}"
+        assert a["annotations"]["summary"] == opened.describe()
+        assert a["annotations"]["evidence"] == opened.evidence
+        first_end = a["endsAt"]
+
+        # endsAt is 3 repeat periods (6 s) ahead: only the re-posts keep it firing 10 s later
+        time.sleep(10)
+        alerts = active()
+        assert len(alerts) == 1, f"the open incident stopped firing: {alerts}\n{proc.log()}"
+        assert alerts[0]["endsAt"] > first_end
+
+        # an update with the same class and culprit is the same alert, not a second one
+        update = incident(incident_id=opened.incident_id, state=VerdictState.UPDATE, affected_ranks=(8, 9, 10, 11),
+                          op_seq=35)
+        publish(s, [update])
+        assert wait_for(lambda: any(x["annotations"]["summary"] == update.describe() for x in active()), 30), \
+            proc.log()
+        assert len(am_alerts(alertmanager, opened.incident_id)) == 1
+
+        publish(s, [incident(incident_id=opened.incident_id, state=VerdictState.RESOLVED, affected_ranks=(8, 9))])
+        assert wait_for(lambda: not active(), 30), f"still firing after resolved: {active()}\n{proc.log()}"
+    finally:
+        proc.stop()
+    c = counters(proc)
+    assert c["delivered_alertmanager"] == 3 and c["failures_alertmanager"] == 0 and c["reposts"] >= 2, c
+    assert committed(s) == 3, "every accepted verdict's offset is committed"
+
+
+# --- the webhook ------------------------------------------------------------------------------------
+
+
+class Webhook:
+    """A local HTTP endpoint that answers each POST with the next scripted status (then ``then``)."""
+
+    def __init__(self, script: list[int], then: int = 200) -> None:
+        self.script = list(script)
+        self.then = then
+        self.taken: list[dict[str, Any]] = []  # bodies answered 2xx
+        self.attempts = 0
+        self.lock = threading.Lock()
+        hook = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # the name http.server calls
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                with hook.lock:
+                    hook.attempts += 1
+                    status = hook.script.pop(0) if hook.script else hook.then
+                    if 200 <= status < 300:
+                        hook.taken.append(body)
+                self.send_response(status)
+                self.end_headers()
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass  # the test's output is the assertions, not one line per request
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def webhook() -> Iterator[Callable[..., Webhook]]:
+    made: list[Webhook] = []
+
+    def make(script: list[int], then: int = 200) -> Webhook:
+        made.append(Webhook(script, then))
+        return made[-1]
+
+    yield make
+    for w in made:
+        w.close()
+
+
+def test_webhook_that_fails_twice_loses_nothing_and_counts_the_failures(
+    ccld_settings: Settings, webhook: Callable[..., Webhook], tmp_path: Path
+) -> None:
+    hook = webhook([500, 500])
+    s = ccld_settings.replace(alert_group=f"alert-{uuid.uuid4().hex[:8]}", alert_webhook_url=hook.url,
+                              alert_retry_max_s=1.0)
+    opened = incident(kind=AnomalyKind.S2, root_cause_ranks=(3,))
+    sent = [opened,
+            opened,  # a repeat at-least-once delivery put on the topic: delivered once
+            incident(incident_id=opened.incident_id, kind=AnomalyKind.S3, state=VerdictState.UPDATE,
+                     root_cause_ranks=(3,)),
+            incident(incident_id=opened.incident_id, kind=AnomalyKind.S3, state=VerdictState.RESOLVED,
+                     root_cause_ranks=(3,))]
+    publish(s, sent)
+    proc = alert_process(s, tmp_path).start()
+    try:
+        assert wait_for(lambda: len(hook.taken) == 3, 30), f"{hook.taken}\n{proc.log()}"
+        assert wait_for(lambda: committed(s) == 4, 15), proc.log()
+    finally:
+        proc.stop()
+    assert [(b["state"], b["kind"]) for b in hook.taken] == [("open", "S2"), ("update", "S3"), ("resolved", "S3")]
+    assert hook.taken[0]["action"] == CLASSES[AnomalyKind.S2].action
+    assert {k: hook.taken[0][k] for k in opened.to_dict()} == opened.to_dict()
+    assert hook.attempts == 5
+    c = counters(proc)
+    assert (c["failures_webhook"], c["delivered_webhook"], c["duplicates"], c["backlog"]) == (2, 3, 1, 0), c
+
+
+def test_a_webhook_that_is_down_holds_the_offsets_and_a_restart_delivers(
+    ccld_settings: Settings, webhook: Callable[..., Webhook], tmp_path: Path
+) -> None:
+    hook = webhook([], then=503)
+    s = ccld_settings.replace(alert_group=f"alert-{uuid.uuid4().hex[:8]}", alert_webhook_url=hook.url,
+                              alert_retry_max_s=0.5, alert_slack=True)
+    sent = [incident(), incident(kind=AnomalyKind.H3, root_cause_ranks=(5,))]
+    publish(s, sent)
+    proc = alert_process(s, tmp_path).start()
+    try:
+        assert wait_for(lambda: hook.attempts >= 3, 30), proc.log()
+    finally:
+        proc.stop()
+    assert not hook.taken
+    assert committed(s) < 0, "nothing was accepted, so nothing may be committed"
+    assert counters(proc)["failures_webhook"] >= 3
+
+    hook.then = 200  # the receiver is back; a restarted service re-reads what it had not delivered
+    proc = alert_process(s, tmp_path, "alert-2").start()
+    try:
+        assert wait_for(lambda: len(hook.taken) == 2, 30), proc.log()
+        assert wait_for(lambda: committed(s) == 2, 15), proc.log()
+    finally:
+        proc.stop()
+    texts = [b["text"] for b in hook.taken]  # Slack's shape: one text per verdict
+    assert [sent[0].incident_id in texts[0], sent[1].incident_id in texts[1]] == [True, True], texts
+    assert "H3 hardware-fault hang: open" in texts[1]
+
+
+def test_a_restarted_service_keeps_the_open_incidents_firing(
+    ccld_settings: Settings, alertmanager: str, tmp_path: Path
+) -> None:
+    s = ccld_settings.replace(alert_group=f"alert-{uuid.uuid4().hex[:8]}", alert_alertmanager_url=alertmanager,
+                              alert_repeat_s=2.0, alert_retry_max_s=1.0)
+    opened = incident(kind=AnomalyKind.H2, root_cause_ranks=(4,), mismatch_field="dtype")
+    publish(s, [opened])
+
+    def active() -> list[dict[str, Any]]:
+        return [a for a in am_alerts(alertmanager, opened.incident_id) if a["status"]["state"] == "active"]
+
+    first = alert_process(s, tmp_path).start()
+    try:
+        assert wait_for(active, 30), first.log()
+        assert wait_for(lambda: committed(s) == 1, 15), first.log()
+    finally:
+        first.stop()
+    # the open verdict is committed: the new process must rebuild the incident from the topic, not resend it
+    second = alert_process(s, tmp_path, "alert-2").start()
+    try:
+        time.sleep(10)  # endsAt was at most 6 s ahead when the first process stopped
+        assert len(active()) == 1, f"the restart let the open incident lapse\n{second.log()}"
+    finally:
+        second.stop()
+    c = counters(second)
+    assert (c["replayed"], c["delivered_alertmanager"], c["open_incidents"]) == (1, 0, 1), c
+    assert c["reposts"] >= 1, c
