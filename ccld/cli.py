@@ -33,6 +33,17 @@ def count_arg(text: str) -> int:
     return n
 
 
+def port_arg(text: str) -> int:
+    """An argparse type for a TCP port (0: pick a free one): one clear line for ``--port 99999``, not a traceback."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    if not 0 <= n <= 65535:
+        raise argparse.ArgumentTypeError(f"a port is 0 to 65535, got {n}")
+    return n
+
+
 class Command(Protocol):
     def configure(self, parser: argparse.ArgumentParser) -> None: ...
 

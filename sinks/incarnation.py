@@ -68,7 +68,7 @@ class TopicIds:
         for topic, fut in futures.items():
             try:
                 out[topic] = id_label(fut.result(timeout=timeout_s + 1.0).topic_id) or ""
-            except Exception as exc:  # KafkaException, or the future's own TimeoutError
+            except (KafkaException, TimeoutError) as exc:  # the broker's error, or the future timed out
                 log.debug("no topic id for %s: %s", topic, exc)
         return out
 

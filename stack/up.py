@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 
-from ccld.cli import count_arg
+from ccld.cli import count_arg, port_arg
 from ccld.errors import BrokerError
 from ccld.lifeline import Lifeline
 from ccld.security import kafka_config
@@ -73,6 +73,8 @@ class Pipeline:
                     self._spawn("worker" if i == 0 else f"worker-{i + 1}")
             if sink:
                 self._spawn("sink")
+            if self.settings.alert_alertmanager_url or self.settings.alert_webhook_url:
+                self._spawn("alert")  # the alert bridge, only when it has somewhere to deliver
         except BaseException:
             self.stop()  # never leave a broker or a child behind a failed start
             raise
@@ -212,19 +214,34 @@ class Pipeline:
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--port", type=int, default=9092, help="embedded broker port (0 picks a free one)")
+    parser.add_argument("--port", type=port_arg, default=9092, help="embedded broker port (0 picks a free one)")
     parser.add_argument("--logs", type=Path, default=Path("ccld-logs"), help="where worker.log and sink.log go")
     parser.add_argument("--workers", type=count_arg, default=1,
                         help="worker processes (they share the metrics partitions; default 1)")
+    g = parser.add_argument_group("alerts (also a service of ccld up: `ccld alert` with the same flags)")
+    g.add_argument("--alertmanager", metavar="URL", help="deliver incidents to this Alertmanager (v2 API)")
+    g.add_argument("--webhook", metavar="URL", help="deliver incidents to this JSON webhook")
+    g.add_argument("--slack", action="store_true", help="send the webhook a Slack-compatible text body")
 
 
 def main(args: argparse.Namespace, settings: Settings) -> int:
+    alerts: dict[str, object] = {}
+    if args.alertmanager:
+        alerts["alert_alertmanager_url"] = args.alertmanager
+    if args.webhook:
+        alerts["alert_webhook_url"] = args.webhook
+    if args.slack:
+        alerts["alert_slack"] = True
+    if alerts:
+        settings = settings.replace(**alerts)  # the children read them from the environment (child_env)
     pipeline = Pipeline(settings, port=args.port, log_dir=args.logs)
     stop_on_sigterm()
     try:
         pipeline.start(workers=args.workers)
         print(f"bootstrap: {pipeline.settings.bootstrap}", flush=True)
-        print(f"worker and sink running (logs in {args.logs}/); archive in {settings.archive_dir}/; "
+        services = "worker, sink and alert bridge" if alerts or settings.alert_alertmanager_url \
+            or settings.alert_webhook_url else "worker and sink"
+        print(f"{services} running (logs in {args.logs}/); archive in {settings.archive_dir}/; "
               f"a dead worker, sink or broker is restarted; Ctrl-C stops everything", flush=True)
         while True:
             for line in pipeline.supervise():
