@@ -78,6 +78,8 @@ class VerdictState(enum.StrEnum):
     OPEN = "open"  # first verdict of an incident
     UPDATE = "update"  # the incident changed (more affected ranks, a better root cause)
     RESOLVED = "resolved"  # progress resumed / the slowdown ended
+    # ended without resolving: its job went silent (ended, killed, lost its link); why: details["closed"]
+    CLOSED = "closed"
 
 
 def comm_hex(comm_hash: int) -> str:

@@ -75,7 +75,7 @@ class IncidentBook:
 
     def __init__(self, resolved_memory: int, update_min_interval_s: float) -> None:
         self.open: dict[str, Incident] = {}
-        self.emitted: OrderedDict[str, str] = OrderedDict()  # id -> "open" | "resolved"
+        self.emitted: OrderedDict[str, str] = OrderedDict()  # id -> "open" | "resolved" (resolved or closed)
         self.resolved_memory = resolved_memory
         self.update_min_interval_s = update_min_interval_s
 
@@ -131,6 +131,15 @@ class IncidentBook:
         self._remember(inc.incident_id, "resolved")
         c = replace(inc.last, evidence=evidence, confidence=1.0)
         return [c.verdict(inc.incident_id, VerdictState.RESOLVED, now)]
+
+    def close(self, match_key: str, now: float, reason: str) -> list[Verdict]:
+        """End an open incident that did not resolve (its job went silent): a CLOSED verdict saying why."""
+        inc = self.open.pop(match_key, None)
+        if inc is None:
+            return []
+        self._remember(inc.incident_id, "resolved")  # ended either way: a replay never opens it again
+        c = replace(inc.last, details={**inc.last.details, "closed": reason})
+        return [c.verdict(inc.incident_id, VerdictState.CLOSED, now)]
 
     def _remember(self, iid: str, state: str) -> None:
         self.emitted[iid] = state

@@ -29,6 +29,7 @@ class _JobView:
     hosts: dict[int, Mapping[int, str]] = field(default_factory=dict)  # by shard
     seen: dict[int, float] = field(default_factory=dict)  # by shard: the job time of its newest report
     last_now: float = 0.0
+    data_seen: float = -1.0  # the newest record of the job any shard took in (analyzer time)
     roots_sig: tuple[tuple[str, float], ...] = ()
     roots: list[tuple[HangRoot, Stall]] = field(default_factory=list)
 
@@ -76,6 +77,7 @@ class JobStage:
             v.stalls[shard], v.hosts[shard] = rep.stalls, rep.hosts
             v.seen[shard] = max(v.seen.get(shard, rep.now), rep.now)
             v.last_now = max(v.last_now, rep.now)
+            v.data_seen = max(v.data_seen, rep.seen)
         verdicts: list[Verdict] = []
         for c in best_slow(c for _, rep in reports for c in rep.slow):
             verdicts.extend(self.book.report(c, now))
@@ -93,6 +95,13 @@ class JobStage:
                 ev = ended.get((c.communicator, *c.resolve_key))
                 if ev:
                     verdicts.extend(self.book.resolve(mk, now, ev))
+        silent = now - v.data_seen
+        if v.data_seen >= 0 and silent >= self.settings.incident_close_silent_s:
+            reason = (f"job silent for {silent:.0f} s (no record from any rank): it ended, was killed, or lost "
+                      f"its link to the broker")
+            for mk, incd in list(self.book.open.items()):
+                if (incd.first.job, incd.first.incarnation) == (job, inc):
+                    verdicts.extend(self.book.close(mk, now, reason))
         return verdicts
 
     def _hangs(self, v: _JobView, job: str, inc: int, alive: Collection[int], mark: float) -> list[Candidate]:

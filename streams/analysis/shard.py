@@ -87,6 +87,7 @@ class ShardReport:
     stalls: tuple[Stall, ...] = ()  # every stalled communicator of the shard (a state, not an event)
     hosts: dict[int, str] = field(default_factory=dict)  # global rank -> host: the missing ranks and culprits
     over: dict[tuple[str, str, int], str] = field(default_factory=dict)  # (comm, family, value) -> evidence
+    seen: float = -1.0  # analyzer time of the newest record of the job this shard took in (-1: unknown)
 
     def to_dict(self) -> dict[str, Any]:
         """The ``ShardReport`` record less ``shard``, which the sender knows and the report does not."""
@@ -96,6 +97,7 @@ class ShardReport:
             "stalls": [st.to_dict() for st in self.stalls],
             "hosts": [{"rank": int(r), "host": h} for r, h in self.hosts.items()],
             "over": [{"comm": c, "family": f, "value": int(v), "evidence": ev} for (c, f, v), ev in self.over.items()],
+            "seen": float(self.seen),
         }
 
     @classmethod
@@ -109,6 +111,7 @@ class ShardReport:
                 stalls=tuple(Stall.from_dict(st) for st in d["stalls"]),
                 hosts={int(h["rank"]): str(h["host"]) for h in d["hosts"]},
                 over={(str(o["comm"]), str(o["family"]), int(o["value"])): str(o["evidence"]) for o in d["over"]},
+                seen=float(d.get("seen", -1.0)),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise RecordError(f"shard report lacks or mistypes a field: {exc}") from exc
@@ -286,4 +289,4 @@ def shard_report(ja: JobAnalysis, watch: Watch, now: float, stats: dict[str, Any
     # of that op knows its host (the rank reported there before); waiting ranks need none
     named = sorted({r for d in diags.values() for a in (d.missing, d.culprits) for r in a.tolist() if r >= 0})
     return ShardReport(ja.job, ja.incarnation, now, tuple(slow), tuple(stalls), ja.host_map(named),
-                       watch.ended(ja, now))
+                       watch.ended(ja, now), seen=js.last_now)

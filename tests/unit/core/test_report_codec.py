@@ -49,6 +49,7 @@ def make_report() -> ShardReport:
     return ShardReport(
         "job-a", 3, 92.25, slow, stalls, {13: "node-0001", 3: "node-0000", 2**33: "n"},
         {("9f3c5a0e1d2b4c6f", "hang", 34): "progress resumed", ("00000000000000ff", "slow", -7): "healthy again"},
+        seen=91.75,
     )
 
 
@@ -64,8 +65,8 @@ def assert_same_diag(got: CommDiag, want: CommDiag) -> None:
 
 
 def assert_same_report(got: ShardReport, want: ShardReport) -> None:
-    assert (got.job, got.incarnation, got.now, got.hosts, got.over) == (want.job, want.incarnation, want.now,
-                                                                        want.hosts, want.over)
+    assert (got.job, got.incarnation, got.now, got.hosts, got.over, got.seen) == (
+        want.job, want.incarnation, want.now, want.hosts, want.over, want.seen)
     # Candidate's own equality covers every field, job and incarnation included (the report's)
     assert got.slow == want.slow
     assert [type(c.link) for c in got.slow] == [type(c.link) for c in want.slow]
