@@ -316,3 +316,58 @@ def test_a_restarted_service_keeps_the_open_incidents_firing(
     c = counters(second)
     assert (c["replayed"], c["delivered_alertmanager"], c["open_incidents"]) == (1, 0, 1), c
     assert c["reposts"] >= 1, c
+
+
+# --- end to end: a real hung job, the real worker, the bridge, a real Alertmanager -------------------
+
+
+def test_a_real_hung_job_pages_in_alertmanager_and_the_page_ends_when_the_job_is_killed(
+    ccld_settings: Settings, alertmanager: str, tmp_path: Path
+) -> None:
+    """4 gloo ranks under the attachment, rank 2 stops before step 20; a real ``ccld worker`` finds the H1,
+    a real ``ccld alert`` fires it in Alertmanager within 30 s of the verdict; the job is killed, its
+    incident closes once the job has been silent ``incident_close_silent_s`` (10 s here), and the alert
+    is resolved (issue 17, proof)."""
+    pytest.importorskip("torch", reason="torch is not installed (pip install 'ccl-d[torch]')")
+    from ccld.producers.attach.localrun import launch
+    from ccld.producers.attach.run_command import prepare_env
+    from harness import collect_verdicts, job_logs
+
+    s = ccld_settings.replace(
+        job=f"oncall-{uuid.uuid4().hex[:6]}", analyzer_hang_min_s=5.0, analyzer_h3_min_s=5.0,
+        analyzer_incident_close_silent_s=10.0, producer_linger_ms=50,
+        alert_group=f"alert-{uuid.uuid4().hex[:8]}", alert_alertmanager_url=alertmanager, alert_repeat_s=2.0,
+        alert_retry_max_s=1.0,
+    )
+    site = tmp_path / "site"
+    site.mkdir()
+    env = prepare_env(s, str(site), sink="kafka", heartbeat_ms=100)
+    job = launch(4, ["ccld.producers.attach.demo_job", "--fault", "stop", "--culprit", "2", "--at-step", "20",
+                     "--compute-ms", "20"], tmp_path / "ranks", env=env)
+    worker = WorkerProcess(s, tmp_path / "worker.log")
+    bridge = alert_process(s, tmp_path)
+    try:
+        worker.start()
+        bridge.start()
+        got = collect_verdicts(s, 60, until=lambda vs: any(v.state is VerdictState.OPEN for v in vs))
+        opened = [v for v in got if v.state is VerdictState.OPEN]
+        assert opened and opened[0].kind is AnomalyKind.H1 and opened[0].root_cause_ranks == (2,), \
+            f"{[v.describe() for v in got]}\n{job_logs(job)}"
+        iid = opened[0].incident_id
+        t_verdict = time.monotonic()
+        assert wait_for(lambda: bool(am_alerts(alertmanager, iid)), 30), bridge.log()
+        fired_s = time.monotonic() - t_verdict
+        (alert,) = am_alerts(alertmanager, iid)
+        assert alert["labels"]["alertname"] == "CCLD_H1" and alert["labels"]["ranks"] == "2", alert
+        job.kill()  # a scheduler's cancel: every rank gone at once, no goodbye
+        t_kill = time.monotonic()
+        closed = collect_verdicts(s, 60, until=lambda vs: any(v.state is VerdictState.CLOSED for v in vs))
+        assert any(v.state is VerdictState.CLOSED and v.incident_id == iid for v in closed), \
+            [v.describe() for v in closed]
+        assert wait_for(lambda: not am_alerts(alertmanager, iid), 30), bridge.log()
+        print(f"ONCALL alert fired {fired_s:.1f} s after the verdict; resolved "
+              f"{time.monotonic() - t_kill:.1f} s after the job was killed")
+    finally:
+        job.kill()
+        bridge.stop()
+        worker.stop()
