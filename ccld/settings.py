@@ -77,6 +77,7 @@ class AnalyzerSettings:
     resolved_memory: int = 2048  # resolved incidents remembered for dedupe (state_dict stays bounded)
     batch_memory: int = 4096  # (producer, batch_seq) pairs remembered per producer for duplicate batches
     producer_memory: int = 256  # producers whose batch sequence numbers are remembered
+    incident_reopen_s: float = 60.0  # an incident resolves after this long quiet; its fault back sooner is an episode
     incident_close_silent_s: float = 60.0  # a job silent this long has ended: its open incidents are closed
     job_expiry_s: float = 3600.0  # a job incarnation silent this long (and without open incidents) is dropped
     update_min_interval_s: float = 10.0  # at most one UPDATE per incident in this interval (class changes: at once)

@@ -120,7 +120,9 @@ def score_scenario(sc: Scenario, verdicts: Sequence[Verdict]) -> dict[str, Any]:
         ttv = min(i.first_correct_time(e) for i in correct) - onset_of(sc, e) if correct else None
         matched_incidents.update(i.incident_id for i in correct)
         exp_rows.append({"kind": e.kind, "rank": e.rank, "matched": bool(correct), "rank_found": bool(named),
-                         "predicted": predicted, "ttv_s": ttv})
+                         "predicted": predicted, "ttv_s": ttv,
+                         # one fault, one incident: more is a page too many (a flapping link re-opened)
+                         "incidents": len(correct)})
     stray = [i for i in incs if i.incident_id not in matched_incidents]
     ok = all(r["matched"] for r in exp_rows) and not stray
     return {
@@ -156,6 +158,11 @@ def score(scenarios: Sequence[Scenario], verdicts_by_scenario: Mapping[str, Sequ
         "rank_accuracy": _ratio(len(found), len(exps)),
         "class_accuracy": _ratio(sum(e["predicted"] == e["kind"] for e in found), len(found)),
         "false_alarms": sum(r["false_alarms"] for r in rows),
+        # incidents per expected fault it matched: 1 is ideal; "extra" counts every incident beyond the first
+        "incidents_per_fault_mean": _ratio(sum(e["incidents"] for e in exps if e["matched"]),
+                                           sum(1 for e in exps if e["matched"])),
+        "incidents_per_fault_max": max((e["incidents"] for e in exps), default=0),
+        "extra_incidents": sum(max(0, e["incidents"] - 1) for e in exps),
         "ttv_p50_s": _pct(ttv, 50),
         "ttv_p95_s": _pct(ttv, 95),
         "hang_ttv_p50_s": _pct(ttv_h, 50),
@@ -411,6 +418,8 @@ def print_table(report: Mapping[str, Any]) -> None:
           f"{o['incidents']}")
     print(f"precision {_fmt(o['precision'])}  recall {_fmt(o['recall'])}  rank accuracy {_fmt(o['rank_accuracy'])}"
           f"  class accuracy {_fmt(o['class_accuracy'])}  false alarms {o['false_alarms']}")
+    print(f"incidents per fault: mean {_fmt(o['incidents_per_fault_mean'])}, max {o['incidents_per_fault_max']}, "
+          f"extra incidents {o['extra_incidents']}")
     print(f"time to verdict: p50 {_fmt(o['ttv_p50_s'], '.1f')} s, p95 {_fmt(o['ttv_p95_s'], '.1f')} s; hang p95 "
           f"{_fmt(o['hang_ttv_p95_s'], '.1f')} s; slow p95 {_fmt(o['slow_ttv_p95_s'], '.1f')} s")
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 from collections import OrderedDict
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ccld.records import FINDING_FIELDS, AnomalyKind, Finding, Link, Verdict, VerdictState
@@ -61,19 +61,34 @@ class Candidate(Finding):
 
 @dataclass
 class Incident:
-    """An open incident: its first candidate, the latest one, and when it was last reported."""
+    """An open incident: its first candidate, the latest one, and when it was last reported.
+
+    ``quiet_since``: the fault stopped then (analyzer clock; None while it is on). The incident resolves
+    only after ``reopen_s`` of quiet: a fault that comes back on the same root cause within that time
+    is another episode of this incident (``episodes``: when each began), not a new incident and a new page.
+    """
 
     incident_id: str
     first: Candidate
     last: Candidate
     last_report: float
     affected_n: int = 0
+    quiet_since: float | None = None
+    quiet_evidence: str = ""
+    episodes: list[float] = field(default_factory=list)
+
+    def episode_details(self) -> dict[str, str]:
+        if not self.episodes:
+            return {}
+        times = [self.first.onset_time, *self.episodes]
+        return {"episodes": str(len(times)), "episode_times": ",".join(f"{t:.1f}" for t in times)}
 
 
 class IncidentBook:
     """Open incidents and the ids already emitted (bounded)."""
 
-    def __init__(self, resolved_memory: int, update_min_interval_s: float) -> None:
+    def __init__(self, resolved_memory: int, update_min_interval_s: float, reopen_s: float = 0.0) -> None:
+        self.reopen_s = reopen_s  # an incident resolves after this long quiet; a fault back sooner is an episode
         self.open: dict[str, Incident] = {}
         self.emitted: OrderedDict[str, str] = OrderedDict()  # id -> "open" | "resolved" (resolved or closed)
         self.resolved_memory = resolved_memory
@@ -83,6 +98,16 @@ class IncidentBook:
         """Feed one detection; returns the OPEN or UPDATE verdict it causes, if any."""
         self._adopt_blind(c)
         inc = self.open.get(c.match_key)
+        if inc is not None and inc.quiet_since is not None:
+            # the same root cause again within reopen_s: one more episode of this incident, not a new one
+            inc.quiet_since = None
+            inc.episodes.append(c.onset_time)
+            upd = replace(
+                c, communicator=inc.first.communicator, op_seq=inc.first.op_seq, onset_time=inc.first.onset_time,
+                resolve_key=c.resolve_key, details={**c.details, **inc.episode_details()},
+            )
+            inc.last, inc.last_report, inc.affected_n = upd, now, len(c.affected_ranks)
+            return [upd.verdict(inc.incident_id, VerdictState.UPDATE, now)]
         if inc is not None:
             n = len(c.affected_ranks)
             grew = n >= max(inc.affected_n * 1.25, inc.affected_n + 1)
@@ -124,19 +149,39 @@ class IncidentBook:
         if inc is not None and inc.first.communicator == c.communicator:
             self.open[c.match_key] = self.open.pop(blind)
 
-    def resolve(self, match_key: str, now: float, evidence: str) -> list[Verdict]:
-        inc = self.open.pop(match_key, None)
+    def resolve(self, match_key: str, now: float, evidence: str, *, hold: bool = True) -> list[Verdict]:
+        """The fault of an incident ended: RESOLVED at once, or (``hold`` with ``reopen_s``) once it has
+        stayed away ``reopen_s`` (``expire``); ``hold=False`` for an end that is final (a restart)."""
+        inc = self.open.get(match_key)
         if inc is None:
             return []
+        if hold and self.reopen_s > 0:
+            if inc.quiet_since is None:
+                inc.quiet_since, inc.quiet_evidence = now, evidence
+            return []
+        del self.open[match_key]
         self._remember(inc.incident_id, "resolved")
-        c = replace(inc.last, evidence=evidence, confidence=1.0)
+        c = replace(inc.last, evidence=evidence, confidence=1.0,
+                    details={**inc.last.details, **inc.episode_details()})
         return [c.verdict(inc.incident_id, VerdictState.RESOLVED, now)]
+
+    def expire(self, now: float, job: str, incarnation: int) -> list[Verdict]:
+        """RESOLVED for the incidents of one job incarnation that stayed quiet ``reopen_s`` (``now``: its clock)."""
+        out: list[Verdict] = []
+        for mk, inc in list(self.open.items()):
+            if (inc.quiet_since is not None and (inc.first.job, inc.first.incarnation) == (job, incarnation)
+                    and now - inc.quiet_since >= self.reopen_s):
+                out += self.resolve(mk, now, inc.quiet_evidence, hold=False)
+        return out
 
     def close(self, match_key: str, now: float, reason: str) -> list[Verdict]:
         """End an open incident that did not resolve (its job went silent): a CLOSED verdict saying why."""
-        inc = self.open.pop(match_key, None)
+        inc = self.open.get(match_key)
         if inc is None:
             return []
+        if inc.quiet_since is not None:  # its fault had ended already: that is how it ends
+            return self.resolve(match_key, now, inc.quiet_evidence, hold=False)
+        del self.open[match_key]
         self._remember(inc.incident_id, "resolved")  # ended either way: a replay never opens it again
         c = replace(inc.last, details={**inc.last.details, "closed": reason})
         return [c.verdict(inc.incident_id, VerdictState.CLOSED, now)]
@@ -156,7 +201,8 @@ class IncidentBook:
             "emitted": [[k, v] for k, v in self.emitted.items()],
             "open": [
                 {"id": inc.incident_id, "first": _cand_dict(inc.first), "last": _cand_dict(inc.last),
-                 "last_report": inc.last_report}
+                 "last_report": inc.last_report, "quiet_since": inc.quiet_since, "quiet_evidence": inc.quiet_evidence,
+                 "episodes": inc.episodes}
                 for inc in self.open.values()
             ],
         }
@@ -166,7 +212,10 @@ class IncidentBook:
         for o in d.get("open", []):
             first, last = _cand_from(o["first"]), _cand_from(o["last"])
             n = int(o["last"].get("affected", 0))
-            self.open[first.match_key] = Incident(str(o["id"]), first, last, float(o["last_report"]), n)
+            quiet = o.get("quiet_since")
+            self.open[first.match_key] = Incident(
+                str(o["id"]), first, last, float(o["last_report"]), n, None if quiet is None else float(quiet),
+                str(o.get("quiet_evidence", "")), [float(t) for t in o.get("episodes", [])])
 
 
 def _cand_dict(c: Candidate) -> dict[str, Any]:

@@ -39,7 +39,7 @@ class JobStage:
 
     def __init__(self, settings: AnalyzerSettings) -> None:
         self.settings = settings
-        self.book = IncidentBook(settings.resolved_memory, settings.update_min_interval_s)
+        self.book = IncidentBook(settings.resolved_memory, settings.update_min_interval_s, settings.incident_reopen_s)
         self.views: dict[tuple[str, int], _JobView] = {}
 
     def restarted(self, newest: Mapping[str, int], now: float) -> list[Verdict]:
@@ -48,7 +48,7 @@ class JobStage:
         for mk, incd in list(self.book.open.items()):
             c = incd.first
             if newest.get(c.job, c.incarnation) > c.incarnation:
-                out.extend(self.book.resolve(mk, now, f"job restarted as incarnation {newest[c.job]}"))
+                out.extend(self.book.resolve(mk, now, f"job restarted as incarnation {newest[c.job]}", hold=False))
         return out
 
     def has_open(self, key: tuple[str, int]) -> bool:
@@ -95,6 +95,7 @@ class JobStage:
                 ev = ended.get((c.communicator, *c.resolve_key))
                 if ev:
                     verdicts.extend(self.book.resolve(mk, now, ev))
+        verdicts.extend(self.book.expire(now, job, inc))
         silent = now - v.data_seen
         if v.data_seen >= 0 and silent >= self.settings.incident_close_silent_s:
             reason = (f"job silent for {silent:.0f} s (no record from any rank): it ended, was killed, or lost "

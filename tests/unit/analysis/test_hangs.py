@@ -118,10 +118,12 @@ def test_h3_resolves_when_progress_resumes() -> None:
     for i in range(4):
         recs += stuck(probe, tp, i, k, 21.0 + 0.01 * i, 60.0, send=10 if i == 1 else 18, recv=10 if i == 2 else 18)
     recs += [(60.5, probe.rec(tp, i, k, Status.DONE, 21.0 + 0.01 * i, 60.5, 60.5, send=64, recv=64)) for i in range(4)]
-    verdicts = analyze_batches(batches_by_tick(recs))
+    # the clock runs on past incident_reopen_s (60 s): it resolves once the fault has stayed away that long
+    verdicts = analyze_batches(batches_by_tick(recs), then=[120.0, 121.5])
     states = [v.state for v in verdicts]
     assert states == [VerdictState.OPEN, VerdictState.RESOLVED]
     assert len({v.incident_id for v in verdicts}) == 1
+    assert verdicts[1].detected_time >= 60.5 + 60.0
 
 
 def test_hang_thresholds_are_configurable() -> None:

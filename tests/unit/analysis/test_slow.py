@@ -73,7 +73,7 @@ def test_slow_incident_resolves_when_ops_return_to_baseline() -> None:
     recs = healthy_steps(probe, tp, 20)
     recs += healthy_steps(probe, tp, 10, t0=40.0, late={1: 1.0})
     recs += healthy_steps(probe, tp, 15, t0=60.0)
-    vs = analyze_batches(batches_by_tick(recs))
+    vs = analyze_batches(batches_by_tick(recs), then=[150.0])  # past incident_reopen_s of quiet
     assert [v.state for v in vs] == [VerdictState.OPEN, VerdictState.RESOLVED]
     assert vs[0].incident_id == vs[1].incident_id
 

@@ -106,3 +106,15 @@ def test_bench_accuracy_cli_writes_report_and_png(tmp_path: Path, capsys: pytest
     assert out.with_suffix(".png").is_file()
     printed = capsys.readouterr().out
     assert "[1/2]" in printed and "[2/2]" in printed and "precision" in printed
+
+
+def test_a_fault_reported_as_three_incidents_counts_two_extra() -> None:
+    """A flapping link re-opened per episode: still matched (recall 1), but 3 incidents for 1 fault."""
+    scenarios = [sc("flap", [("S2", 5)]), sc("once", [("H1", 3)])]
+    verdicts = {
+        "flap": [v("a", "S2", (5, 6), 110), v("b", "S2", (5, 6), 150), v("c", "S2", (5, 6), 190)],
+        "once": [v("d", "H1", (3,), 125), v("d", "H1", (3,), 130, "update")],
+    }
+    o = score(scenarios, verdicts)["overall"]
+    assert o["recall"] == 1.0 and o["precision"] == 1.0
+    assert (o["incidents_per_fault_mean"], o["incidents_per_fault_max"], o["extra_incidents"]) == (2.0, 3, 2)

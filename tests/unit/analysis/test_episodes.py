@@ -1,0 +1,52 @@
+"""A flapping fault is one incident with episodes, not a page per episode (issue 16, item 6).
+
+A link that is slow for 15 s, fine for 25 s, slow again (three times): before, every on-phase
+opened a new incident on the same link. Now the incident stays open while its fault is away for
+less than ``incident_reopen_s`` (60 s), each return is an ``update`` counting the episodes, and it
+resolves once the fault has stayed away that long.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from ccld.producers.simulator.scenario import Scenario
+from ccld.producers.simulator.sim import simulate
+from ccld.records import Verdict
+from ccld.settings import AnalyzerSettings
+from ccld.streams.analysis.replay import analyze_batches
+
+
+def flapping(kind: str, rank: int, peer: int | None) -> Scenario:
+    fault: dict[str, object] = {"kind": kind, "rank": rank, "onset_s": 20.0, "on_s": 15.0, "off_s": 25.0,
+                                "factor": 0.25 if kind == "S2" else 4.0}
+    if peer is not None:
+        fault["peer"] = peer
+    return Scenario.from_dict({
+        "id": f"flap-{kind}", "seed": 7, "ranks": 16, "gpus_per_node": 8, "layout": {"tp": 4, "pp": 1, "dp": 4},
+        "channels": 2, "duration_s": 135.0, "clock_skew_s": 1.0, "jitter": 0.05,
+        "workload": {"microbatches": 4, "layers": 1, "layer_ms": 4.0},
+        "faults": [fault], "expect": [{"kind": kind, "rank": rank}],
+    })
+
+
+def run(sc: Scenario, reopen_s: float) -> list[Verdict]:
+    s = dataclasses.replace(AnalyzerSettings(), incident_reopen_s=reopen_s)
+    return analyze_batches(list(simulate(sc)), s, then=[sc.duration_s + 70.0])
+
+
+@pytest.mark.parametrize(("kind", "rank", "peer"), [("S2", 8, 9), ("S1", 5, None)])
+def test_a_flapping_fault_is_one_incident_whose_updates_count_the_episodes(kind: str, rank: int,
+                                                                           peer: int | None) -> None:
+    sc = flapping(kind, rank, peer)
+    before = {v.incident_id for v in run(sc, reopen_s=0.0) if v.state.value == "open"}
+    assert len(before) >= 2, "the fault did not flap enough to test anything"
+    got = run(sc, reopen_s=60.0)
+    assert len({v.incident_id for v in got}) == 1, [v.describe() for v in got]
+    assert [v.state.value for v in got][0] == "open" and got[-1].state.value == "resolved"
+    episodes = [int(v.details["episodes"]) for v in got if "episodes" in v.details]
+    assert episodes and max(episodes) == len(before), (episodes, len(before))
+    assert got[-1].details.get("episodes") == str(len(before))
+    assert rank in got[0].root_cause_ranks
