@@ -20,10 +20,12 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 from types import FrameType
 from typing import Any
 
 from ccld.producers.attach.bootstrap import child_env, write_site_dir
+from ccld.reachability import broker_reachable
 from ccld.settings import Settings
 
 #: how long the aggregator's last flush may take after the job exited (a dead broker costs this, once)
@@ -100,6 +102,66 @@ def main(args: argparse.Namespace, settings: Settings) -> int:
             aggregator.close(AGGREGATOR_CLOSE_S)  # logs its stats line
 
 
+class KafkaWatch:
+    """Tells the operator within seconds when nothing of the job reaches Kafka, and at the end how much did.
+
+    The job must never wait for us, so the job runs on either way; but "every record was lost", said
+    only when the job ends hours later, leaves an unmonitored job unnoticed. A daemon thread checks
+    ``WARN_AFTER_S`` after the start whether a broker answers at all (and, with the aggregator, whether
+    batches that came in went out), says so once, and says again when it recovers.
+    """
+
+    WARN_AFTER_S = 5.0
+    EVERY_S = 5.0
+
+    def __init__(self, bootstrap: str, aggregator: Any = None) -> None:
+        self.bootstrap = bootstrap
+        self.aggregator = aggregator
+        self.ever_reached = False
+        self.warned = False
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="ccld-run-kafka-watch", daemon=True)
+
+    def start(self) -> KafkaWatch:
+        self._thread.start()
+        return self
+
+    def _problem(self) -> str | None:
+        if not broker_reachable(self.bootstrap, 1.0):
+            return f"no Kafka broker answers at {self.bootstrap}"
+        self.ever_reached = True
+        st = getattr(self.aggregator, "stats", None)
+        if st is not None and st.received and not st.sent_batches:
+            return f"the ranks' records reach the host aggregator but none went out to Kafka at {self.bootstrap}"
+        return None
+
+    def _loop(self) -> None:
+        if self._stop.wait(self.WARN_AFTER_S):
+            return
+        while True:
+            problem = self._problem()
+            if problem and not self.warned:
+                print(f"ccld run: WARNING: {problem}: the job runs on, NOT monitored (check --bootstrap and that "
+                      f"the broker is up; records wait in the spool if CCLD_SPOOL_DIR is set)",
+                      file=sys.stderr, flush=True)
+                self.warned = True
+            elif not problem and self.warned:
+                print(f"ccld run: Kafka at {self.bootstrap} answers again: the job is monitored", file=sys.stderr,
+                      flush=True)
+                self.warned = False
+            if self._stop.wait(self.EVERY_S):
+                return
+
+    def stop(self) -> str:
+        """Stop watching; the one-line account of how much was monitored."""
+        self._stop.set()
+        st = getattr(self.aggregator, "stats", None)
+        sent = "" if st is None else f"; the host aggregator sent {st.sent_rows} rows in {st.sent_batches} messages"
+        if not self.ever_reached and not broker_reachable(self.bootstrap, 1.0):
+            return f"ccld run: nothing was monitored: Kafka at {self.bootstrap} never answered{sent}"
+        return f"ccld run: Kafka at {self.bootstrap} {'was not reachable at times' if self.warned else 'reached'}{sent}"
+
+
 def _run(cmd: list[str], args: argparse.Namespace, settings: Settings, sink: str, aggregator: Any) -> int:
     with tempfile.TemporaryDirectory(prefix="ccld-run-") as site_dir:
         env = prepare_env(
@@ -112,6 +174,8 @@ def _run(cmd: list[str], args: argparse.Namespace, settings: Settings, sink: str
         except OSError as exc:
             print(f"ccld run: cannot start {cmd[0]!r}: {exc}", file=sys.stderr)
             return 127
+        watch = KafkaWatch(settings.bootstrap, aggregator).start() if sink.partition(":")[0] in ("", "kafka") \
+            else None
 
         def forward(signum: int, _frame: FrameType | None) -> None:
             proc.send_signal(signum)
@@ -127,3 +191,5 @@ def _run(cmd: list[str], args: argparse.Namespace, settings: Settings, sink: str
         finally:
             for s, h in old.items():
                 signal.signal(s, h)
+            if watch is not None:
+                print(watch.stop(), file=sys.stderr, flush=True)

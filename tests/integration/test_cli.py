@@ -121,3 +121,22 @@ def test_simulate_without_a_broker_fails_within_its_connect_timeout() -> None:
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 2 and "no Kafka broker answered" in out, out
     assert time.monotonic() - t0 < 30, "simulate did not give up on a missing broker in bounded time"
+
+
+def test_ccld_run_against_a_dead_broker_says_so_within_seconds_and_the_job_is_not_hurt(tmp_path: Path) -> None:
+    """Issue 17: the job runs on (it must never be hurt), but the operator learns within ~5 s that
+    nothing is monitored, and at the end how much was."""
+    from ccld.stack.broker import free_port
+
+    dead = f"127.0.0.1:{free_port()}"
+    t0 = time.monotonic()
+    res = subprocess.run([sys.executable, "-P", "-m", "ccld.cli", "run", "--bootstrap", dead, "--job", "blind",
+                          "--", sys.executable, "-c", "import time, sys; time.sleep(8); sys.exit(3)"],
+                         capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    took = time.monotonic() - t0
+    assert res.returncode == 3, res.stderr  # the job's own exit code, untouched
+    warn = [line for line in res.stderr.splitlines() if "WARNING" in line and dead in line]
+    assert warn and "NOT monitored" in warn[0], res.stderr
+    assert res.stderr.strip().splitlines()[-1].startswith(f"ccld run: nothing was monitored: Kafka at {dead}") \
+        or f"nothing was monitored: Kafka at {dead}" in res.stderr, res.stderr
+    assert took < 30, took
