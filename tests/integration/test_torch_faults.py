@@ -297,3 +297,17 @@ def test_s2_one_ranks_link_is_throttled(
             assert v.root_cause_ranks == () and "cannot be named" in v.evidence, v.describe()
         finally:
             job.kill()
+
+
+def test_a_healthy_job_killed_all_at_once_gets_no_verdict(
+    fast: Settings, faulty_job: Callable[[list[str]], LocalJob]
+) -> None:
+    """A scheduler's cancel: every rank SIGKILLed mid-run, no goodbye (issue 18, item 4). Ops in flight at
+    the kill stop with their ranks; that is the job's end, not a hang (``analyzer_cut_min_s``)."""
+    job = faulty_job(["--compute-ms", "20", "--duration-s", "60", "--mix"])
+    assert job.wait_for_line(0, "ready", 40), job_logs(job)
+    time.sleep(10)  # running: all_reduce, other collectives and ring p2p in flight all the time
+    job.kill()
+    # past every hang threshold of ``fast`` (5 s) several times over
+    got = collect_verdicts(fast, 25)
+    assert got == [], [v.describe() for v in got]
