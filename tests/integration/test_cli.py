@@ -140,3 +140,20 @@ def test_ccld_run_against_a_dead_broker_says_so_within_seconds_and_the_job_is_no
     assert res.stderr.strip().splitlines()[-1].startswith(f"ccld run: nothing was monitored: Kafka at {dead}") \
         or f"nothing was monitored: Kafka at {dead}" in res.stderr, res.stderr
     assert took < 30, took
+
+
+def test_ccld_topics_refuses_to_leave_workers_idle_on_a_topic_with_too_few_partitions(ccld_settings: Settings) -> None:
+    """The compose `topics` service exited 0 with a warning when the metrics topic already had fewer
+    partitions than configured, so `--scale worker=N` left workers idle. Now it adds them, or (a broker
+    that cannot add partitions, like Tansu) fails with one line saying what to do (issue 17, item 7)."""
+    have = ccld_settings.metrics_partitions
+    res = subprocess.run([sys.executable, "-P", "-m", "ccld.cli", "topics", "--bootstrap", ccld_settings.bootstrap,
+                          "--topic-prefix", ccld_settings.topic_prefix, "--set", f"metrics_partitions={have + 2}"],
+                         capture_output=True, text=True, timeout=60)
+    if res.returncode == 0:  # a broker that grows topics (Apache Kafka): then it really has them now
+        assert f"{ccld_settings.metrics_topic}: {have + 2} partitions" in res.stdout, res.stdout + res.stderr
+    else:
+        assert res.returncode == 2, res.stderr
+        line = res.stderr.strip().splitlines()[-1]
+        assert f"topic {ccld_settings.metrics_topic} has {have} partitions, the settings ask for {have + 2}" in line
+        assert "Traceback" not in res.stderr
