@@ -326,13 +326,15 @@ class MetricsProducer:
             self._counters["failed_records"] += records
             self._counters["delivery_failures"] += messages
 
-    def _on_delivery(self, err: KafkaError | None, msg: Message, records: int) -> None:
+    def _on_delivery(self, err: KafkaError | None, msg: Message, records: int, stamp_ms: int) -> None:
         with self._count_lock:
             self._in_flight -= records
         if err is None:
             self._count(delivered_records=records)
             return
-        if self._spool_replay.take_undelivered(err, msg, records):  # spooled (or counted spool-lost)
+        # a failed delivery report carries no timestamp (librdkafka says "not available"): the spool
+        # keeps the one the message was produced with, or a replay would stamp it with the replay's time
+        if self._spool_replay.take_undelivered(err, msg, records, stamp_ms):  # spooled (or counted spool-lost)
             return
         code = err.code()
         self._lose("expired_records" if code == KafkaError._MSG_TIMED_OUT else "error_records", records, messages=1)
@@ -369,10 +371,12 @@ class MetricsProducer:
             "value": encode_batch(batch),
             "key": batch_key(batch),
             "partition": metrics_partition(batch.job, batch.comm_hash, partitions, groups),
-            "on_delivery": lambda err, msg: self._on_delivery(err, msg, n),
         }
         if timestamp_ms is not None:
             kwargs["timestamp"] = int(timestamp_ms)
+        # librdkafka would stamp the message now (CreateTime); the same time, known here for a spooled copy
+        stamp = int(timestamp_ms) if timestamp_ms is not None else int(time.time() * 1000)
+        kwargs["on_delivery"] = lambda err, msg: self._on_delivery(err, msg, n, stamp)
         deadline = time.monotonic() + block_s
         while True:
             try:

@@ -274,7 +274,7 @@ class SpoolReplay:
         self._outage = True
         return self.keep(msg)
 
-    def take_undelivered(self, err: KafkaError, msg: Message, records: int) -> bool:
+    def take_undelivered(self, err: KafkaError, msg: Message, records: int, stamp_ms: int | None = None) -> bool:
         """A delivery report with ``err``: spool the message when the broker only did not take it (yet).
 
         True when the spool took charge of it (kept, or counted ``spool_lost_records`` when full);
@@ -289,7 +289,8 @@ class SpoolReplay:
             self._outage = True
             self._purge_wanted = True  # the rest of librdkafka's queue follows, in order, not piecemeal
         ts_type, ts = msg.timestamp()
-        stamp = ts if ts_type == TIMESTAMP_CREATE_TIME else None
+        # the producer's own record of the stamp first: a failed delivery report has none (type "not available")
+        stamp = stamp_ms if stamp_ms is not None else ts if ts_type == TIMESTAMP_CREATE_TIME else None
         part = msg.partition()  # None (or -1) when librdkafka never picked one: the replay derives it from the key
         self.keep(SpooledMessage(key=msg.key() or b"", value=msg.value() or b"", partition=-1 if part is None else part,
                                  records=records, timestamp_ms=stamp))

@@ -46,7 +46,7 @@ def producer(tmp_path: Path, spool: bool) -> MetricsProducer:
 def test_each_delivery_failure_is_counted_once(tmp_path: Path, code: int, spool: bool, counter: str) -> None:
     p = producer(tmp_path, spool)
     p._in_flight = 10  # as if one message of 10 records had been handed to librdkafka
-    p._on_delivery(KafkaError(code), DeliveredMessage(), 10)
+    p._on_delivery(KafkaError(code), DeliveredMessage(), 10, 0)
     st = p.stats
     assert st[counter] == 10 and st["in_flight_records"] == 0
     assert st["lost_records"] == (0 if counter == "spooled_records" else 10)
@@ -55,7 +55,7 @@ def test_each_delivery_failure_is_counted_once(tmp_path: Path, code: int, spool:
 def test_a_delivered_message_is_counted(tmp_path: Path) -> None:
     p = producer(tmp_path, False)
     p._in_flight = 3
-    p._on_delivery(None, DeliveredMessage(), 3)
+    p._on_delivery(None, DeliveredMessage(), 3, 0)
     assert p.stats["delivered_records"] == 3 and p.lost_records == 0
 
 

@@ -13,12 +13,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import TIMESTAMP_CREATE_TIME, KafkaError, KafkaException
+from confluent_kafka import TIMESTAMP_CREATE_TIME, TIMESTAMP_NOT_AVAILABLE, KafkaError, KafkaException
 
 from ccld.producers.kafka import MetricsProducer
 from ccld.producers.spool import SpooledMessage
 from ccld.producers.spool_replay import SpoolReplay
+from ccld.records import KernelBatch
 from ccld.settings import Settings
+from factories import make_kernel_record
 
 #: what the stand-in broker answers for a message key: None (delivered) or an error
 Verdict = Callable[[bytes], KafkaError | None]
@@ -31,8 +33,9 @@ def key(i: int) -> bytes:
 class Reported:
     """A message as a delivery callback sees it."""
 
-    def __init__(self, k: bytes, value: bytes = b"v") -> None:
+    def __init__(self, k: bytes, value: bytes = b"v", *, failed: bool = False) -> None:
         self._k, self._v = k, value
+        self._failed = failed  # librdkafka's report of a failed delivery has no timestamp
 
     def key(self) -> bytes:
         return self._k
@@ -44,7 +47,7 @@ class Reported:
         return 0
 
     def timestamp(self) -> tuple[int, int]:
-        return TIMESTAMP_CREATE_TIME, 1234
+        return (TIMESTAMP_NOT_AVAILABLE, -1) if self._failed else (TIMESTAMP_CREATE_TIME, 1234)
 
 
 class StandInClient:
@@ -54,6 +57,7 @@ class StandInClient:
         self.verdict = verdict
         self.refuse = refuse  # an error here is raised by produce() itself, as librdkafka does for oversize
         self.produced: list[bytes] = []  # every produce call, retries included
+        self.stamps: list[int | None] = []  # the timestamp of each produce call
         self.delivered: list[bytes] = []
         self._reports: list[tuple[Any, bytes]] = []
 
@@ -63,6 +67,7 @@ class StandInClient:
         if err is not None:
             raise KafkaException(err)
         self.produced.append(key)
+        self.stamps.append(timestamp)
         self._reports.append((on_delivery, key))
 
     def poll(self, timeout: float = 0) -> int:
@@ -71,7 +76,7 @@ class StandInClient:
             err = self.verdict(k)
             if err is None:
                 self.delivered.append(k)
-            cb(err, Reported(k))
+            cb(err, Reported(k, failed=err is not None))
         return len(reports)
 
     def flush(self, timeout: float = 0) -> int:
@@ -227,7 +232,7 @@ def test_a_full_spool_keeps_the_oldest_and_counts_the_refused(tmp_path: Path) ->
     n = fits + 4
     p._in_flight = 3 * n
     for i in range(n):  # the broker is away: every message expires and goes to the spool
-        p._on_delivery(KafkaError(KafkaError._MSG_TIMED_OUT), Reported(key(i), b"x" * 1000), 3)
+        p._on_delivery(KafkaError(KafkaError._MSG_TIMED_OUT), Reported(key(i), b"x" * 1000), 3, 1234)
     st = p.stats
     assert st["spooled_records"] == 3 * fits and st["spooled_in_records"] == 3 * fits
     assert st["spool_lost_records"] == 3 * 4 and st["lost_records"] == 3 * 4 and st["delivery_failures"] == 4
@@ -254,3 +259,24 @@ def test_records_past_the_age_limit_are_discarded_oldest_first_and_counted(
     assert st["replayed_records"] == 4 + 5 + 6 and st["spooled_records"] == 0
     assert "spool-lost 6" in p.stats_line()
     assert any("discarded" in r.getMessage() and "older than 60 s" in r.getMessage() for r in caplog.records)
+
+
+def test_a_message_spooled_after_a_failed_delivery_is_replayed_with_its_own_timestamp(tmp_path: Path) -> None:
+    """librdkafka's report of a failed delivery carries no timestamp: the spooled copy took none, and the
+    replay was stamped with the replay's time (a simulated job's verdicts came out in wall-clock seconds
+    after an outage; a live job's clock jumped). The producer keeps the stamp it produced with."""
+    first = [True]
+
+    def once_down(_k: bytes) -> KafkaError | None:
+        if first[0]:
+            first[0] = False
+            return KafkaError(KafkaError._MSG_TIMED_OUT)
+        return None
+
+    client = StandInClient(verdict=once_down)
+    p = producer(tmp_path, client)
+    batch = KernelBatch.from_records([make_kernel_record(rank=r, comm_rank=r) for r in range(4)])
+    assert p.send_batch(batch, timestamp_ms=777_000, block_s=0.0)  # the broker does not take it: spooled
+    replay(p, client)
+    assert p.stats["spooled_in_records"] == 4 and p.stats["replayed_records"] == 4
+    assert client.stamps == [777_000, 777_000], client.stamps
