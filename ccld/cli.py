@@ -60,6 +60,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "sink": ("ccld.sinks.sink_command", "archive metrics and verdicts to Parquet"),
     "archive": ("ccld.sinks.archive_command", "inspect a Parquet archive (archive summary DIR)"),
     "verdicts": ("ccld.streams.tail", "tail the verdicts topic"),
+    "status": ("ccld.streams.status_command", "a job's live status: ranks by what they do, who waits for whom"),
     "alert": ("ccld.sinks.alert_command", "deliver verdicts to Alertmanager and/or a webhook"),
     "simulate": ("ccld.producers.simulator.simulate_command", "run a simulated training job with injected faults"),
     "bench": ("ccld.stack.bench", "benchmarks (bench accuracy --scenarios FILE)"),

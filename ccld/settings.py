@@ -112,6 +112,7 @@ class Settings:
     sink_max_age_s: float = 10.0  # flush a partial file after this long
     worker_app_id: str = "ccld-worker"  # Faust app id (consumer group and changelog names)
     worker_web_port: int = 0  # 0: no web server
+    status_workers: str = ""  # `ccld status`: the workers' web addresses, comma-separated (empty: this machine's)
     worker_tick_s: float = 1.0  # how often the worker re-evaluates open operations
     worker_commit_interval_s: float = 2.8  # how often the worker commits consumed offsets
     worker_shutdown_grace_s: float = 30.0  # after SIGTERM/SIGINT the worker exits anyway after this long

@@ -38,6 +38,7 @@ from typing import Any
 import faust
 from confluent_kafka import KafkaException
 from faust.types import TopicT
+from faust.web import Request, Response, View
 
 from ccld.errors import CcldError
 from ccld.records import DeadLetter, Verdict, job_partition
@@ -47,6 +48,7 @@ from ccld.streams.lag import LagWatch
 from ccld.streams.processor import Output, PartitionProcessor, ProcessorOptions
 from ccld.streams.recovery import read_partition, topic_id, verdict_keys_on_topic
 from ccld.streams.stage_processor import StageProcessor
+from ccld.streams.status import job_status, merge
 from ccld.streams.worker_state import P, WorkerState
 from ccld.topics import ensure_topics
 
@@ -172,6 +174,22 @@ class WorkerApp:
         app.timer(TOPIC_CHECK_EVERY_S)(self._watch_topics)
         app.timer(self.settings.worker_tick_s)(self._tick)
         app.on_before_shutdown.connect(self._on_shutdown)
+
+        async def status_page(view: View, request: Request) -> Response:  # a Faust view's get(): (view, request)
+            return view.json(self._status_body(request.query.get("job")))
+
+        app.page("/status/")(status_page)  # `ccld status`: served when the web server is on
+
+    def _status_body(self, job: str | None) -> dict[str, Any]:
+        """``/status/?job=J``: that job's live status (``streams.status``); without ``job``, the jobs held here."""
+        parts: list[dict[str, Any]] = []
+        for proc in list(self.state.processors.values()):
+            for name, j in list(proc.jobs.items()):
+                if job is None:
+                    parts.append({"job": name, "now": j.clock.now_s})
+                elif name == job:
+                    parts.append(job_status(j.analyzer, job, j.clock.extrapolated(time.time())))
+        return {"jobs": parts} if job is None else merge(parts) if parts else {"job": job, "comms": []}
 
     # -- the agents: decode, delegate to the processor, deliver its output ------------------------------
 

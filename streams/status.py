@@ -1,0 +1,197 @@
+"""`ccld status`: which op every rank of a job is on now, who waits for whom, and the open incidents.
+
+The question NCCL users ask first when a job stalls. Answered from the analyzer's live state (pure:
+``job_status`` reads an ``Analyzer``; the worker serves it as JSON on ``/status``, and ``ccld status``
+merges the answers of every worker of a split job and prints them). Ranks are grouped, never listed
+one per line: "ranks 0-1023 inside all_reduce #48211 of 9f3c... for 12.4 s" fits a screen at 4,096
+ranks as it does at 4.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from ccld.records import OpType
+from ccld.streams.analysis.analyzer import Analyzer
+
+#: groups of ranks shown per communicator (the rest are counted)
+GROUPS_MAX = 6
+
+
+def ranges(ranks: Iterable[int]) -> str:
+    """``0-3,8,10-11``: a rank list as ranges, sorted."""
+    rs = sorted(set(ranks))
+    out: list[str] = []
+    i = 0
+    while i < len(rs):
+        j = i
+        while j + 1 < len(rs) and rs[j + 1] == rs[j] + 1:
+            j += 1
+        out.append(str(rs[i]) if i == j else f"{rs[i]}-{rs[j]}")
+        i = j + 1
+    return ",".join(out)
+
+
+def _op_name(op: int) -> str:
+    try:
+        return OpType(op).name.lower()
+    except ValueError:
+        return f"op{op}"
+
+
+def job_status(analyzer: Analyzer, job: str, now: float) -> dict[str, Any]:
+    """The status of ``job`` (its newest incarnation this analyzer holds) as JSON-ready data; empty ``comms``
+    when the analyzer has none of it. Applies nothing: what the last evaluation saw."""
+    keys = [k for k in analyzer.jobs if k[0] == job]
+    if not keys:
+        return {"job": job, "incarnation": None, "now": now, "comms": [], "waits": [], "incidents": []}
+    key = max(keys, key=lambda k: k[1])
+    ja = analyzer.jobs[key]
+    js = ja.js
+    comms: list[dict[str, Any]] = []
+    for cid in range(js.n_comms):
+        off, size = int(js.c_off[cid]), int(js.c_size[cid])
+        if size == 0:
+            continue
+        sl = slice(off, off + size)
+        groups: dict[tuple[int, int, bool], list[int]] = defaultdict(list)
+        for g, seq, op, done in zip(js.m_grank[sl].tolist(), js.m_seq[sl].tolist(), js.m_op[sl].tolist(),
+                                    js.m_done[sl].tolist(), strict=True):
+            if g >= 0:
+                groups[(seq, op, bool(done))].append(g)
+        progress = float(js.c_progress_now[cid])
+        rows = [{"ranks": ranges(rs), "n": len(rs), "op_seq": seq, "op": _op_name(op),
+                 "state": "done" if done else "inside"}
+                for (seq, op, done), rs in sorted(groups.items(), key=lambda kv: (-kv[0][0], kv[0][2]))]
+        comms.append({
+            "communicator": js.comm_hex(cid), "size": size, "newest_op_seq": max((r["op_seq"] for r in rows),
+                                                                                  default=-1),
+            "inside": int(js.c_inside[cid]),
+            "stalled_s": round(now - progress, 1) if js.c_inside[cid] > 0 and progress >= 0 else 0.0,
+            "groups": rows[:GROUPS_MAX], "more_groups": max(0, len(rows) - GROUPS_MAX),
+        })
+    comms.sort(key=lambda c: (-c["stalled_s"], c["communicator"]))
+    view = analyzer.stage.views.get(key)
+    waits = []
+    for root, st in (view.roots if view is not None else []):
+        waits.append({"kind": root.kind.value, "roots": ranges(root.roots), "waiting": ranges(root.affected),
+                      "n_waiting": len(root.affected), "communicator": st.comm, "op_seq": root.diag.seq,
+                      "op": root.diag.op_name, "stalled_s": round(now - st.onset, 1)})
+    incidents = [{"incident_id": inc.incident_id, "kind": inc.last.kind.value,
+                  "roots": ranges(inc.last.root_cause_ranks), "hosts": list(inc.last.root_cause_hosts),
+                  "since": inc.first.onset_time, "quiet": inc.quiet_since is not None, "evidence": inc.last.evidence}
+                 for inc in analyzer.book.open.values() if (inc.first.job, inc.first.incarnation) == key]
+    return {"job": job, "incarnation": key[1], "now": now, "ranks": int(np.unique(js.m_grank[js.m_grank >= 0]).size),
+            "doing": _doing(analyzer, key, now), "comms": comms, "waits": waits, "incidents": incidents}
+
+
+def _doing(analyzer: Analyzer, key: tuple[str, int], now: float) -> list[dict[str, Any]]:
+    """Every rank by what it does now: waiting in a stalled op, inside a moving one, or in no collective."""
+    js = analyzer.jobs[key].js
+    wait_s = analyzer.settings.wait_edge_min_s
+    inside = ~js.m_done & (js.m_grank >= 0)
+    stalled_c = (js.c_inside > 0) & (now - js.c_progress_now >= wait_s)
+    per_rank: dict[int, tuple[str, str]] = {}
+    for g, cid, op in zip(js.m_grank[inside].tolist(), js.m_cid[inside].tolist(), js.m_op[inside].tolist(),
+                          strict=True):
+        state = "waiting in a stalled op" if stalled_c[cid] else "inside a moving op"
+        prev = per_rank.get(g)
+        if prev is None or (prev[0] != state and state.startswith("waiting")):
+            per_rank[g] = (state, _op_name(op))
+    everyone = set(np.unique(js.m_grank[js.m_grank >= 0]).tolist())
+    groups: dict[tuple[str, str], list[int]] = defaultdict(list)
+    for g in everyone:
+        state, op = per_rank.get(g, ("in no collective", ""))
+        groups[(state, op)].append(g)
+    order = {"in no collective": 0, "waiting in a stalled op": 1, "inside a moving op": 2}
+    return [{"state": st, "op": op, "ranks": ranges(rs), "n": len(rs)}
+            for (st, op), rs in sorted(groups.items(), key=lambda kv: (order[kv[0][0]], -len(kv[1]), kv[0][1]))]
+
+
+def merge(parts: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """One status from the answers of several workers (a job spread over partitions): the newest
+    incarnation's communicators, waits and incidents of every part, each once."""
+    known = [p for p in parts if p.get("incarnation") is not None]
+    if not known:
+        return dict(parts[0]) if parts else {}
+    inc = max(int(p["incarnation"]) for p in known)
+    mine = [p for p in known if int(p["incarnation"]) == inc]
+    seen: set[str] = set()
+    comms = []
+    for p in mine:
+        for c in p["comms"]:
+            if c["communicator"] not in seen:
+                seen.add(c["communicator"])
+                comms.append(c)
+    comms.sort(key=lambda c: (-c["stalled_s"], c["communicator"]))
+    waits = list({(w["roots"], w["communicator"], w["op_seq"]): w for p in mine for w in p["waits"]}.values())
+    incidents = list({i["incident_id"]: i for p in mine for i in p["incidents"]}.values())
+    return {"job": mine[0]["job"], "incarnation": inc, "now": max(float(p["now"]) for p in mine),
+            "ranks": max(int(p.get("ranks", 0)) for p in mine), "doing": _merge_doing(mine), "comms": comms,
+            "waits": waits, "incidents": incidents}
+
+
+def _merge_doing(parts: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """A rank seen by several workers is what its most telling part says (waiting over moving over idle)."""
+    order = {"in no collective": 2, "inside a moving op": 1, "waiting in a stalled op": 0}
+    best: dict[int, tuple[str, str]] = {}
+    for p in parts:
+        for d in p.get("doing", []):
+            for r in _expand(d["ranks"]):
+                cur = best.get(r)
+                if cur is None or order[d["state"]] < order[cur[0]]:
+                    best[r] = (d["state"], d["op"])
+    groups: dict[tuple[str, str], list[int]] = defaultdict(list)
+    for r, k in best.items():
+        groups[k].append(r)
+    back = {"in no collective": 0, "waiting in a stalled op": 1, "inside a moving op": 2}
+    return [{"state": st, "op": op, "ranks": ranges(rs), "n": len(rs)}
+            for (st, op), rs in sorted(groups.items(), key=lambda kv: (back[kv[0][0]], -len(kv[1]), kv[0][1]))]
+
+
+def _expand(text: str) -> list[int]:
+    out: list[int] = []
+    for part in filter(None, text.split(",")):
+        lo, _, hi = part.partition("-")
+        out.extend(range(int(lo), int(hi or lo) + 1))
+    return out
+
+
+def render(status: Mapping[str, Any], comms_max: int = 12) -> str:
+    """The status as lines a person reads on one screen."""
+    if not status.get("comms"):
+        return f"job {status.get('job')}: no worker holds it (not started, finished, or another --job name)"
+    lines = [f"job {status['job']} (incarnation {status['incarnation']}): {status.get('ranks', '?')} ranks, "
+             f"{len(status['comms'])} communicators"]
+    lines.append("ranks now:")
+    for d in status.get("doing", []):
+        lines.append(f"  {d['n']} ranks ({d['ranks']}): {d['state']}" + (f" ({d['op']})" if d["op"] else ""))
+    if status["incidents"]:
+        lines.append("open incidents:")
+        for i in status["incidents"]:
+            hosts = f" on {','.join(i['hosts'])}" if i["hosts"] else ""
+            quiet = " (its fault is away; resolves if it stays away)" if i["quiet"] else ""
+            lines.append(f"  {i['kind']} ranks {i['roots']}{hosts} [{i['incident_id']}]{quiet}: {i['evidence']}")
+    if status["waits"]:
+        lines.append("who waits for whom:")
+        for w in status["waits"]:
+            lines.append(f"  {w['n_waiting']} ranks ({w['waiting']}) wait for ranks {w['roots']} ({w['kind']}): "
+                         f"{w['op']} #{w['op_seq']} of {w['communicator']}, stalled {w['stalled_s']} s")
+    lines.append("communicators (stalled first):")
+    for c in status["comms"][:comms_max]:
+        head = f"  {c['communicator']} ({c['size']} ranks)"
+        head += f": stalled {c['stalled_s']} s" if c["stalled_s"] > 0 else ": moving"
+        lines.append(head)
+        for g in c["groups"]:
+            lines.append(f"    ranks {g['ranks']}: {g['state']} {g['op']} #{g['op_seq']}")
+        if c["more_groups"]:
+            lines.append(f"    ... and {c['more_groups']} more groups")
+    if len(status["comms"]) > comms_max:
+        lines.append(f"  ... and {len(status['comms']) - comms_max} more communicators, all moving"
+                     if all(c["stalled_s"] == 0 for c in status["comms"][comms_max:])
+                     else f"  ... and {len(status['comms']) - comms_max} more communicators")
+    return "\n".join(lines)
