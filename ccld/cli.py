@@ -59,6 +59,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "worker": ("ccld.streams.worker", "run the Faust stream processor that emits verdicts"),
     "sink": ("ccld.sinks.sink_command", "archive metrics and verdicts to Parquet"),
     "archive": ("ccld.sinks.archive_command", "inspect a Parquet archive (archive summary DIR)"),
+    "report": ("ccld.sinks.report_command", "one self-contained HTML page about an incident, from the archive"),
     "verdicts": ("ccld.streams.tail", "tail the verdicts topic"),
     "status": ("ccld.streams.status_command", "a job's live status: ranks by what they do, who waits for whom"),
     "alert": ("ccld.sinks.alert_command", "deliver verdicts to Alertmanager and/or a webhook"),
