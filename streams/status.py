@@ -20,6 +20,10 @@ from ccld.streams.analysis.analyzer import Analyzer
 
 #: groups of ranks shown per communicator (the rest are counted)
 GROUPS_MAX = 6
+#: communicators listed (stalled ones, longest stall first; the moving ones are counted)
+COMMS_MAX = 50
+#: ranks spelled out in one group of a communicator (a strided data-parallel group would be 128 numbers)
+GROUP_RANKS_MAX = 16
 
 
 def ranges(ranks: Iterable[int]) -> str:
@@ -34,6 +38,16 @@ def ranges(ranks: Iterable[int]) -> str:
         out.append(str(rs[i]) if i == j else f"{rs[i]}-{rs[j]}")
         i = j + 1
     return ",".join(out)
+
+
+def short_ranges(ranks: Sequence[int], limit: int = GROUP_RANKS_MAX) -> str:
+    """``ranges`` when that is short, else the first ``limit`` ranks and a count: a strided group of a
+    4,096-rank job (13,45,77,...) does not fill the screen."""
+    text = ranges(ranks)
+    if text.count(",") < limit:
+        return text
+    rs = sorted(set(ranks))
+    return f"{ranges(rs[:limit])},... ({len(rs)} ranks)"
 
 
 def _op_name(op: int) -> str:
@@ -52,26 +66,27 @@ def job_status(analyzer: Analyzer, job: str, now: float) -> dict[str, Any]:
     key = max(keys, key=lambda k: k[1])
     ja = analyzer.jobs[key]
     js = ja.js
+    # only the stalled communicators are listed (a 4,096-rank job has thousands; the moving ones are
+    # counted): the analyzer's own per-communicator arrays say which, without a pass over the members
+    inside, progress = js.c_inside[: js.n_comms], js.c_progress_now[: js.n_comms]
+    stalled = np.flatnonzero((inside > 0) & (progress >= 0) & (now - progress >= analyzer.settings.wait_edge_min_s))
+    stalled = stalled[np.argsort(progress[stalled], kind="stable")][:COMMS_MAX]
     comms: list[dict[str, Any]] = []
-    for cid in range(js.n_comms):
+    for cid in stalled.tolist():
         off, size = int(js.c_off[cid]), int(js.c_size[cid])
-        if size == 0:
-            continue
         sl = slice(off, off + size)
         groups: dict[tuple[int, int, bool], list[int]] = defaultdict(list)
         for g, seq, op, done in zip(js.m_grank[sl].tolist(), js.m_seq[sl].tolist(), js.m_op[sl].tolist(),
                                     js.m_done[sl].tolist(), strict=True):
             if g >= 0:
                 groups[(seq, op, bool(done))].append(g)
-        progress = float(js.c_progress_now[cid])
-        rows = [{"ranks": ranges(rs), "n": len(rs), "op_seq": seq, "op": _op_name(op),
+        rows = [{"ranks": short_ranges(rs), "n": len(rs), "op_seq": seq, "op": _op_name(op),
                  "state": "done" if done else "inside"}
                 for (seq, op, done), rs in sorted(groups.items(), key=lambda kv: (-kv[0][0], kv[0][2]))]
         comms.append({
             "communicator": js.comm_hex(cid), "size": size, "newest_op_seq": max((r["op_seq"] for r in rows),
                                                                                   default=-1),
-            "inside": int(js.c_inside[cid]),
-            "stalled_s": round(now - progress, 1) if js.c_inside[cid] > 0 and progress >= 0 else 0.0,
+            "inside": int(js.c_inside[cid]), "stalled_s": round(now - float(progress[cid]), 1),
             "groups": rows[:GROUPS_MAX], "more_groups": max(0, len(rows) - GROUPS_MAX),
         })
     comms.sort(key=lambda c: (-c["stalled_s"], c["communicator"]))
@@ -85,31 +100,37 @@ def job_status(analyzer: Analyzer, job: str, now: float) -> dict[str, Any]:
                   "roots": ranges(inc.last.root_cause_ranks), "hosts": list(inc.last.root_cause_hosts),
                   "since": inc.first.onset_time, "quiet": inc.quiet_since is not None, "evidence": inc.last.evidence}
                  for inc in analyzer.book.open.values() if (inc.first.job, inc.first.incarnation) == key]
+    n_comms = int((js.c_size[: js.n_comms] > 0).sum())
     return {"job": job, "incarnation": key[1], "now": now, "ranks": int(np.unique(js.m_grank[js.m_grank >= 0]).size),
-            "doing": _doing(analyzer, key, now), "comms": comms, "waits": waits, "incidents": incidents}
+            "communicators": n_comms, "moving": n_comms - int(stalled.size), "doing": _doing(analyzer, key, now),
+            "comms": comms, "waits": waits, "incidents": incidents}
 
 
 def _doing(analyzer: Analyzer, key: tuple[str, int], now: float) -> list[dict[str, Any]]:
-    """Every rank by what it does now: waiting in a stalled op, inside a moving one, or in no collective."""
+    """Every rank by what it does now: waiting in a stalled op, inside a moving one, or in no collective.
+
+    One numpy pass over the members (a 4,096-rank job has tens of thousands): each rank takes its most
+    telling state over its communicators (waiting over moving over none), and the op it is in there."""
     js = analyzer.jobs[key].js
-    wait_s = analyzer.settings.wait_edge_min_s
-    inside = ~js.m_done & (js.m_grank >= 0)
-    stalled_c = (js.c_inside > 0) & (now - js.c_progress_now >= wait_s)
-    per_rank: dict[int, tuple[str, str]] = {}
-    for g, cid, op in zip(js.m_grank[inside].tolist(), js.m_cid[inside].tolist(), js.m_op[inside].tolist(),
-                          strict=True):
-        state = "waiting in a stalled op" if stalled_c[cid] else "inside a moving op"
-        prev = per_rank.get(g)
-        if prev is None or (prev[0] != state and state.startswith("waiting")):
-            per_rank[g] = (state, _op_name(op))
-    everyone = set(np.unique(js.m_grank[js.m_grank >= 0]).tolist())
+    m = js.n_members
+    grank, cid, op = js.m_grank[:m], js.m_cid[:m], js.m_op[:m]
+    known = grank >= 0
+    inside = known & ~js.m_done[:m] & (cid >= 0)
+    stalled_c = (js.c_inside > 0) & (now - js.c_progress_now >= analyzer.settings.wait_edge_min_s)
+    # state code per member: 0 in no collective, 1 inside a moving op, 2 waiting in a stalled one
+    code = np.where(inside, np.where(stalled_c[np.where(cid >= 0, cid, 0)], 2, 1), 0)
+    n = int(grank[known].max(initial=-1)) + 1
+    best = np.full(n, -1, dtype=np.int64)
+    np.maximum.at(best, grank[known], code[known] * 256 + np.where(inside[known], op[known] & 0xFF, 0))
+    names = {0: "in no collective", 1: "inside a moving op", 2: "waiting in a stalled op"}
     groups: dict[tuple[str, str], list[int]] = defaultdict(list)
-    for g in everyone:
-        state, op = per_rank.get(g, ("in no collective", ""))
-        groups[(state, op)].append(g)
+    present = np.flatnonzero(best >= 0)
+    for g, v in zip(present.tolist(), best[present].tolist(), strict=True):
+        c = v >> 8
+        groups[(names[c], _op_name(v & 0xFF) if c else "")].append(g)
     order = {"in no collective": 0, "waiting in a stalled op": 1, "inside a moving op": 2}
-    return [{"state": st, "op": op, "ranks": ranges(rs), "n": len(rs)}
-            for (st, op), rs in sorted(groups.items(), key=lambda kv: (order[kv[0][0]], -len(kv[1]), kv[0][1]))]
+    return [{"state": st, "op": o, "ranks": ranges(rs), "n": len(rs)}
+            for (st, o), rs in sorted(groups.items(), key=lambda kv: (order[kv[0][0]], -len(kv[1]), kv[0][1]))]
 
 
 def merge(parts: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
@@ -131,7 +152,9 @@ def merge(parts: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     waits = list({(w["roots"], w["communicator"], w["op_seq"]): w for p in mine for w in p["waits"]}.values())
     incidents = list({i["incident_id"]: i for p in mine for i in p["incidents"]}.values())
     return {"job": mine[0]["job"], "incarnation": inc, "now": max(float(p["now"]) for p in mine),
-            "ranks": max(int(p.get("ranks", 0)) for p in mine), "doing": _merge_doing(mine), "comms": comms,
+            "ranks": max(int(p.get("ranks", 0)) for p in mine), "communicators": sum(int(p.get("communicators", 0))
+                                                                                     for p in mine),
+            "moving": sum(int(p.get("moving", 0)) for p in mine), "doing": _merge_doing(mine), "comms": comms,
             "waits": waits, "incidents": incidents}
 
 
@@ -163,13 +186,14 @@ def _expand(text: str) -> list[int]:
 
 def render(status: Mapping[str, Any], comms_max: int = 12) -> str:
     """The status as lines a person reads on one screen."""
-    if not status.get("comms"):
+    if status.get("incarnation") is None:
         return f"job {status.get('job')}: no worker holds it (not started, finished, or another --job name)"
     lines = [f"job {status['job']} (incarnation {status['incarnation']}): {status.get('ranks', '?')} ranks, "
-             f"{len(status['comms'])} communicators"]
+             f"{status.get('communicators', len(status['comms']))} communicators, {status.get('moving', 0)} moving"]
     lines.append("ranks now:")
     for d in status.get("doing", []):
-        lines.append(f"  {d['n']} ranks ({d['ranks']}): {d['state']}" + (f" ({d['op']})" if d["op"] else ""))
+        shown = short_ranges(_expand(d["ranks"]), 24) if d["ranks"].count(",") >= 24 else d["ranks"]
+        lines.append(f"  {d['n']} ranks ({shown}): {d['state']}" + (f" ({d['op']})" if d["op"] else ""))
     if status["incidents"]:
         lines.append("open incidents:")
         for i in status["incidents"]:
@@ -181,7 +205,7 @@ def render(status: Mapping[str, Any], comms_max: int = 12) -> str:
         for w in status["waits"]:
             lines.append(f"  {w['n_waiting']} ranks ({w['waiting']}) wait for ranks {w['roots']} ({w['kind']}): "
                          f"{w['op']} #{w['op_seq']} of {w['communicator']}, stalled {w['stalled_s']} s")
-    lines.append("communicators (stalled first):")
+    lines.append("stalled communicators (longest first):" if status["comms"] else "no communicator is stalled")
     for c in status["comms"][:comms_max]:
         head = f"  {c['communicator']} ({c['size']} ranks)"
         head += f": stalled {c['stalled_s']} s" if c["stalled_s"] > 0 else ": moving"
@@ -191,7 +215,5 @@ def render(status: Mapping[str, Any], comms_max: int = 12) -> str:
         if c["more_groups"]:
             lines.append(f"    ... and {c['more_groups']} more groups")
     if len(status["comms"]) > comms_max:
-        lines.append(f"  ... and {len(status['comms']) - comms_max} more communicators, all moving"
-                     if all(c["stalled_s"] == 0 for c in status["comms"][comms_max:])
-                     else f"  ... and {len(status['comms']) - comms_max} more communicators")
+        lines.append(f"  ... and {len(status['comms']) - comms_max} more stalled communicators")
     return "\n".join(lines)

@@ -63,6 +63,6 @@ def main(args: argparse.Namespace, settings: Settings) -> int:
         print(json.dumps({"jobs": jobs}) if args.json else
               ("jobs: " + ", ".join(jobs) if jobs else "no job on these workers") + " (ccld status --job J)")
         return 0
-    status = merge([a for a in answers if a.get("comms")]) or {"job": job, "comms": []}
+    status = merge([a for a in answers if a.get("incarnation") is not None]) or {"job": job, "comms": []}
     print(json.dumps(status) if args.json else render(status))
-    return 0 if status.get("comms") else 1
+    return 0 if status.get("incarnation") is not None else 1
