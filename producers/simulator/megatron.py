@@ -25,11 +25,12 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ccld.probe.ring_plan import fold_columns, fold_peaks
+from ccld.probe.ring_plan import fold_peaks
 from ccld.producers.simulator.engine import IN_FLIGHT, SLOT_RATE, FaultBook, fired, kernel_peaks, source_peak
 from ccld.producers.simulator.scenario import Fault, Scenario
 from ccld.producers.simulator.topology import Topology, comm_hash_of
 from ccld.records import (
+    COMM_COLUMN,
     DETAIL_OPS_PER_S,
     MAX_CHANNELS,
     DType,
@@ -52,6 +53,20 @@ BF16 = int(DType.BFLOAT16)
 # for every op of the job: times in one float block, sequence and op template in one int block
 _F_ENTER, _F_EXIT, _F_START, _F_DUR, _F_PREV = range(5)
 _I_SEQ, _I_TMPL = range(2)
+# a queued record is one column of an int block (rows below, in the order they are sorted and
+# sliced into batches) plus its sampling time and per-channel peaks: one block per ``_rows`` call,
+# so a flush concatenates and reorders three arrays instead of twenty
+(_R_CID, _R_HASH, _R_INC, _R_SEQ, _R_OP, _R_DTYPE, _R_COUNT, _R_PEER, _R_RANK, _R_CRANK, _R_CSIZE, _R_LHOST,
+ _R_STATUS, _R_ENTER, _R_EXIT, _R_SAMPLE, _R_PREV, _R_SEND, _R_RECV, _R_ZERO) = range(20)
+_N_ROWS = 20
+# the batch columns, in KernelBatch order, and the block row each comes from (t_exit_err_ns: the
+# simulator times exits exactly, 0; comm: every batch holds one communicator)
+_BATCH_ROWS = (
+    ("op_seq", _R_SEQ), ("op_type", _R_OP), ("dtype", _R_DTYPE), ("count", _R_COUNT), ("peer", _R_PEER),
+    ("rank", _R_RANK), ("comm_rank", _R_CRANK), ("comm_size", _R_CSIZE), ("status", _R_STATUS),
+    ("host_idx", _R_LHOST), ("t_enter_ns", _R_ENTER), ("t_exit_ns", _R_EXIT), ("t_sample_ns", _R_SAMPLE),
+    ("t_prev_exit_ns", _R_PREV), ("t_exit_err_ns", _R_ZERO), (COMM_COLUMN, _R_HASH),
+)
 # an op template: what every member of a call shares (op, dtype, count, peer, slots, total send, total recv)
 Template = tuple[int, int, int, int, int, int, int]
 
@@ -175,7 +190,8 @@ class MegatronSim(FaultBook):
         self.cseq = np.zeros(n_c, dtype=np.int64)
         self.one_in = np.ones(n_c, dtype=np.int64)
         self.hash_arr = np.asarray(self.c.hashes, dtype=np.int64)
-        self.pending: list[dict[str, npt.NDArray[Any]]] = []
+        # queued records, each call's (int block, sampling times, peaks); see _R_* for the block's rows
+        self.pending: list[tuple[I64, F64, I64]] = []
         self.window = 0
         self.batch_seq = 0
         dt = sc.sample_interval_s
@@ -195,6 +211,18 @@ class MegatronSim(FaultBook):
         self.any_h1 = bool(np.isfinite(self.h1_onset).any())
         self._layouts: dict[tuple[Any, ...], _Layout] = {}
         self.sizes = np.diff(np.append(self.c.off, nm))
+        # what a record of a member carries whatever its op: gathered once per _rows call, not five times
+        self.m_static = np.stack([self.c.m_cid, self.c.m_rank, self.c.m_crank, self.sizes[self.c.m_cid],
+                                  self.c.m_lhost])
+        # each member's clock (its host's drift and skew), so a timestamp is one multiply-add per record
+        h = topo.host_of[self.c.m_rank]
+        self.m_scale = 1.0 + self.drift[h]
+        self.m_skew = self.skew[h]
+        self._stages = [topo.stage_ranks(p) for p in range(topo.pp)]
+        ch = min(sc.channels, MAX_CHANNELS)
+        # a record's per-slot counters are its per-channel counter times the hardware channels folded
+        # onto that slot (fold_columns of equal channels: a sum of equal terms is this product)
+        self.slot_mult = np.bincount(np.arange(sc.channels) % MAX_CHANNELS, minlength=MAX_CHANNELS)[:ch]
 
     # -- time and noise ------------------------------------------------------------------------
     def _t4(self, n: int) -> F64:
@@ -446,9 +474,8 @@ class MegatronSim(FaultBook):
         f, mi = self.mf[g], self.mi[g]
         tp = self.tmpl[mi[:, _I_TMPL]]
         ex = f[:, _F_EXIT]
-        inside = np.zeros(g.shape[0], dtype=bool) if final else t < ex
-        status = np.full(g.shape[0], int(Status.DONE if final else Status.IDLE), dtype=np.int64)
-        status[inside] = int(Status.PROGRESS)
+        n = g.shape[0]
+        inside = np.zeros(n, dtype=bool) if final else t < ex
         start, dur = f[:, _F_START], f[:, _F_DUR]
         with np.errstate(invalid="ignore", divide="ignore"):
             frac = np.clip((t - start) / dur, 0.0, 1.0)
@@ -456,32 +483,33 @@ class MegatronSim(FaultBook):
         frac = np.minimum(frac, self.m_fr[g])
         level = np.floor(frac * tp[:, 4]).astype(np.int64)
         started = t > start
-        send = np.where(started, np.minimum(tp[:, 5], level + self.m_sl[g]), 0)
-        recv = np.where(started, np.minimum(tp[:, 6], level + self.m_rl[g]), 0)
-        ranks = self.c.m_rank[g]
+        blk = np.empty((_N_ROWS, n), dtype=np.int64)
+        blk[_R_SEND] = np.where(started, np.minimum(tp[:, 5], level + self.m_sl[g]), 0)
+        blk[_R_RECV] = np.where(started, np.minimum(tp[:, 6], level + self.m_rl[g]), 0)
+        st = self.m_static[:, g]
+        blk[_R_CID] = st[0]
+        blk[_R_HASH] = self.hash_arr[st[0]]
+        blk[_R_INC] = self.inc
+        blk[_R_SEQ] = mi[:, _I_SEQ]
+        blk[_R_OP : _R_PEER + 1] = tp[:, :4].T
+        blk[_R_RANK : _R_LHOST + 1] = st[1:]
+        blk[_R_STATUS] = np.where(inside, int(Status.PROGRESS), int(Status.DONE if final else Status.IDLE))
         prev = f[:, _F_PREV]
+        # the four timestamps at once, on the member's host clock
+        times = np.stack([f[:, _F_ENTER], np.where(inside, 0.0, ex), np.broadcast_to(t, (n,)), np.maximum(prev, 0.0)])
+        ns = EPOCH_NS + np.rint((times * self.m_scale[g] + self.m_skew[g]) * 1e9).astype(np.int64)
+        blk[_R_ENTER] = ns[0]
+        blk[_R_EXIT] = np.where(inside, -1, ns[1])
+        blk[_R_SAMPLE] = ns[2]
+        blk[_R_PREV] = np.where(prev >= 0, ns[3], -1)
+        blk[_R_ZERO] = 0
         # DONE carries the peak backlog each kernel kept per channel (probe v2); other rows: unknown
-        ch = min(self.sc.channels, MAX_CHANNELS)
         if final:
             peak = fold_peaks(kernel_peaks(self.pk_rng, self.m_pl[g], self.sc.channels, tp[:, 5], tp[:, 6]),
                               MAX_CHANNELS)
         else:
-            peak = np.full((g.shape[0], ch), -1, dtype=np.int64)
-        self.pending.append({
-            "_cid": self.c.m_cid[g], "_hash": self.hash_arr[self.c.m_cid[g]], "_inc": np.full(g.shape[0], self.inc),
-            "_t": t, "op_seq": mi[:, _I_SEQ], "op_type": tp[:, 0], "dtype": tp[:, 1],
-            "count": tp[:, 2], "peer": tp[:, 3], "rank": ranks, "comm_rank": self.c.m_crank[g],
-            "comm_size": self.sizes[self.c.m_cid[g]], "status": status, "host_idx": self.c.m_lhost[g],
-            "t_enter_ns": self._ns(f[:, _F_ENTER], ranks),
-            "t_exit_ns": np.where(inside, -1, self._ns(np.where(inside, 0.0, ex), ranks)),
-            "t_sample_ns": self._ns(t, ranks),
-            "t_prev_exit_ns": np.where(prev >= 0, self._ns(np.maximum(prev, 0.0), ranks), -1),
-            "_send": send, "_recv": recv, "_peak": peak,
-        })
-
-    def _ns(self, t: npt.NDArray[np.floating[Any]], ranks: I64) -> I64:
-        h = self.topo.host_of[ranks]
-        return EPOCH_NS + np.rint((t * (1.0 + self.drift[h]) + self.skew[h]) * 1e9).astype(np.int64)
+            peak = np.full((n, min(self.sc.channels, MAX_CHANNELS)), -1, dtype=np.int64)
+        self.pending.append((blk, np.broadcast_to(t, (n,)), peak))
 
     # -- windows out ----------------------------------------------------------------------------
     def _flush(self, upto: float) -> Iterator[tuple[float, KernelBatch]]:
@@ -491,37 +519,44 @@ class MegatronSim(FaultBook):
         if last <= self.window or not self.pending:
             self.window = max(self.window, min(last, self.n_inst))
             return
-        cols = {k: np.concatenate([p[k] for p in self.pending]) for k in self.pending[0]}
-        win = np.floor(cols["_t"] / dt + 1e-9).astype(np.int64)
+        if len(self.pending) == 1:
+            blk, t, peak = self.pending[0]
+        else:
+            blk = np.concatenate([p[0] for p in self.pending], axis=1)
+            t = np.concatenate([p[1] for p in self.pending])
+            peak = np.concatenate([p[2] for p in self.pending])
+        win = np.floor(t / dt + 1e-9).astype(np.int64)
         out = win < last
-        self.pending = [{k: v[~out] for k, v in cols.items()}] if (~out).any() else []
-        cols = {k: v[out] for k, v in cols.items()}
-        win = win[out]
+        if out.all():
+            self.pending = []
+        else:
+            keep = ~out
+            self.pending = [(blk[:, keep], t[keep], peak[keep])] if keep.any() else []
+            blk, t, peak, win = blk[:, out], t[out], peak[out], win[out]
         # one batch per window, communicator and incarnation (a communicator may be created again
         # under a new hash, a job may restart as a new incarnation, inside one window)
-        order = np.lexsort((cols["_t"], cols["_hash"], cols["_cid"], cols["_inc"], win))
-        cols = {k: v[order] for k, v in cols.items()}
-        win = win[order]
-        change = (np.diff(win) != 0) | (np.diff(cols["_cid"]) != 0) | (np.diff(cols["_inc"]) != 0) | (
-            np.diff(cols["_hash"]) != 0)
+        order = np.lexsort((t, blk[_R_HASH], blk[_R_CID], blk[_R_INC], win))
+        blk, peak, win = blk[:, order], peak[order], win[order]
+        change = (np.diff(win) != 0) | (np.diff(blk[_R_CID]) != 0) | (np.diff(blk[_R_INC]) != 0) | (
+            np.diff(blk[_R_HASH]) != 0)
         cuts = np.flatnonzero(change) + 1
         bounds = np.concatenate([[0], cuts, [win.shape[0]]]).tolist()
-        ch = min(self.sc.channels, MAX_CHANNELS)
-        send2 = fold_columns(np.repeat(cols["_send"][:, None], self.sc.channels, axis=1), MAX_CHANNELS)
-        recv2 = fold_columns(np.repeat(cols["_recv"][:, None], self.sc.channels, axis=1), MAX_CHANNELS)
-        names = ("op_seq", "op_type", "dtype", "count", "peer", "rank", "comm_rank", "comm_size", "status",
-                 "host_idx", "t_enter_ns", "t_exit_ns", "t_sample_ns", "t_prev_exit_ns")
-        for a, b in zip(bounds[:-1], bounds[1:], strict=True):
-            cid = int(cols["_cid"][a])
-            w = int(win[a])
+        send2 = blk[_R_SEND][:, None] * self.slot_mult
+        recv2 = blk[_R_RECV][:, None] * self.slot_mult
+        firsts = bounds[:-1]
+        cid_l = blk[_R_CID][firsts].tolist()
+        win_l = win[firsts].tolist()
+        inc_l = blk[_R_INC][firsts].tolist()
+        hash_l = blk[_R_HASH][firsts].tolist()
+        hosts, job, producer, world = self.c.hosts, self.job, self.producer, self.topo.n
+        for i, (a, b) in enumerate(zip(firsts, bounds[1:], strict=True)):
             batch = KernelBatch(
-                job=self.job, incarnation=int(cols["_inc"][a]), comm_hash=int(cols["_hash"][a]), world_size=self.topo.n,
-                hosts=self.c.hosts[cid], columns={k: cols[k][a:b] for k in names}, send=send2[a:b, :ch],
-                recv=recv2[a:b, :ch], producer=self.producer, batch_seq=self.batch_seq,
-                peak_lag=cols["_peak"][a:b, :ch],
+                job=job, incarnation=inc_l[i], comm_hash=hash_l[i], world_size=world,
+                hosts=hosts[cid_l[i]], columns={k: blk[r, a:b] for k, r in _BATCH_ROWS}, send=send2[a:b],
+                recv=recv2[a:b], producer=producer, batch_seq=self.batch_seq, peak_lag=peak[a:b],
             )
             self.batch_seq += 1
-            yield min((w + 1) * dt, self.sc.duration_s) + DELIVERY_LATENCY_S, batch
+            yield min((win_l[i] + 1) * dt, self.sc.duration_s) + DELIVERY_LATENCY_S, batch
         self.window = last
 
     # -- the schedule -------------------------------------------------------------------------------
@@ -541,7 +576,7 @@ class MegatronSim(FaultBook):
     def _pass(self, p: int, kind: str, i: int, step_factor: float, last_mb: bool) -> None:
         """Layers of one forward or backward pass of stage ``p`` (tensor-parallel ops inside)."""
         topo, w = self.topo, self.w
-        stage = topo.stage_ranks(p)
+        stage = self._stages[p]
         grid = stage.reshape(topo.dp, topo.tp)
         per_layer = w.fwd_s * (1.0 if kind == "F" else 2.0)
         k = w.tp_ops_per_layer
@@ -615,7 +650,7 @@ class MegatronSim(FaultBook):
                 has_src = 0 <= src_p < topo.pp
                 if has_src and (src_p, kind, i) not in sent:
                     continue
-                stage = topo.stage_ranks(p)
+                stage = self._stages[p]
                 if has_src:
                     src = stage - topo.tp if kind == "F" else stage + topo.tp
                     comm = topo.pps_comm[src] if kind == "F" else self.c.bwd_comm[src]
@@ -632,7 +667,7 @@ class MegatronSim(FaultBook):
                 raise RuntimeError("1F1B schedule made no progress")
         if self.train and topo.dp > 1:
             for p in range(topo.pp):
-                stage = topo.stage_ranks(p)
+                stage = self._stages[p]
                 grid = stage.reshape(topo.dp, topo.tp)
                 t = np.maximum(self.clock[stage], self.rs_exit[stage])  # wait for the gradient buckets
                 order = grid.T.ravel()
