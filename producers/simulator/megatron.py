@@ -209,6 +209,9 @@ class MegatronSim(FaultBook):
         self._tbuf, self._tpos = np.zeros(0), 0
         self._ubuf, self._upos = np.zeros(0), 0
         self.any_h1 = bool(np.isfinite(self.h1_onset).any())
+        # ranks a fault names: ops whose ranks include none of them take the batched path (_chain)
+        self.fault_ranks = np.asarray(sorted({f.rank for f in sc.faults if f.rank >= 0}), dtype=np.int64)
+        self._clean: dict[tuple[Any, ...], bool] = {}
         self._layouts: dict[tuple[Any, ...], _Layout] = {}
         self.sizes = np.diff(np.append(self.c.off, nm))
         # what a record of a member carries whatever its op: gathered once per _rows call, not five times
@@ -350,6 +353,115 @@ class MegatronSim(FaultBook):
             self.last_exit[ranks[fin]] = exit_[fin]
         return exit_
 
+    def _chain(
+        self, grid: I64, comm_of: I64, crank_of: I64, begin: F64, ops: list[OpType], nominal_s: float, count: int,
+        *, family: str, key: tuple[Any, ...], compute: tuple[float, float] | None = None,
+    ) -> F64:
+        """Blocking ring collectives ``ops``, one after the other, on the groups that are the rows of
+        ``grid``, each after a compute of ``compute = (base_s, step_factor)`` when given; returns the
+        ranks' exits from the last. The same as ``_compute`` then ``coll`` op by op (the same draws in
+        the same order, the same records), but when no fault names one of these ranks the timing is a
+        few array operations per op and the records of the whole chain are made at once (``_record_chain``).
+        """
+        groups, size = grid.shape
+        ranks = grid.ravel()
+        clean = self._clean.get(key)
+        if clean is None:
+            clean = self._clean[key] = not bool(np.isin(ranks, self.fault_ranks).any())
+        if not clean:  # a fault may act on these ranks: the op-by-op model, which applies them
+            t = begin
+            for op in ops:
+                if compute is not None:
+                    t = self._compute(ranks, t, compute[0], compute[1])
+                t = self.coll(grid, comm_of, crank_of, t, op, nominal_s, count, family=family, key=key)
+            return t
+        lay = self._layout(key, ranks, comm_of[ranks], crank_of[ranks], groups)
+        k, nn = len(ops), ranks.shape[0]
+        # the noise, drawn in the order the op-by-op model draws it (compute, op duration, exits)
+        c_noise, d_noise, u_noise = [], [], []
+        for _ in range(k):
+            if compute is not None:
+                c_noise.append(self._t4(nn))
+            d_noise.append(self._t4(groups))
+            u_noise.append(self._u(nn))
+        jit = self.sc.jitter
+        enter, exit_ = np.empty((k, nn)), np.empty((k, nn))
+        start_g, dur_g = np.empty((k, groups)), np.empty((k, groups))
+        t = begin
+        for j in range(k):  # written as _compute and coll write it, so every float is the same
+            if compute is not None:
+                base_s, step_factor = compute
+                c = base_s * step_factor * (1.0 + jit / 4 * c_noise[j])
+                t = t + np.maximum(c, 0.2 * base_s)
+            enter[j] = t
+            sg = start_g[j] = t.reshape(groups, size).max(axis=1)
+            dg = dur_g[j] = nominal_s * (1.0 + jit / 2 * np.abs(d_noise[j]))
+            t = exit_[j] = np.repeat(sg, size) + np.repeat(dg, size) * (1.0 + 0.01 * u_noise[j])
+        slots = _slots(nominal_s)
+        tmpls = [self._tmpl((int(op), BF16, count, -1, slots, slots, slots)) for op in ops]
+        if not self._record_chain(lay, enter, exit_, start_g, dur_g, tmpls):
+            for j in range(k):  # a state sample is due, or a rank never enters: op by op
+                start, dur = np.repeat(start_g[j], size), np.repeat(dur_g[j], size)
+                self._record(lay, enter[j], exit_[j], start, dur, tmpls[j], {})
+                fin = np.isfinite(exit_[j])
+                self.last_exit[ranks[fin]] = exit_[j][fin]
+        return exit_[-1].copy()
+
+    def _record_chain(self, lay: _Layout, enter: F64, exit_: F64, start_g: F64, dur_g: F64, tmpls: list[int]) -> bool:
+        """``_record`` for ``k`` successive ops of one layout at once (``(k, ranks)`` and ``(k, groups)``
+        arrays); False, with nothing done, when one of them needs the op-by-op path: a member's state
+        sample falls due before it, a rank does not enter it in time or never leaves, or the previous
+        op left a fault's marks on the members."""
+        dur_s = self.sc.duration_s
+        if (lay.cache.get("special") or float(enter.max()) > min(dur_s, lay.cache.get("nt", -INF))
+                or not bool(np.isfinite(exit_).all())):
+            return False
+        k, nn = enter.shape
+        groups = lay.cid_g.shape[0]
+        size = nn // groups
+        seq0 = int(self.cseq[lay.cid_g[0]])  # the groups of a layout run in lockstep (see _sampled)
+        self.cseq[lay.cid_g] += k
+        if lay.has_rank0:
+            self.ops_per_rank += k
+        prev = np.empty((k, nn))
+        prev[0] = self.last_exit[lay.ranks]
+        prev[1:] = exit_[:-1]
+        start, dur = np.repeat(start_g, size, axis=1), np.repeat(dur_g, size, axis=1)
+        fb = np.stack([enter, exit_, start, dur, prev], axis=-1)  # (k, ranks, _F_*)
+        self.mf[lay.gi] = fb[-1]
+        self.mi[lay.gi, _I_SEQ] = seq0 + k - 1
+        self.mi[lay.gi, _I_TMPL] = tmpls[-1]
+        self.last_exit[lay.ranks] = exit_[-1]
+        seqs = np.arange(seq0, seq0 + k, dtype=np.int64)
+        tmpl = np.asarray(tmpls, dtype=np.int64)
+        sampled = np.stack([self._sampled(lay, np.full(groups, seq0 + j, dtype=np.int64)) for j in range(k)])
+        done = np.repeat(sampled, size, axis=1) & (exit_ <= dur_s)
+        first_g = np.ceil(start_g / POLL_S + 1e-9) * POLL_S
+        maybe = first_g < start_g + dur_g * 1.02
+        if not maybe.any():  # no poll catches any of them in flight: the DONE records, in op order
+            if done.any():
+                oj, om = np.nonzero(done)  # op-major, members in order: the order op by op
+                self._rows_of(lay.gi[om], exit_[oj, om], fb[oj, om], seqs[oj], tmpl[oj], final=True)
+            return True
+        for j in range(k):  # as _record does it, op by op: the in-flight sample, then the DONE records
+            if maybe[j].any():
+                first = np.repeat(first_g[j], size)
+                hit = np.repeat(maybe[j], size) & (first < exit_[j]) & (first <= dur_s)
+                if hit.any():
+                    h = np.flatnonzero(hit)
+                    win = np.floor(first[h] / self.dt + 1e-9).astype(np.int64)
+                    new = win != self.m_probewin[lay.gi[h]]
+                    if new.any():
+                        hn = h[new]
+                        self.m_probewin[lay.gi[hn]] = win[new]
+                        self._rows_of(lay.gi[hn], first[hn], fb[j, hn], np.full(hn.shape[0], seqs[j]),
+                                      np.full(hn.shape[0], tmpl[j]), final=False)
+            m = np.flatnonzero(done[j])
+            if m.size:
+                self._rows_of(lay.gi[m], exit_[j, m], fb[j, m], np.full(m.shape[0], seqs[j]),
+                              np.full(m.shape[0], tmpl[j]), final=True)
+        return True
+
     def p2p(self, src: I64, dst: I64, enter_src: F64, enter_dst: F64, comm: I64, nominal_s: float,
             key: tuple[Any, ...]) -> tuple[F64, F64]:
         """``src[i]`` sends one tensor to ``dst[i]`` on ``comm[i]`` (comm rank 0 sends); the receiver waits."""
@@ -471,8 +583,15 @@ class MegatronSim(FaultBook):
         self.next_inst[g] = np.maximum(k0, k1)
 
     def _rows(self, g: I64, t: npt.NDArray[np.floating[Any]], *, final: bool) -> None:
-        f, mi = self.mf[g], self.mi[g]
-        tp = self.tmpl[mi[:, _I_TMPL]]
+        """Records of members ``g`` at times ``t`` about their newest op."""
+        mi = self.mi[g]
+        self._rows_of(g, t, self.mf[g], mi[:, _I_SEQ], mi[:, _I_TMPL], final=final)
+
+    def _rows_of(self, g: I64, t: npt.NDArray[np.floating[Any]], f: F64, seq: I64, tmpl: I64, *,
+                 final: bool) -> None:
+        """Records of members ``g`` at times ``t`` about the ops whose times are ``f`` (``_F_*``),
+        sequence numbers ``seq`` and templates ``tmpl``: queued as one block (see ``_R_*``)."""
+        tp = self.tmpl[tmpl]
         ex = f[:, _F_EXIT]
         n = g.shape[0]
         inside = np.zeros(n, dtype=bool) if final else t < ex
@@ -490,7 +609,7 @@ class MegatronSim(FaultBook):
         blk[_R_CID] = st[0]
         blk[_R_HASH] = self.hash_arr[st[0]]
         blk[_R_INC] = self.inc
-        blk[_R_SEQ] = mi[:, _I_SEQ]
+        blk[_R_SEQ] = seq
         blk[_R_OP : _R_PEER + 1] = tp[:, :4].T
         blk[_R_RANK : _R_LHOST + 1] = st[1:]
         blk[_R_STATUS] = np.where(inside, int(Status.PROGRESS), int(Status.DONE if final else Status.IDLE))
@@ -589,12 +708,18 @@ class MegatronSim(FaultBook):
             for b in range(w.dp_buckets):
                 buckets_after.setdefault(min(w.layers - 1, (b + 1) * w.layers // w.dp_buckets - 1), []).append(b)
         t = self.clock[stage]
+        count = w.act_elems // (topo.tp if w.seq_parallel else 1)
+        seg: list[OpType] = []  # the layers' ops up to the next gradient bucket, played as one chain
         for layer in range(w.layers):
-            for j in range(k):
-                t = self._compute(stage, t, per_layer / k, step_factor)
-                if topo.tp > 1:
-                    t = self.coll(grid, topo.tp_comm, topo.tp_crank, t, ops[j], tp_s,
-                                  w.act_elems // (topo.tp if w.seq_parallel else 1), family="tp", key=("tp", p))
+            if topo.tp > 1:
+                seg += ops[:k]
+                if layer in buckets_after or layer == w.layers - 1:
+                    t = self._chain(grid, topo.tp_comm, topo.tp_crank, t, seg, tp_s, count, family="tp",
+                                    key=("tp", p), compute=(per_layer / k, step_factor))
+                    seg = []
+            else:
+                for _j in range(k):
+                    t = self._compute(stage, t, per_layer / k, step_factor)
             for _b in buckets_after.get(layer, []):
                 ex = self.coll(grid.T.copy(), topo.dp_comm, topo.dp_crank, self._reorder(stage, grid.T.ravel(), t),
                                OpType.REDUCE_SCATTER, w.dp_op_s(topo.tp, topo.dp),
@@ -672,10 +797,9 @@ class MegatronSim(FaultBook):
                 t = np.maximum(self.clock[stage], self.rs_exit[stage])  # wait for the gradient buckets
                 order = grid.T.ravel()
                 e = self._reorder(stage, order, t)
-                for _b in range(w.dp_buckets):
-                    e = self.coll(grid.T.copy(), topo.dp_comm, topo.dp_crank, e, OpType.ALL_GATHER,
-                                  w.dp_op_s(topo.tp, topo.dp), int(w.grad_bytes(topo.tp) / 2 / w.dp_buckets),
-                                  family="dp", key=("dp", p))
+                e = self._chain(grid.T.copy(), topo.dp_comm, topo.dp_crank, e, [OpType.ALL_GATHER] * w.dp_buckets,
+                                w.dp_op_s(topo.tp, topo.dp), int(w.grad_bytes(topo.tp) / 2 / w.dp_buckets),
+                                family="dp", key=("dp", p))
                 self.clock[stage] = self._reorder(order, stage, e)
 
     def _last_word(self, members: I64) -> None:
