@@ -192,6 +192,7 @@ class MegatronSim(FaultBook):
         self.hash_arr = np.asarray(self.c.hashes, dtype=np.int64)
         # queued records, each call's (int block, sampling times, peaks); see _R_* for the block's rows
         self.pending: list[tuple[I64, F64, I64]] = []
+        self._done: list[tuple[Any, ...]] = []  # DONE records noted in this step (see _rows_of)
         self.window = 0
         self.batch_seq = 0
         dt = sc.sample_interval_s
@@ -590,7 +591,48 @@ class MegatronSim(FaultBook):
     def _rows_of(self, g: I64, t: npt.NDArray[np.floating[Any]], f: F64, seq: I64, tmpl: I64, *,
                  final: bool) -> None:
         """Records of members ``g`` at times ``t`` about the ops whose times are ``f`` (``_F_*``),
-        sequence numbers ``seq`` and templates ``tmpl``: queued as one block (see ``_R_*``)."""
+        sequence numbers ``seq`` and templates ``tmpl``: queued as one block (see ``_R_*``).
+
+        DONE records are only noted here, with the fault marks their members carry now, and made
+        together at the end of the step (``_done_rows``): most calls hold a few rows, and a block
+        costs the same few dozen array operations whatever its size."""
+        if final:
+            pl = self.m_pl[g]
+            self._done.append((g, t, f, seq, tmpl, self.m_sl[g], self.m_rl[g], self.m_fr[g], pl, bool((pl > 0).any())))
+            return
+        self._block(g, t, f, seq, tmpl, self.m_sl[g], self.m_rl[g], self.m_fr[g], None)
+
+    def _done_rows(self) -> None:
+        """The DONE records noted during the step, in the order they were noted. Their kernel peaks
+        come from their own random stream in that order too: consecutive notes without a slow
+        link's source are drawn in one call (PCG64 hands out the same integers for one draw of
+        n + m as for draws of n then m), one with such a source in a call of its own (it draws twice)."""
+        done, self._done = self._done, []
+        if not done:
+            return
+        cat = [np.concatenate([d[i] for d in done]) for i in range(9)] if len(done) > 1 else list(done[0][:9])
+        tp = self.tmpl[cat[4]]
+        offs = np.cumsum([0] + [d[0].shape[0] for d in done]).tolist()
+
+        def draw(a: int, b: int) -> I64:
+            return kernel_peaks(self.pk_rng, cat[8][a:b], self.sc.channels, tp[a:b, 5], tp[a:b, 6])
+
+        peaks, run = [], 0  # run: the first note not drawn yet
+        for i, d in enumerate(done):
+            if d[9]:
+                if run < i:
+                    peaks.append(draw(offs[run], offs[i]))
+                peaks.append(draw(offs[i], offs[i + 1]))
+                run = i + 1
+        if run < len(done):
+            peaks.append(draw(offs[run], offs[-1]))
+        peak = fold_peaks(np.concatenate(peaks) if len(peaks) > 1 else peaks[0], MAX_CHANNELS)
+        self._block(cat[0], cat[1], cat[2], cat[3], cat[4], cat[5], cat[6], cat[7], peak)
+
+    def _block(self, g: I64, t: npt.NDArray[np.floating[Any]], f: F64, seq: I64, tmpl: I64, m_sl: I64, m_rl: I64,
+               m_fr: F64, peak: I64 | None) -> None:
+        """Queue the records of ``_rows_of``: state samples, or DONE records when ``peak`` is given."""
+        final = peak is not None
         tp = self.tmpl[tmpl]
         ex = f[:, _F_EXIT]
         n = g.shape[0]
@@ -599,12 +641,12 @@ class MegatronSim(FaultBook):
         with np.errstate(invalid="ignore", divide="ignore"):
             frac = np.clip((t - start) / dur, 0.0, 1.0)
         frac = np.where(np.isfinite(frac), frac, 0.0)
-        frac = np.minimum(frac, self.m_fr[g])
+        frac = np.minimum(frac, m_fr)
         level = np.floor(frac * tp[:, 4]).astype(np.int64)
         started = t > start
         blk = np.empty((_N_ROWS, n), dtype=np.int64)
-        blk[_R_SEND] = np.where(started, np.minimum(tp[:, 5], level + self.m_sl[g]), 0)
-        blk[_R_RECV] = np.where(started, np.minimum(tp[:, 6], level + self.m_rl[g]), 0)
+        blk[_R_SEND] = np.where(started, np.minimum(tp[:, 5], level + m_sl), 0)
+        blk[_R_RECV] = np.where(started, np.minimum(tp[:, 6], level + m_rl), 0)
         st = self.m_static[:, g]
         blk[_R_CID] = st[0]
         blk[_R_HASH] = self.hash_arr[st[0]]
@@ -623,10 +665,7 @@ class MegatronSim(FaultBook):
         blk[_R_PREV] = np.where(prev >= 0, ns[3], -1)
         blk[_R_ZERO] = 0
         # DONE carries the peak backlog each kernel kept per channel (probe v2); other rows: unknown
-        if final:
-            peak = fold_peaks(kernel_peaks(self.pk_rng, self.m_pl[g], self.sc.channels, tp[:, 5], tp[:, 6]),
-                              MAX_CHANNELS)
-        else:
+        if peak is None:
             peak = np.full((n, min(self.sc.channels, MAX_CHANNELS)), -1, dtype=np.int64)
         self.pending.append((blk, np.broadcast_to(t, (n,)), peak))
 
@@ -865,6 +904,7 @@ class MegatronSim(FaultBook):
         end = sc.duration_s if horizon_s is None else min(sc.duration_s, horizon_s)
         while float(np.min(self.clock)) <= end:
             self._step(step)
+            self._done_rows()
             if self.measure:  # every rank measures its communicators' op rate and picks the stride
                 el = max(float(np.min(self.clock)) - self.step_t0, 1e-6)
                 self.one_in = np.asarray([detail_one_in(c / el, self.budget) for c in self.cseq.tolist()],
