@@ -6,7 +6,9 @@ ring collective (a group's data moves once its last member arrived and lasts the
 size and bandwidth); stages exchange activations and gradients with send/recv (the sender does
 not wait, the receiver does); the backward pass of the last micro-batch issues the gradient
 reduce-scatter buckets, which run on the network while it goes on computing; the step ends with
-the parameter all-gather. Ops are evaluated for all groups of a stage at once (numpy over ranks).
+the parameter all-gather. Ops are evaluated for all groups of a stage at once (numpy over ranks),
+and successive ops of one layout that no fault touches as one chain (``_chain``: the same draws
+and floats as op by op, a few array operations per op, their records made together).
 
 What goes out is the bounded record format (docs/wire-format.md, "Record format and its cost"), not one
 record per op: per delivery interval, for every communicator a rank is in, its newest state
