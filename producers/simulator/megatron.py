@@ -6,7 +6,9 @@ ring collective (a group's data moves once its last member arrived and lasts the
 size and bandwidth); stages exchange activations and gradients with send/recv (the sender does
 not wait, the receiver does); the backward pass of the last micro-batch issues the gradient
 reduce-scatter buckets, which run on the network while it goes on computing; the step ends with
-the parameter all-gather. Ops are evaluated for all groups of a stage at once (numpy over ranks).
+the parameter all-gather. Ops are evaluated for all groups of a stage at once (numpy over ranks),
+and successive ops of one layout that no fault touches as one chain (``_chain``: the same draws
+and floats as op by op, a few array operations per op, their records made together).
 
 What goes out is the bounded record format (docs/wire-format.md, "Record format and its cost"), not one
 record per op: per delivery interval, for every communicator a rank is in, its newest state
@@ -25,11 +27,12 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ccld.probe.ring_plan import fold_columns, fold_peaks
+from ccld.probe.ring_plan import fold_peaks
 from ccld.producers.simulator.engine import IN_FLIGHT, SLOT_RATE, FaultBook, fired, kernel_peaks, source_peak
 from ccld.producers.simulator.scenario import Fault, Scenario
 from ccld.producers.simulator.topology import Topology, comm_hash_of
 from ccld.records import (
+    COMM_COLUMN,
     DETAIL_OPS_PER_S,
     MAX_CHANNELS,
     DType,
@@ -52,6 +55,20 @@ BF16 = int(DType.BFLOAT16)
 # for every op of the job: times in one float block, sequence and op template in one int block
 _F_ENTER, _F_EXIT, _F_START, _F_DUR, _F_PREV = range(5)
 _I_SEQ, _I_TMPL = range(2)
+# a queued record is one column of an int block (rows below, in the order they are sorted and
+# sliced into batches) plus its sampling time and per-channel peaks: one block per ``_rows`` call,
+# so a flush concatenates and reorders three arrays instead of twenty
+(_R_CID, _R_HASH, _R_INC, _R_SEQ, _R_OP, _R_DTYPE, _R_COUNT, _R_PEER, _R_RANK, _R_CRANK, _R_CSIZE, _R_LHOST,
+ _R_STATUS, _R_ENTER, _R_EXIT, _R_SAMPLE, _R_PREV, _R_SEND, _R_RECV, _R_ZERO) = range(20)
+_N_ROWS = 20
+# the batch columns, in KernelBatch order, and the block row each comes from (t_exit_err_ns: the
+# simulator times exits exactly, 0; comm: every batch holds one communicator)
+_BATCH_ROWS = (
+    ("op_seq", _R_SEQ), ("op_type", _R_OP), ("dtype", _R_DTYPE), ("count", _R_COUNT), ("peer", _R_PEER),
+    ("rank", _R_RANK), ("comm_rank", _R_CRANK), ("comm_size", _R_CSIZE), ("status", _R_STATUS),
+    ("host_idx", _R_LHOST), ("t_enter_ns", _R_ENTER), ("t_exit_ns", _R_EXIT), ("t_sample_ns", _R_SAMPLE),
+    ("t_prev_exit_ns", _R_PREV), ("t_exit_err_ns", _R_ZERO), (COMM_COLUMN, _R_HASH),
+)
 # an op template: what every member of a call shares (op, dtype, count, peer, slots, total send, total recv)
 Template = tuple[int, int, int, int, int, int, int]
 
@@ -175,7 +192,9 @@ class MegatronSim(FaultBook):
         self.cseq = np.zeros(n_c, dtype=np.int64)
         self.one_in = np.ones(n_c, dtype=np.int64)
         self.hash_arr = np.asarray(self.c.hashes, dtype=np.int64)
-        self.pending: list[dict[str, npt.NDArray[Any]]] = []
+        # queued records, each call's (int block, sampling times, peaks); see _R_* for the block's rows
+        self.pending: list[tuple[I64, F64, I64]] = []
+        self._done: list[tuple[Any, ...]] = []  # DONE records noted in this step (see _rows_of)
         self.window = 0
         self.batch_seq = 0
         dt = sc.sample_interval_s
@@ -193,8 +212,23 @@ class MegatronSim(FaultBook):
         self._tbuf, self._tpos = np.zeros(0), 0
         self._ubuf, self._upos = np.zeros(0), 0
         self.any_h1 = bool(np.isfinite(self.h1_onset).any())
+        # ranks a fault names: ops whose ranks include none of them take the batched path (_chain)
+        self.fault_ranks = np.asarray(sorted({f.rank for f in sc.faults if f.rank >= 0}), dtype=np.int64)
+        self._clean: dict[tuple[Any, ...], bool] = {}
         self._layouts: dict[tuple[Any, ...], _Layout] = {}
         self.sizes = np.diff(np.append(self.c.off, nm))
+        # what a record of a member carries whatever its op: gathered once per _rows call, not five times
+        self.m_static = np.stack([self.c.m_cid, self.c.m_rank, self.c.m_crank, self.sizes[self.c.m_cid],
+                                  self.c.m_lhost])
+        # each member's clock (its host's drift and skew), so a timestamp is one multiply-add per record
+        h = topo.host_of[self.c.m_rank]
+        self.m_scale = 1.0 + self.drift[h]
+        self.m_skew = self.skew[h]
+        self._stages = [topo.stage_ranks(p) for p in range(topo.pp)]
+        ch = min(sc.channels, MAX_CHANNELS)
+        # a record's per-slot counters are its per-channel counter times the hardware channels folded
+        # onto that slot (fold_columns of equal channels: a sum of equal terms is this product)
+        self.slot_mult = np.bincount(np.arange(sc.channels) % MAX_CHANNELS, minlength=MAX_CHANNELS)[:ch]
 
     # -- time and noise ------------------------------------------------------------------------
     def _t4(self, n: int) -> F64:
@@ -322,6 +356,115 @@ class MegatronSim(FaultBook):
             self.last_exit[ranks[fin]] = exit_[fin]
         return exit_
 
+    def _chain(
+        self, grid: I64, comm_of: I64, crank_of: I64, begin: F64, ops: list[OpType], nominal_s: float, count: int,
+        *, family: str, key: tuple[Any, ...], compute: tuple[float, float] | None = None,
+    ) -> F64:
+        """Blocking ring collectives ``ops``, one after the other, on the groups that are the rows of
+        ``grid``, each after a compute of ``compute = (base_s, step_factor)`` when given; returns the
+        ranks' exits from the last. The same as ``_compute`` then ``coll`` op by op (the same draws in
+        the same order, the same records), but when no fault names one of these ranks the timing is a
+        few array operations per op and the records of the whole chain are made at once (``_record_chain``).
+        """
+        groups, size = grid.shape
+        ranks = grid.ravel()
+        clean = self._clean.get(key)
+        if clean is None:
+            clean = self._clean[key] = not bool(np.isin(ranks, self.fault_ranks).any())
+        if not clean:  # a fault may act on these ranks: the op-by-op model, which applies them
+            t = begin
+            for op in ops:
+                if compute is not None:
+                    t = self._compute(ranks, t, compute[0], compute[1])
+                t = self.coll(grid, comm_of, crank_of, t, op, nominal_s, count, family=family, key=key)
+            return t
+        lay = self._layout(key, ranks, comm_of[ranks], crank_of[ranks], groups)
+        k, nn = len(ops), ranks.shape[0]
+        # the noise, drawn in the order the op-by-op model draws it (compute, op duration, exits)
+        c_noise, d_noise, u_noise = [], [], []
+        for _ in range(k):
+            if compute is not None:
+                c_noise.append(self._t4(nn))
+            d_noise.append(self._t4(groups))
+            u_noise.append(self._u(nn))
+        jit = self.sc.jitter
+        enter, exit_ = np.empty((k, nn)), np.empty((k, nn))
+        start_g, dur_g = np.empty((k, groups)), np.empty((k, groups))
+        t = begin
+        for j in range(k):  # written as _compute and coll write it, so every float is the same
+            if compute is not None:
+                base_s, step_factor = compute
+                c = base_s * step_factor * (1.0 + jit / 4 * c_noise[j])
+                t = t + np.maximum(c, 0.2 * base_s)
+            enter[j] = t
+            sg = start_g[j] = t.reshape(groups, size).max(axis=1)
+            dg = dur_g[j] = nominal_s * (1.0 + jit / 2 * np.abs(d_noise[j]))
+            t = exit_[j] = np.repeat(sg, size) + np.repeat(dg, size) * (1.0 + 0.01 * u_noise[j])
+        slots = _slots(nominal_s)
+        tmpls = [self._tmpl((int(op), BF16, count, -1, slots, slots, slots)) for op in ops]
+        if not self._record_chain(lay, enter, exit_, start_g, dur_g, tmpls):
+            for j in range(k):  # a state sample is due, or a rank never enters: op by op
+                start, dur = np.repeat(start_g[j], size), np.repeat(dur_g[j], size)
+                self._record(lay, enter[j], exit_[j], start, dur, tmpls[j], {})
+                fin = np.isfinite(exit_[j])
+                self.last_exit[ranks[fin]] = exit_[j][fin]
+        return exit_[-1].copy()
+
+    def _record_chain(self, lay: _Layout, enter: F64, exit_: F64, start_g: F64, dur_g: F64, tmpls: list[int]) -> bool:
+        """``_record`` for ``k`` successive ops of one layout at once (``(k, ranks)`` and ``(k, groups)``
+        arrays); False, with nothing done, when one of them needs the op-by-op path: a member's state
+        sample falls due before it, a rank does not enter it in time or never leaves, or the previous
+        op left a fault's marks on the members."""
+        dur_s = self.sc.duration_s
+        if (lay.cache.get("special") or float(enter.max()) > min(dur_s, lay.cache.get("nt", -INF))
+                or not bool(np.isfinite(exit_).all())):
+            return False
+        k, nn = enter.shape
+        groups = lay.cid_g.shape[0]
+        size = nn // groups
+        seq0 = int(self.cseq[lay.cid_g[0]])  # the groups of a layout run in lockstep (see _sampled)
+        self.cseq[lay.cid_g] += k
+        if lay.has_rank0:
+            self.ops_per_rank += k
+        prev = np.empty((k, nn))
+        prev[0] = self.last_exit[lay.ranks]
+        prev[1:] = exit_[:-1]
+        start, dur = np.repeat(start_g, size, axis=1), np.repeat(dur_g, size, axis=1)
+        fb = np.stack([enter, exit_, start, dur, prev], axis=-1)  # (k, ranks, _F_*)
+        self.mf[lay.gi] = fb[-1]
+        self.mi[lay.gi, _I_SEQ] = seq0 + k - 1
+        self.mi[lay.gi, _I_TMPL] = tmpls[-1]
+        self.last_exit[lay.ranks] = exit_[-1]
+        seqs = np.arange(seq0, seq0 + k, dtype=np.int64)
+        tmpl = np.asarray(tmpls, dtype=np.int64)
+        sampled = np.stack([self._sampled(lay, np.full(groups, seq0 + j, dtype=np.int64)) for j in range(k)])
+        done = np.repeat(sampled, size, axis=1) & (exit_ <= dur_s)
+        first_g = np.ceil(start_g / POLL_S + 1e-9) * POLL_S
+        maybe = first_g < start_g + dur_g * 1.02
+        if not maybe.any():  # no poll catches any of them in flight: the DONE records, in op order
+            if done.any():
+                oj, om = np.nonzero(done)  # op-major, members in order: the order op by op
+                self._rows_of(lay.gi[om], exit_[oj, om], fb[oj, om], seqs[oj], tmpl[oj], final=True)
+            return True
+        for j in range(k):  # as _record does it, op by op: the in-flight sample, then the DONE records
+            if maybe[j].any():
+                first = np.repeat(first_g[j], size)
+                hit = np.repeat(maybe[j], size) & (first < exit_[j]) & (first <= dur_s)
+                if hit.any():
+                    h = np.flatnonzero(hit)
+                    win = np.floor(first[h] / self.dt + 1e-9).astype(np.int64)
+                    new = win != self.m_probewin[lay.gi[h]]
+                    if new.any():
+                        hn = h[new]
+                        self.m_probewin[lay.gi[hn]] = win[new]
+                        self._rows_of(lay.gi[hn], first[hn], fb[j, hn], np.full(hn.shape[0], seqs[j]),
+                                      np.full(hn.shape[0], tmpl[j]), final=False)
+            m = np.flatnonzero(done[j])
+            if m.size:
+                self._rows_of(lay.gi[m], exit_[j, m], fb[j, m], np.full(m.shape[0], seqs[j]),
+                              np.full(m.shape[0], tmpl[j]), final=True)
+        return True
+
     def p2p(self, src: I64, dst: I64, enter_src: F64, enter_dst: F64, comm: I64, nominal_s: float,
             key: tuple[Any, ...]) -> tuple[F64, F64]:
         """``src[i]`` sends one tensor to ``dst[i]`` on ``comm[i]`` (comm rank 0 sends); the receiver waits."""
@@ -443,45 +586,90 @@ class MegatronSim(FaultBook):
         self.next_inst[g] = np.maximum(k0, k1)
 
     def _rows(self, g: I64, t: npt.NDArray[np.floating[Any]], *, final: bool) -> None:
-        f, mi = self.mf[g], self.mi[g]
-        tp = self.tmpl[mi[:, _I_TMPL]]
+        """Records of members ``g`` at times ``t`` about their newest op."""
+        mi = self.mi[g]
+        self._rows_of(g, t, self.mf[g], mi[:, _I_SEQ], mi[:, _I_TMPL], final=final)
+
+    def _rows_of(self, g: I64, t: npt.NDArray[np.floating[Any]], f: F64, seq: I64, tmpl: I64, *,
+                 final: bool) -> None:
+        """Records of members ``g`` at times ``t`` about the ops whose times are ``f`` (``_F_*``),
+        sequence numbers ``seq`` and templates ``tmpl``: queued as one block (see ``_R_*``).
+
+        DONE records are only noted here, with the fault marks their members carry now, and made
+        together at the end of the step (``_done_rows``): most calls hold a few rows, and a block
+        costs the same few dozen array operations whatever its size."""
+        if final:
+            pl = self.m_pl[g]
+            self._done.append((g, t, f, seq, tmpl, self.m_sl[g], self.m_rl[g], self.m_fr[g], pl, bool((pl > 0).any())))
+            return
+        self._block(g, t, f, seq, tmpl, self.m_sl[g], self.m_rl[g], self.m_fr[g], None)
+
+    def _done_rows(self) -> None:
+        """The DONE records noted during the step, in the order they were noted. Their kernel peaks
+        come from their own random stream in that order too: consecutive notes without a slow
+        link's source are drawn in one call (PCG64 hands out the same integers for one draw of
+        n + m as for draws of n then m), one with such a source in a call of its own (it draws twice)."""
+        done, self._done = self._done, []
+        if not done:
+            return
+        cat = [np.concatenate([d[i] for d in done]) for i in range(9)] if len(done) > 1 else list(done[0][:9])
+        tp = self.tmpl[cat[4]]
+        offs = np.cumsum([0] + [d[0].shape[0] for d in done]).tolist()
+
+        def draw(a: int, b: int) -> I64:
+            return kernel_peaks(self.pk_rng, cat[8][a:b], self.sc.channels, tp[a:b, 5], tp[a:b, 6])
+
+        peaks, run = [], 0  # run: the first note not drawn yet
+        for i, d in enumerate(done):
+            if d[9]:
+                if run < i:
+                    peaks.append(draw(offs[run], offs[i]))
+                peaks.append(draw(offs[i], offs[i + 1]))
+                run = i + 1
+        if run < len(done):
+            peaks.append(draw(offs[run], offs[-1]))
+        peak = fold_peaks(np.concatenate(peaks) if len(peaks) > 1 else peaks[0], MAX_CHANNELS)
+        self._block(cat[0], cat[1], cat[2], cat[3], cat[4], cat[5], cat[6], cat[7], peak)
+
+    def _block(self, g: I64, t: npt.NDArray[np.floating[Any]], f: F64, seq: I64, tmpl: I64, m_sl: I64, m_rl: I64,
+               m_fr: F64, peak: I64 | None) -> None:
+        """Queue the records of ``_rows_of``: state samples, or DONE records when ``peak`` is given."""
+        final = peak is not None
+        tp = self.tmpl[tmpl]
         ex = f[:, _F_EXIT]
-        inside = np.zeros(g.shape[0], dtype=bool) if final else t < ex
-        status = np.full(g.shape[0], int(Status.DONE if final else Status.IDLE), dtype=np.int64)
-        status[inside] = int(Status.PROGRESS)
+        n = g.shape[0]
+        inside = np.zeros(n, dtype=bool) if final else t < ex
         start, dur = f[:, _F_START], f[:, _F_DUR]
         with np.errstate(invalid="ignore", divide="ignore"):
             frac = np.clip((t - start) / dur, 0.0, 1.0)
         frac = np.where(np.isfinite(frac), frac, 0.0)
-        frac = np.minimum(frac, self.m_fr[g])
+        frac = np.minimum(frac, m_fr)
         level = np.floor(frac * tp[:, 4]).astype(np.int64)
         started = t > start
-        send = np.where(started, np.minimum(tp[:, 5], level + self.m_sl[g]), 0)
-        recv = np.where(started, np.minimum(tp[:, 6], level + self.m_rl[g]), 0)
-        ranks = self.c.m_rank[g]
+        blk = np.empty((_N_ROWS, n), dtype=np.int64)
+        blk[_R_SEND] = np.where(started, np.minimum(tp[:, 5], level + m_sl), 0)
+        blk[_R_RECV] = np.where(started, np.minimum(tp[:, 6], level + m_rl), 0)
+        st = self.m_static[:, g]
+        blk[_R_CID] = st[0]
+        blk[_R_HASH] = self.hash_arr[st[0]]
+        blk[_R_INC] = self.inc
+        blk[_R_SEQ] = seq
+        blk[_R_OP : _R_PEER + 1] = tp[:, :4].T
+        blk[_R_RANK : _R_LHOST + 1] = st[1:]
+        blk[_R_STATUS] = np.where(inside, int(Status.PROGRESS), int(Status.DONE if final else Status.IDLE))
         prev = f[:, _F_PREV]
+        # the four timestamps at once, on the member's host clock
+        times = np.stack([f[:, _F_ENTER], np.where(inside, 0.0, ex), np.broadcast_to(t, (n,)), np.maximum(prev, 0.0)])
+        ns = EPOCH_NS + np.rint((times * self.m_scale[g] + self.m_skew[g]) * 1e9).astype(np.int64)
+        blk[_R_ENTER] = ns[0]
+        blk[_R_EXIT] = np.where(inside, -1, ns[1])
+        blk[_R_SAMPLE] = ns[2]
+        blk[_R_PREV] = np.where(prev >= 0, ns[3], -1)
+        blk[_R_ZERO] = 0
         # DONE carries the peak backlog each kernel kept per channel (probe v2); other rows: unknown
-        ch = min(self.sc.channels, MAX_CHANNELS)
-        if final:
-            peak = fold_peaks(kernel_peaks(self.pk_rng, self.m_pl[g], self.sc.channels, tp[:, 5], tp[:, 6]),
-                              MAX_CHANNELS)
-        else:
-            peak = np.full((g.shape[0], ch), -1, dtype=np.int64)
-        self.pending.append({
-            "_cid": self.c.m_cid[g], "_hash": self.hash_arr[self.c.m_cid[g]], "_inc": np.full(g.shape[0], self.inc),
-            "_t": t, "op_seq": mi[:, _I_SEQ], "op_type": tp[:, 0], "dtype": tp[:, 1],
-            "count": tp[:, 2], "peer": tp[:, 3], "rank": ranks, "comm_rank": self.c.m_crank[g],
-            "comm_size": self.sizes[self.c.m_cid[g]], "status": status, "host_idx": self.c.m_lhost[g],
-            "t_enter_ns": self._ns(f[:, _F_ENTER], ranks),
-            "t_exit_ns": np.where(inside, -1, self._ns(np.where(inside, 0.0, ex), ranks)),
-            "t_sample_ns": self._ns(t, ranks),
-            "t_prev_exit_ns": np.where(prev >= 0, self._ns(np.maximum(prev, 0.0), ranks), -1),
-            "_send": send, "_recv": recv, "_peak": peak,
-        })
-
-    def _ns(self, t: npt.NDArray[np.floating[Any]], ranks: I64) -> I64:
-        h = self.topo.host_of[ranks]
-        return EPOCH_NS + np.rint((t * (1.0 + self.drift[h]) + self.skew[h]) * 1e9).astype(np.int64)
+        if peak is None:
+            peak = np.full((n, min(self.sc.channels, MAX_CHANNELS)), -1, dtype=np.int64)
+        self.pending.append((blk, np.broadcast_to(t, (n,)), peak))
 
     # -- windows out ----------------------------------------------------------------------------
     def _flush(self, upto: float) -> Iterator[tuple[float, KernelBatch]]:
@@ -491,37 +679,44 @@ class MegatronSim(FaultBook):
         if last <= self.window or not self.pending:
             self.window = max(self.window, min(last, self.n_inst))
             return
-        cols = {k: np.concatenate([p[k] for p in self.pending]) for k in self.pending[0]}
-        win = np.floor(cols["_t"] / dt + 1e-9).astype(np.int64)
+        if len(self.pending) == 1:
+            blk, t, peak = self.pending[0]
+        else:
+            blk = np.concatenate([p[0] for p in self.pending], axis=1)
+            t = np.concatenate([p[1] for p in self.pending])
+            peak = np.concatenate([p[2] for p in self.pending])
+        win = np.floor(t / dt + 1e-9).astype(np.int64)
         out = win < last
-        self.pending = [{k: v[~out] for k, v in cols.items()}] if (~out).any() else []
-        cols = {k: v[out] for k, v in cols.items()}
-        win = win[out]
+        if out.all():
+            self.pending = []
+        else:
+            keep = ~out
+            self.pending = [(blk[:, keep], t[keep], peak[keep])] if keep.any() else []
+            blk, t, peak, win = blk[:, out], t[out], peak[out], win[out]
         # one batch per window, communicator and incarnation (a communicator may be created again
         # under a new hash, a job may restart as a new incarnation, inside one window)
-        order = np.lexsort((cols["_t"], cols["_hash"], cols["_cid"], cols["_inc"], win))
-        cols = {k: v[order] for k, v in cols.items()}
-        win = win[order]
-        change = (np.diff(win) != 0) | (np.diff(cols["_cid"]) != 0) | (np.diff(cols["_inc"]) != 0) | (
-            np.diff(cols["_hash"]) != 0)
+        order = np.lexsort((t, blk[_R_HASH], blk[_R_CID], blk[_R_INC], win))
+        blk, peak, win = blk[:, order], peak[order], win[order]
+        change = (np.diff(win) != 0) | (np.diff(blk[_R_CID]) != 0) | (np.diff(blk[_R_INC]) != 0) | (
+            np.diff(blk[_R_HASH]) != 0)
         cuts = np.flatnonzero(change) + 1
         bounds = np.concatenate([[0], cuts, [win.shape[0]]]).tolist()
-        ch = min(self.sc.channels, MAX_CHANNELS)
-        send2 = fold_columns(np.repeat(cols["_send"][:, None], self.sc.channels, axis=1), MAX_CHANNELS)
-        recv2 = fold_columns(np.repeat(cols["_recv"][:, None], self.sc.channels, axis=1), MAX_CHANNELS)
-        names = ("op_seq", "op_type", "dtype", "count", "peer", "rank", "comm_rank", "comm_size", "status",
-                 "host_idx", "t_enter_ns", "t_exit_ns", "t_sample_ns", "t_prev_exit_ns")
-        for a, b in zip(bounds[:-1], bounds[1:], strict=True):
-            cid = int(cols["_cid"][a])
-            w = int(win[a])
+        send2 = blk[_R_SEND][:, None] * self.slot_mult
+        recv2 = blk[_R_RECV][:, None] * self.slot_mult
+        firsts = bounds[:-1]
+        cid_l = blk[_R_CID][firsts].tolist()
+        win_l = win[firsts].tolist()
+        inc_l = blk[_R_INC][firsts].tolist()
+        hash_l = blk[_R_HASH][firsts].tolist()
+        hosts, job, producer, world = self.c.hosts, self.job, self.producer, self.topo.n
+        for i, (a, b) in enumerate(zip(firsts, bounds[1:], strict=True)):
             batch = KernelBatch(
-                job=self.job, incarnation=int(cols["_inc"][a]), comm_hash=int(cols["_hash"][a]), world_size=self.topo.n,
-                hosts=self.c.hosts[cid], columns={k: cols[k][a:b] for k in names}, send=send2[a:b, :ch],
-                recv=recv2[a:b, :ch], producer=self.producer, batch_seq=self.batch_seq,
-                peak_lag=cols["_peak"][a:b, :ch],
+                job=job, incarnation=inc_l[i], comm_hash=hash_l[i], world_size=world,
+                hosts=hosts[cid_l[i]], columns={k: blk[r, a:b] for k, r in _BATCH_ROWS}, send=send2[a:b],
+                recv=recv2[a:b], producer=producer, batch_seq=self.batch_seq, peak_lag=peak[a:b],
             )
             self.batch_seq += 1
-            yield min((w + 1) * dt, self.sc.duration_s) + DELIVERY_LATENCY_S, batch
+            yield min((win_l[i] + 1) * dt, self.sc.duration_s) + DELIVERY_LATENCY_S, batch
         self.window = last
 
     # -- the schedule -------------------------------------------------------------------------------
@@ -541,7 +736,7 @@ class MegatronSim(FaultBook):
     def _pass(self, p: int, kind: str, i: int, step_factor: float, last_mb: bool) -> None:
         """Layers of one forward or backward pass of stage ``p`` (tensor-parallel ops inside)."""
         topo, w = self.topo, self.w
-        stage = topo.stage_ranks(p)
+        stage = self._stages[p]
         grid = stage.reshape(topo.dp, topo.tp)
         per_layer = w.fwd_s * (1.0 if kind == "F" else 2.0)
         k = w.tp_ops_per_layer
@@ -554,12 +749,18 @@ class MegatronSim(FaultBook):
             for b in range(w.dp_buckets):
                 buckets_after.setdefault(min(w.layers - 1, (b + 1) * w.layers // w.dp_buckets - 1), []).append(b)
         t = self.clock[stage]
+        count = w.act_elems // (topo.tp if w.seq_parallel else 1)
+        seg: list[OpType] = []  # the layers' ops up to the next gradient bucket, played as one chain
         for layer in range(w.layers):
-            for j in range(k):
-                t = self._compute(stage, t, per_layer / k, step_factor)
-                if topo.tp > 1:
-                    t = self.coll(grid, topo.tp_comm, topo.tp_crank, t, ops[j], tp_s,
-                                  w.act_elems // (topo.tp if w.seq_parallel else 1), family="tp", key=("tp", p))
+            if topo.tp > 1:
+                seg += ops[:k]
+                if layer in buckets_after or layer == w.layers - 1:
+                    t = self._chain(grid, topo.tp_comm, topo.tp_crank, t, seg, tp_s, count, family="tp",
+                                    key=("tp", p), compute=(per_layer / k, step_factor))
+                    seg = []
+            else:
+                for _j in range(k):
+                    t = self._compute(stage, t, per_layer / k, step_factor)
             for _b in buckets_after.get(layer, []):
                 ex = self.coll(grid.T.copy(), topo.dp_comm, topo.dp_crank, self._reorder(stage, grid.T.ravel(), t),
                                OpType.REDUCE_SCATTER, w.dp_op_s(topo.tp, topo.dp),
@@ -615,7 +816,7 @@ class MegatronSim(FaultBook):
                 has_src = 0 <= src_p < topo.pp
                 if has_src and (src_p, kind, i) not in sent:
                     continue
-                stage = topo.stage_ranks(p)
+                stage = self._stages[p]
                 if has_src:
                     src = stage - topo.tp if kind == "F" else stage + topo.tp
                     comm = topo.pps_comm[src] if kind == "F" else self.c.bwd_comm[src]
@@ -632,15 +833,14 @@ class MegatronSim(FaultBook):
                 raise RuntimeError("1F1B schedule made no progress")
         if self.train and topo.dp > 1:
             for p in range(topo.pp):
-                stage = topo.stage_ranks(p)
+                stage = self._stages[p]
                 grid = stage.reshape(topo.dp, topo.tp)
                 t = np.maximum(self.clock[stage], self.rs_exit[stage])  # wait for the gradient buckets
                 order = grid.T.ravel()
                 e = self._reorder(stage, order, t)
-                for _b in range(w.dp_buckets):
-                    e = self.coll(grid.T.copy(), topo.dp_comm, topo.dp_crank, e, OpType.ALL_GATHER,
-                                  w.dp_op_s(topo.tp, topo.dp), int(w.grad_bytes(topo.tp) / 2 / w.dp_buckets),
-                                  family="dp", key=("dp", p))
+                e = self._chain(grid.T.copy(), topo.dp_comm, topo.dp_crank, e, [OpType.ALL_GATHER] * w.dp_buckets,
+                                w.dp_op_s(topo.tp, topo.dp), int(w.grad_bytes(topo.tp) / 2 / w.dp_buckets),
+                                family="dp", key=("dp", p))
                 self.clock[stage] = self._reorder(order, stage, e)
 
     def _last_word(self, members: I64) -> None:
@@ -706,6 +906,7 @@ class MegatronSim(FaultBook):
         end = sc.duration_s if horizon_s is None else min(sc.duration_s, horizon_s)
         while float(np.min(self.clock)) <= end:
             self._step(step)
+            self._done_rows()
             if self.measure:  # every rank measures its communicators' op rate and picks the stride
                 el = max(float(np.min(self.clock)) - self.step_t0, 1e-6)
                 self.one_in = np.asarray([detail_one_in(c / el, self.budget) for c in self.cseq.tolist()],

@@ -65,8 +65,11 @@ def _summary(sc: Scenario) -> dict[str, object]:
 
 
 def _unique(col: object) -> tuple[list[int], list[int]]:
-    vals, counts = np.unique(np.asarray(col), return_counts=True)
-    return vals.tolist(), counts.tolist()
+    """The statuses present in a batch and their counts (a bincount: statuses are small, and
+    np.unique's sort cost as much per batch as the simulator's own work at thousands of batches/s)."""
+    counts = np.bincount(np.asarray(col, dtype=np.int64))
+    vals = np.flatnonzero(counts)
+    return vals.tolist(), counts[vals].tolist()
 
 
 def main(args: argparse.Namespace, settings: Settings) -> int:
