@@ -1,5 +1,6 @@
 """/metrics of the real processes, scraped by a real Prometheus: the worker's record count as Prometheus
-stores it equals the records produced; the sink's, the alert bridge's and ``ccld up``'s endpoints answer.
+stores it equals the records produced; the sink's, the alert bridge's and ``ccld up``'s endpoints answer,
+and the server helper they share answers only /metrics, survives a broken collector and a taken port.
 
 Prometheus is Debian's (``apt-get install prometheus``), started per test on a free loopback port with
 a minimal config that scrapes every second; the tests that need it skip, saying so, only where the
@@ -18,6 +19,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.parse
 import urllib.request
 import uuid
@@ -29,7 +31,8 @@ from typing import Any
 import pytest
 from confluent_kafka import Producer
 
-from ccld.metrics import CONTENT_TYPE
+from ccld.metrics import CONTENT_TYPE, Family
+from ccld.metrics_http import MetricsServer, start_metrics_server
 from ccld.producers.kafka import MetricsProducer
 from ccld.producers.simulator.scenario import Scenario
 from ccld.producers.simulator.sim import simulate
@@ -189,6 +192,38 @@ def test_prometheus_scrapes_the_worker_and_counts_every_record(
     for panel in dash["panels"]:
         for target in panel.get("targets", []):
             prom.query(target["expr"].replace("$__rate_interval", "1m"))
+
+
+# --- the server helper the sink, the alert bridge and the aggregator share --------------------------------
+
+
+def test_the_metrics_server_serves_metrics_only_survives_a_broken_collector_and_a_taken_port(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    broken = {"now": False}
+
+    def collect() -> list[Family]:
+        if broken["now"]:
+            raise RuntimeError("collector bug")
+        return [Family("ccld_demo_total", "counter", "Demo.").add(2)]
+
+    with MetricsServer(collect, port=0) as server:
+        ctype, body = scrape(server.url)
+        assert ctype == CONTENT_TYPE and body == "# HELP ccld_demo_total Demo.\n# TYPE ccld_demo_total counter\n" \
+            "ccld_demo_total 2\n"
+        with pytest.raises(urllib.error.HTTPError) as missing:
+            scrape(server.url.replace("/metrics", "/other"))
+        assert missing.value.code == 404
+        broken["now"] = True
+        with pytest.raises(urllib.error.HTTPError) as failed:
+            scrape(server.url)
+        assert failed.value.code == 500 and b"collector bug" in failed.value.read()
+        broken["now"] = False
+        assert scrape(server.url)[1].endswith("ccld_demo_total 2\n"), "the server survived the failed scrape"
+        # a second service on the same port runs on without metrics, and says so once
+        assert start_metrics_server(collect, "127.0.0.1", server.port, what="second") is None
+        assert "second: no metrics endpoint: cannot listen on 127.0.0.1" in caplog.text
+    assert start_metrics_server(collect, "127.0.0.1", 0, what="off") is None, "port 0 is off"
 
 
 # --- the sink and the alert bridge ---------------------------------------------------------------------
