@@ -110,6 +110,7 @@ class Settings:
     sink_group: str = "ccld-sink"  # consumer group of the Parquet sink
     sink_max_rows: int = 100_000  # rows per Parquet file (and row group) at most
     sink_max_age_s: float = 10.0  # flush a partial file after this long
+    sink_metrics_port: int = 9464  # `ccld sink` serves Prometheus metrics at http://<metrics_bind>:PORT/metrics; 0: off
     worker_app_id: str = "ccld-worker"  # Faust app id (consumer group and changelog names)
     worker_web_port: int = 0  # 0: no web server
     status_workers: str = ""  # `ccld status`: the workers' web addresses, comma-separated (empty: this machine's)
@@ -137,6 +138,9 @@ class Settings:
     alert_backlog_max: int = 1_000  # verdicts waiting for a receiver, at most; then consuming pauses (none dropped)
     alert_timeout_s: float = 10.0  # one HTTP delivery attempt gives up after this long
     alert_retry_max_s: float = 30.0  # retries of a failed delivery back off from 0.5 s, doubling up to this
+    alert_metrics_port: int = 9465  # `ccld alert` serves Prometheus metrics on this port; 0: off
+    aggregator_metrics_port: int = 9466  # the host aggregator of `ccld run` serves Prometheus metrics here; 0: off
+    metrics_bind: str = "127.0.0.1"  # address every metrics endpoint (and the worker's web server) listens on
     session_timeout_ms: int = 6_000  # consumer group session timeout (short: fast joins and failover)
     heartbeat_ms: int = 2_000  # consumer group heartbeat interval
     security_protocol: str = "PLAINTEXT"  # PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL, for every Kafka client
@@ -279,6 +283,9 @@ def _validate(s: Settings) -> None:
     for name in ("verdicts_broker_timeout_s", "alert_repeat_s", "alert_timeout_s", "alert_retry_max_s"):
         if getattr(s, name) <= 0:
             raise ConfigError(f"{name} must be positive, got {getattr(s, name)}")
+    for name in ("worker_web_port", "sink_metrics_port", "alert_metrics_port", "aggregator_metrics_port"):
+        if not 0 <= getattr(s, name) <= 65535:
+            raise ConfigError(f"{name} must be a port from 0 (off) to 65535, got {getattr(s, name)}")
     if s.alert_backlog_max < 1:
         raise ConfigError(f"alert_backlog_max must be at least 1, got {s.alert_backlog_max}")
     for name in ("alert_alertmanager_url", "alert_webhook_url"):

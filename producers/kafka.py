@@ -204,6 +204,15 @@ class MetricsProducer:
         }
 
     @property
+    def spool_bytes(self) -> int:
+        """Bytes the on-disk spool holds now (0 without one), of at most ``spool_max_mb``."""
+        spool = self._spool_replay.spool
+        try:
+            return spool.bytes_used if spool is not None else 0
+        except OSError:  # a segment replayed and removed while we looked: next time
+            return 0
+
+    @property
     def lost_records(self) -> int:
         """Records that did not reach the broker and never will."""
         return self.stats["lost_records"]

@@ -8,8 +8,10 @@ import threading
 from types import FrameType
 
 from ccld.errors import BrokerError
+from ccld.metrics_http import start_metrics_server
 from ccld.settings import Settings
 from ccld.sinks.alerts import AlertService
+from ccld.sinks.sink_metrics import alert_families
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -21,13 +23,16 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="POST each verdict as JSON to this URL (default: alert_webhook_url)")
     parser.add_argument("--slack", action="store_true", default=None,
                         help='the webhook is a Slack incoming webhook: send {"text": ...} (default: alert_slack)')
+    parser.add_argument("--metrics-port", type=int, metavar="PORT",
+                        help="serve Prometheus metrics on this port, 0: off (default: alert_metrics_port, 9465)")
 
 
 def main(args: argparse.Namespace, settings: Settings) -> int:
     if not settings.bootstrap:
         raise BrokerError("ccld alert needs --bootstrap (or CCLD_BOOTSTRAP)")
     # the flags win over the CCLD_ALERT_* settings; given as settings, `ccld up` can start the service too
-    flags = {"alert_alertmanager_url": args.alertmanager, "alert_webhook_url": args.webhook, "alert_slack": args.slack}
+    flags = {"alert_alertmanager_url": args.alertmanager, "alert_webhook_url": args.webhook, "alert_slack": args.slack,
+             "alert_metrics_port": args.metrics_port}
     settings = settings.replace(**{k: v for k, v in flags.items() if v is not None})
     service = AlertService(settings)  # refuses to start without a receiver
     from ccld.topics import ensure_topics
@@ -41,7 +46,15 @@ def main(args: argparse.Namespace, settings: Settings) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     targets = ", ".join(f"{r.name} {r.target.shown}" for r in service.receivers)
+    server = start_metrics_server(lambda: alert_families(service), settings.metrics_bind,
+                                  settings.alert_metrics_port, what="alert bridge")
     print(f"alerting: {service.topic} (group {settings.alert_group}) to {targets}", flush=True)
-    service.run(stop)
+    if server is not None:
+        print(f"metrics: {server.url}", flush=True)
+    try:
+        service.run(stop)
+    finally:
+        if server is not None:
+            server.close()
     print(f"alert stopped: {service.final_line}", flush=True)
     return 0

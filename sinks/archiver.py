@@ -63,7 +63,7 @@ class Archiver:
         self.group = group or settings.sink_group
         self.topics = [settings.metrics_topic, settings.verdicts_topic]
         self.counters = {"messages": 0, "rows": 0, "files": 0, "undecodable": 0, "bad_value": 0, "commit_errors": 0,
-                         "offset_resets": 0}
+                         "offset_resets": 0, "write_failures": 0}
         self._buffers: dict[tuple[str, int], _Buffer] = {}
         self._ids = TopicIds(kafka_config(settings))
         self._tokens = SinkTokens(self.root)
@@ -123,6 +123,21 @@ class Archiver:
             self._flush_all(consumer, force=True)
         finally:
             consumer.close()
+
+    def uncommitted(self) -> tuple[int, float]:
+        """Messages taken but not committed yet (buffered for a file), and how long the oldest has waited (s).
+
+        Read from the metrics server's thread: ``list()`` of a dict's values runs without releasing the GIL,
+        so it is one consistent copy even while the consume loop adds and removes buffers."""
+        bufs = list(self._buffers.values())
+        if not bufs:
+            return 0, 0.0
+        return sum(len(b.items) for b in bufs), max(time.monotonic() - min(b.first_seen for b in bufs), 0.0)
+
+    @property
+    def blocked(self) -> bool:
+        """Whether files wait because the archive folder could not be written (fetching is paused)."""
+        return self._blocked_until is not None
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         # An assignment starts each partition at its committed offset: going back to it is no reset, and
@@ -234,6 +249,7 @@ class Archiver:
             try:
                 self._flush(consumer, key, buf, commit=reachable and not recreated)
             except OSError as exc:
+                self.counters["write_failures"] += 1
                 self._cannot_write(exc)
                 self._blocked_until = time.monotonic() + RETRY_WRITE_S
                 if force:  # stopping or revoked: not committed, so read again by the next owner

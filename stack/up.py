@@ -5,6 +5,9 @@ handlers). A child that dies is restarted with backoff (``stack.supervise.Backof
 restart is logged; a dead embedded broker is restarted on the same port, its topics are
 recreated and the children restarted against it (the memory broker lost every message, offset
 and group). Ctrl-C or SIGTERM stops the children first, then the broker.
+
+``ccld up`` gives each child a Prometheus metrics port (``--metrics-port``: free ones by default,
+or consecutive ones from a base) and prints each URL; a restarted child keeps its port.
 """
 
 from __future__ import annotations
@@ -23,9 +26,10 @@ from types import TracebackType
 from ccld.cli import count_arg, port_arg
 from ccld.errors import BrokerError
 from ccld.lifeline import Lifeline
+from ccld.metrics_http import metrics_url
 from ccld.security import kafka_config
 from ccld.settings import Settings
-from ccld.stack.broker import EmbeddedBroker, wait_until_answers
+from ccld.stack.broker import EmbeddedBroker, free_port, wait_until_answers
 from ccld.stack.signals import stop_on_sigterm
 from ccld.stack.supervise import Backoff
 from ccld.topics import ensure_topics
@@ -33,6 +37,9 @@ from ccld.topics import ensure_topics
 log = logging.getLogger(__name__)
 
 __all__ = ["Pipeline", "child_env", "configure", "main", "stop_on_sigterm"]
+
+#: the setting that carries each kind of child's metrics port (the worker serves /metrics from Faust's web server)
+METRICS_PORT_SETTING = {"worker": "worker_web_port", "sink": "sink_metrics_port", "alert": "alert_metrics_port"}
 
 
 def child_env(settings: Settings) -> dict[str, str]:
@@ -46,7 +53,7 @@ class Pipeline:
     """Broker + worker + sink, started together and stopped together; ``supervise()`` restarts the dead."""
 
     def __init__(self, settings: Settings, *, port: int = 0, log_dir: Path | None = None,
-                 backoff: Callable[[], Backoff] = Backoff) -> None:
+                 backoff: Callable[[], Backoff] = Backoff, metrics_port: int | None = None) -> None:
         self.settings = settings
         self.port = port
         self.log_dir = log_dir
@@ -56,6 +63,10 @@ class Pipeline:
         self._backoff_factory = backoff
         self.backoff: dict[str, Backoff] = {}  # "broker", "worker", "sink"
         self._lifeline: Lifeline | None = None  # children watch it: they stop when this process is gone
+        # None: the children's metrics ports are the settings' as they are; 0: a free port each; N: N, N+1, ...
+        # in start order. A child keeps its port across restarts, so a printed URL stays right.
+        self.metrics_port = metrics_port
+        self.metrics_ports: dict[str, int] = {}
 
     def start(self, *, worker: bool = True, sink: bool = True, workers: int = 1) -> Pipeline:
         """Start the broker (unless the settings name one), ``workers`` workers and the sink."""
@@ -100,13 +111,31 @@ class Pipeline:
             # order. So nothing tells them if we are killed: they watch the lifeline (ccld.lifeline).
             self.children[name] = subprocess.Popen(
                 [sys.executable, "-P", "-m", "ccld.cli", name.partition("-")[0]],
-                env={**child_env(self.settings), **self._lifeline.env()}, pass_fds=self._lifeline.pass_fds,
+                env={**child_env(self._child_settings(name)), **self._lifeline.env()},
+                pass_fds=self._lifeline.pass_fds,
                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
             )
         finally:
             if out != subprocess.DEVNULL:
                 os.close(out)  # the child has its own copy; a restarted child must not leak ours
         self._backoff(name).started(time.monotonic())
+
+    def _child_settings(self, name: str) -> Settings:
+        """The settings child ``name`` gets: ours, with its own metrics port when we hand them out."""
+        setting = METRICS_PORT_SETTING.get(name.partition("-")[0])
+        if self.metrics_port is None or setting is None:
+            return self.settings
+        port = self.metrics_ports.get(name)
+        if port is None:
+            base = self.metrics_port
+            port = free_port(self.settings.metrics_bind) if base == 0 else base + len(self.metrics_ports)
+            self.metrics_ports[name] = port
+        return self.settings.replace(**{setting: port})
+
+    def metrics_urls(self) -> dict[str, str]:
+        """Child name -> the URL of its /metrics, for the children given a port (``metrics_port``)."""
+        return {name: metrics_url(self.settings.metrics_bind, port) for name, port in self.metrics_ports.items()
+                if name in self.children}
 
     def dead_children(self) -> list[str]:
         return [name for name, p in self.children.items() if p.poll() is not None]
@@ -218,6 +247,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--logs", type=Path, default=Path("ccld-logs"), help="where worker.log and sink.log go")
     parser.add_argument("--workers", type=count_arg, default=1,
                         help="worker processes (they share the metrics partitions; default 1)")
+    parser.add_argument("--metrics-port", type=port_arg, default=0, metavar="PORT",
+                        help="Prometheus metrics of the worker(s), sink and alert bridge on PORT, PORT+1, ... in "
+                        "that order (default 0: free ports); each URL is printed")
     g = parser.add_argument_group("alerts (also a service of ccld up: `ccld alert` with the same flags)")
     g.add_argument("--alertmanager", metavar="URL", help="deliver incidents to this Alertmanager (v2 API)")
     g.add_argument("--webhook", metavar="URL", help="deliver incidents to this JSON webhook")
@@ -234,7 +266,7 @@ def main(args: argparse.Namespace, settings: Settings) -> int:
         alerts["alert_slack"] = True
     if alerts:
         settings = settings.replace(**alerts)  # the children read them from the environment (child_env)
-    pipeline = Pipeline(settings, port=args.port, log_dir=args.logs)
+    pipeline = Pipeline(settings, port=args.port, log_dir=args.logs, metrics_port=args.metrics_port)
     stop_on_sigterm()
     try:
         pipeline.start(workers=args.workers)
@@ -243,6 +275,8 @@ def main(args: argparse.Namespace, settings: Settings) -> int:
             or settings.alert_webhook_url else "worker and sink"
         print(f"{services} running (logs in {args.logs}/); archive in {settings.archive_dir}/; "
               f"a dead worker, sink or broker is restarted; Ctrl-C stops everything", flush=True)
+        for name, url in pipeline.metrics_urls().items():
+            print(f"metrics: {url} ({name})", flush=True)
         while True:
             for line in pipeline.supervise():
                 print(f"ccld up: {line}", file=sys.stderr, flush=True)

@@ -49,6 +49,7 @@ from ccld.streams.processor import Output, PartitionProcessor, ProcessorOptions
 from ccld.streams.recovery import read_partition, topic_id, verdict_keys_on_topic
 from ccld.streams.stage_processor import StageProcessor
 from ccld.streams.status import job_status, merge
+from ccld.streams.worker_metrics import WorkerMetrics
 from ccld.streams.worker_state import P, WorkerState
 from ccld.topics import ensure_topics
 
@@ -98,7 +99,7 @@ def faust_app(settings: Settings, app_id: str | None = None) -> faust.App:
         topic_allow_declare=True,
         web_enabled=settings.worker_web_port > 0,
         web_port=settings.worker_web_port or 6066,
-        web_bind="127.0.0.1",
+        web_bind=settings.metrics_bind,
         consumer_auto_offset_reset="earliest",
         broker_commit_interval=settings.worker_commit_interval_s,
         # Metrics messages are columnar batches of tens of KB: fetch many per round trip.
@@ -158,6 +159,7 @@ class WorkerApp:
         self._counters_at = time.monotonic()
         self._counters_line = ""
         self.lag = LagWatch(settings.worker_caught_up_lag_s)
+        self.telemetry = WorkerMetrics(self.states, self.lag)  # /metrics (worker_metrics.py)
         self._register()
 
     def _register(self) -> None:
@@ -174,6 +176,7 @@ class WorkerApp:
         app.timer(TOPIC_CHECK_EVERY_S)(self._watch_topics)
         app.timer(self.settings.worker_tick_s)(self._tick)
         app.on_before_shutdown.connect(self._on_shutdown)
+        self.telemetry.serve(app)  # /metrics (Prometheus): served when the web server is on
 
         async def status_page(view: View, request: Request) -> Response:  # a Faust view's get(): (view, request)
             return view.json(self._status_body(request.query.get("job")))
@@ -205,7 +208,9 @@ class WorkerApp:
                 if 0 <= proc.next_offset < msg.offset:
                     await self._catch_up(msg.partition, proc, msg.offset)
                 ts = msg.timestamp if msg.timestamp else None
+                began = time.perf_counter()
                 out = proc.handle(msg.value, topic=msg.topic, offset=msg.offset, timestamp_s=ts)
+                self.telemetry.observe_analysis(time.perf_counter() - began)
                 await self._deliver(proc, out)
             except asyncio.CancelledError:
                 raise

@@ -20,6 +20,13 @@ log = logging.getLogger(__name__)
 
 #: Remember this many sent (incident, state) pairs per partition for de-duplication.
 SENT_MEMORY = 50_000
+#: Counter keys of the verdicts sent by class and state: ``verdicts:<kind>:<state>`` (``verdict_counter``).
+VERDICT_COUNTER_PREFIX = "verdicts:"
+
+
+def verdict_counter(kind: str, state: str) -> str:
+    """The counter key of the verdicts of ``kind`` (H1 ...) in ``state`` (open ...) acknowledged by the broker."""
+    return f"{VERDICT_COUNTER_PREFIX}{kind}:{state}"
 
 
 class Outbox:
@@ -67,3 +74,6 @@ class Outbox:
         if len(self._sent) > SENT_MEMORY:
             self._sent.popitem(last=False)
         self.counters["verdicts"] += 1
+        # by class and state too (``ccld_worker_verdicts_total{kind,state}``); in the counters, so restarts keep it
+        by = verdict_counter(verdict.kind.value, verdict.state.value)
+        self.counters[by] = self.counters.get(by, 0) + 1

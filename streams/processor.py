@@ -266,6 +266,7 @@ class PartitionProcessor(Outbox):
         out["duplicate_batches"] = sum(int(j.analyzer.stats.get("duplicates", 0)) for j in self.jobs.values())
         out["jobs"] = len(self.jobs)
         out["pending_verdicts"] = len(self._pending)
+        out["open_incidents"] = sum(len(j.analyzer.book.open) for j in self.jobs.values())
         return out
 
     # --- recovery -----------------------------------------------------------------------------

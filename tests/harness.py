@@ -182,3 +182,21 @@ def kill_tree(proc: subprocess.Popen[bytes]) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
     proc.wait()
+
+
+def parse_exposition(text: str) -> dict[str, float]:
+    """Prometheus text as ``{'name{a="1",b="x"}': value}`` (labels as rendered); comment lines skipped."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            key, _, value = line.rpartition(" ")
+            out[key] = float(value)
+    return out
+
+
+def scrape(url: str, timeout_s: float = 5.0) -> tuple[str, str]:
+    """``(content type, body)`` of a GET of ``url`` (a /metrics endpoint)."""
+    import urllib.request
+
+    with urllib.request.urlopen(url, timeout=timeout_s) as resp:
+        return resp.headers.get("Content-Type", ""), resp.read().decode()

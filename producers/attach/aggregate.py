@@ -168,6 +168,11 @@ class HostAggregator:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    @property
+    def buffered_rows(self) -> int:
+        """Rows received and not yet flushed (at most ``max_rows``; beyond it rank batches are dropped)."""
+        return self._rows
+
     def stats_line(self) -> str:
         s = self.stats
         return (

@@ -172,6 +172,12 @@ class KafkaSink:
             self._last_stats = dict(producer.stats)
 
     @property
+    def spool_bytes(self) -> int:
+        """Bytes in the producer's on-disk spool (0 without a producer or a spool)."""
+        producer = self._producer
+        return int(producer.spool_bytes) if producer is not None else 0
+
+    @property
     def stats(self) -> dict[str, Any]:
         out: dict[str, Any] = {
             "sink_dropped": self.dropped,

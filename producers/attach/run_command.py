@@ -9,7 +9,8 @@ With the Kafka sink, ``--aggregate`` (the default) starts a host aggregator in t
 before the command (``ccld.producers.attach.aggregate``): the ranks hand it their batches over a
 Unix socket and it sends one message per job and second for all of them, instead of one per rank.
 It is stopped, and flushes what it holds, after the command exits. A rank that cannot reach it
-sends directly (counted); an aggregator that cannot start leaves every rank sending directly.
+sends directly (counted); an aggregator that cannot start leaves every rank sending directly. It
+serves Prometheus metrics on ``aggregator_metrics_port`` (``--metrics-port``; 0: off) while it runs.
 """
 
 from __future__ import annotations
@@ -52,6 +53,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="with the kafka sink: one message per host and second from a local aggregator instead of one "
         "per rank (default on; a rank that cannot reach it sends directly)",
     )  # fmt: skip
+    parser.add_argument("--metrics-port", type=int, metavar="PORT",
+                        help="the host aggregator serves Prometheus metrics on this port, 0: off "
+                        "(default: aggregator_metrics_port, 9466)")
     parser.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- COMMAND ...", help="the command to run")
 
 
@@ -81,6 +85,16 @@ def start_aggregator(settings: Settings) -> Any:
         return None
 
 
+def serve_aggregator_metrics(agg: Any, settings: Settings) -> Any:
+    """The aggregator's metrics server on ``aggregator_metrics_port``, or None (off, or the port is taken)."""
+    from ccld.metrics_http import start_metrics_server
+    from ccld.producers.attach.aggregate_metrics import aggregator_families
+
+    spool_max = int(settings.spool_max_mb * 1024 * 1024) if settings.spool_dir else 0
+    return start_metrics_server(lambda: aggregator_families(agg, spool_max_bytes=spool_max), settings.metrics_bind,
+                                settings.aggregator_metrics_port, what="ccld run: host aggregator")
+
+
 def main(args: argparse.Namespace, settings: Settings) -> int:
     cmd = list(args.cmd)
     if cmd and cmd[0] == "--":
@@ -93,13 +107,20 @@ def main(args: argparse.Namespace, settings: Settings) -> int:
         print("ccld run: the kafka sink needs --bootstrap (or CCLD_BOOTSTRAP)", file=sys.stderr)
         return 2
     aggregator = None
+    if getattr(args, "metrics_port", None) is not None:
+        settings = settings.replace(aggregator_metrics_port=args.metrics_port)
+    server = None
     if getattr(args, "aggregate", False) and sink.partition(":")[0] in ("", "kafka"):
         aggregator = start_aggregator(settings)
+        if aggregator is not None:
+            server = serve_aggregator_metrics(aggregator, settings)
     try:
         return _run(cmd, args, settings, sink, aggregator)
     finally:
         if aggregator is not None:  # after the job: its ranks' last batches are in the socket by now
             aggregator.close(AGGREGATOR_CLOSE_S)  # logs its stats line
+        if server is not None:
+            server.close()
 
 
 class KafkaWatch:

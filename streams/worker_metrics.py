@@ -1,0 +1,126 @@
+"""The worker's Prometheus metrics: its processors' counters as they are, plus the analysis latency histogram.
+
+Nothing is counted twice: each scrape reads every partition processor's ``report()`` (the counters the
+``counters {...}`` log line shows) and maps its keys to metric names (``COUNTERS``, ``GAUGES``). The
+counters carry on through restarts and rebalances in the snapshots, so a partition's series keeps its
+value when another worker takes the partition over (Prometheus sees a new series there, not a reset).
+Only the time the processor spends on each message is measured here (``observe_analysis``).
+
+Served at ``/metrics`` on Faust's web server (``worker_web_port``; ``ccld up`` gives each worker one).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from ccld.metrics import CONTENT_TYPE, Family, Histogram, render
+from ccld.streams.lag import LagWatch
+from ccld.streams.outbox import VERDICT_COUNTER_PREFIX
+from ccld.streams.worker_state import WorkerState
+
+#: Upper bounds (s) of the analysis latency buckets: a message usually takes 0.1-1 ms (``processor.handle``),
+#: a large batch or a full evaluation tens of ms; beyond a second the worker cannot keep up.
+ANALYSIS_BUCKETS_S = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+
+#: metric name, the metrics-topic processors' report key, help: counters by metrics partition
+COUNTERS = (
+    ("ccld_worker_messages_total", "messages", "Metrics messages handled (a re-delivered message counts again)."),
+    ("ccld_worker_records_total", "records", "Kernel records in the metrics messages handled."),
+    ("ccld_worker_dead_letters_total", "dead_letters",
+     "Messages that went to the dead-letter topic (undecodable or impossible values)."),
+    ("ccld_worker_bad_value_messages_total", "bad_value", "Dead letters for impossible values (reason bad-value)."),
+    ("ccld_worker_dead_letters_lost_total", "dead_letters_lost",
+     "Dead letters the broker refused five times (lost, logged)."),
+    ("ccld_worker_caught_up_messages_total", "caught_up_messages",
+     "Messages read back because the consumer went past offsets without delivering them."),
+    ("ccld_worker_analyzer_errors_total", "analyzer_errors", "Evaluations of a job that raised (logged)."),
+    ("ccld_worker_misrouted_rows_total", "misrouted_rows",
+     "Rows on a partition their job and communicator group do not map to (analysis_groups differs)."),
+)
+#: the same for gauges
+GAUGES = (
+    ("ccld_worker_unread_messages", "unread_messages",
+     "Messages between the partition's next offset and the broker's high watermark (the embedded broker "
+     "reports a watermark a batch short)."),
+    ("ccld_worker_jobs", "jobs", "Jobs with an analyzer on the partition."),
+)
+#: summed over every processor of the worker (metrics partitions and, in shard mode, the job stage's)
+TOTALS = (
+    ("ccld_worker_duplicate_verdicts_total", "counter", "duplicate_verdicts",
+     "Verdicts found again and dropped (already pending or sent)."),
+    ("ccld_worker_verdict_send_failures_total", "counter", "verdict_send_failures",
+     "Rounds in which sending a pending verdict failed (it stays pending)."),
+    ("ccld_worker_pending_verdicts", "gauge", "pending_verdicts",
+     "Verdicts found and not yet acknowledged by the broker."),
+    ("ccld_worker_open_incidents", "gauge", "open_incidents", "Incidents open now (not resolved)."),
+)
+
+
+class WorkerMetrics:
+    """Collects the worker's metrics from its states when scraped; times each message's analysis."""
+
+    def __init__(self, states: Sequence[WorkerState[Any]], lag: LagWatch) -> None:
+        self.states = states  # the metrics topic's first; the job stage's in shard mode
+        self.lag = lag
+        self.analysis = Histogram("ccld_worker_analysis_seconds",
+                                  "Time the partition processor spent on one metrics message (decode, checks, "
+                                  "analysis, evaluation when due).", ANALYSIS_BUCKETS_S)
+
+    def observe_analysis(self, seconds: float) -> None:
+        self.analysis.observe(seconds)
+
+    def families(self) -> list[Family]:
+        metrics = self.states[0]
+        reports = {p: proc.report() for p, proc in sorted(metrics.processors.items())}
+        out: list[Family] = []
+        for name, key, text in COUNTERS:
+            fam = Family(name, "counter", text, ("partition",))
+            for p, rep in reports.items():
+                fam.add(rep.get(key, 0), partition=p)
+            out.append(fam)
+        lag = Family("ccld_worker_lag_seconds", "gauge",
+                     "How much later than usual the partition's latest messages were read (0 when none "
+                     "arrived in the last 2 s).", ("partition",))
+        snap = Family("ccld_worker_snapshot_bytes", "gauge",
+                      "Size of the partition's last state snapshot on the changelog (compressed).", ("partition",))
+        for p, rep in reports.items():
+            lag.add(rep.get("lag_ms", 0) / 1000.0, partition=p)
+            raw = metrics.table.data.get(metrics.key(p)) if metrics.table is not None else None
+            snap.add(len(raw or b""), partition=p)
+        out += [lag, snap]
+        for name, key, text in GAUGES:
+            fam = Family(name, "gauge", text, ("partition",))
+            for p, rep in reports.items():
+                fam.add(rep.get(key, 0), partition=p)
+            out.append(fam)
+        out.append(Family("ccld_worker_partitions", "gauge", "Metrics partitions this worker owns now.")
+                   .add(len(reports)))
+        out.append(Family("ccld_worker_behind", "gauge",
+                          "1 while the worker is behind its partitions (silence does not count towards hangs "
+                          "then), else 0.").add(0 if self.lag.caught_up else 1))
+        everything = [proc.report() for st in self.states for proc in list(st.processors.values())]
+        verdicts = Family("ccld_worker_verdicts_total", "counter",
+                          "Verdicts the broker acknowledged, by anomaly class and incident state.", ("kind", "state"))
+        for rep in everything:
+            for key, n in rep.items():
+                if key.startswith(VERDICT_COUNTER_PREFIX):
+                    kind, _, state = key[len(VERDICT_COUNTER_PREFIX):].partition(":")
+                    verdicts.add(n, kind=kind, state=state)
+        out.append(verdicts)
+        for name, kind, key, text in TOTALS:
+            out.append(Family(name, "counter" if kind == "counter" else "gauge", text)
+                       .add(sum(rep.get(key, 0) for rep in everything)))
+        out.append(self.analysis.family())
+        return out
+
+    def render(self) -> str:
+        return render(self.families())
+
+    def serve(self, app: Any) -> None:
+        """Add ``/metrics`` to the Faust app's web server."""
+
+        async def metrics_page(view: Any, request: Any) -> Any:
+            return view.bytes(self.render().encode(), headers={"Content-Type": CONTENT_TYPE})
+
+        app.page("/metrics", name="ccld-metrics")(metrics_page)
