@@ -275,8 +275,13 @@ def main(args: argparse.Namespace, settings: Settings) -> int:
             or settings.alert_webhook_url else "worker and sink"
         print(f"{services} running (logs in {args.logs}/); archive in {settings.archive_dir}/; "
               f"a dead worker, sink or broker is restarted; Ctrl-C stops everything", flush=True)
-        for name, url in pipeline.metrics_urls().items():
+        urls = pipeline.metrics_urls()
+        for name, url in urls.items():
             print(f"metrics: {url} ({name})", flush=True)
+        # the workers' web servers also answer `ccld status` (its /status/ page beside /metrics)
+        workers = [url.removesuffix("/metrics") for name, url in urls.items() if name.startswith("worker")]
+        if workers:
+            print("status: ccld status --job JOB " + " ".join(f"--worker {w}" for w in workers), flush=True)
         while True:
             for line in pipeline.supervise():
                 print(f"ccld up: {line}", file=sys.stderr, flush=True)

@@ -44,7 +44,8 @@ def fetch(url: str, job: str | None, timeout_s: float) -> dict[str, Any]:
 
 
 def main(args: argparse.Namespace, settings: Settings) -> int:
-    job = settings.job or None
+    # the flag only: CCLD_JOB is what producers stamp, and every job name defaults to "default"
+    job = getattr(args, "job", None) or None
     answers: list[dict[str, Any]] = []
     failed: list[str] = []
     for url in worker_urls(args, settings):

@@ -315,6 +315,16 @@ def test_ccld_up_prints_a_metrics_url_for_each_service_and_each_answers(tmp_path
         assert worker_body and "ccld_worker_records_total" in worker_body, "".join(seen)
         sink_body = wait_for(lambda: _try_scrape(urls["sink"]), 30)
         assert sink_body and "ccld_sink_rows_total" in sink_body
+        # the status hint names the worker's web server, and `ccld status` gets an answer from it
+        with contextlib.suppress(queue.Empty):
+            while not any(x.startswith("status: ") for x in seen):
+                seen.append(lines.get(timeout=5))
+        hint = next(x for x in seen if x.startswith("status: ")).split()
+        worker = hint[hint.index("--worker") + 1]
+        assert worker == urls["worker"].removesuffix("/metrics"), hint
+        st = subprocess.run([sys.executable, "-P", "-m", "ccld.cli", "status", "--worker", worker], env=env,
+                            capture_output=True, text=True, timeout=30)
+        assert st.returncode == 0 and "no job on these workers" in st.stdout, st.stdout + st.stderr
     finally:
         up.send_signal(signal.SIGTERM)
         try:
