@@ -113,3 +113,12 @@ def test_every_file_the_architecture_map_names_exists() -> None:
     missing = [p for p in sorted(named) if not (ROOT / p.split("<", 1)[0]).exists()]
     assert len(named) > 20, "the map names fewer files than expected: did the pattern stop matching?"
     assert not missing, f"docs/architecture.md names paths that do not exist: {missing}"
+
+
+def test_the_runbook_gives_each_class_the_action_the_alerts_carry() -> None:
+    """docs/runbook.md and the alert annotation say the same first check (ccld/anomaly.py is the source)."""
+    from ccld.anomaly import CLASSES
+
+    runbook = (ROOT / "docs" / "runbook.md").read_text()
+    for kind, row in CLASSES.items():
+        assert f"| {kind.value} {row.title} | {row.root} | {row.action} |" in runbook, f"runbook row of {kind} is stale"
