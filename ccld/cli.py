@@ -11,8 +11,11 @@ import argparse
 import importlib
 import logging
 import os
+import signal
 import sys
+import threading
 from collections.abc import Sequence
+from types import FrameType
 from typing import Any, Protocol
 
 from ccld.errors import CcldError
@@ -42,6 +45,18 @@ def port_arg(text: str) -> int:
     if not 0 <= n <= 65535:
         raise argparse.ArgumentTypeError(f"a port is 0 to 65535, got {n}")
     return n
+
+
+def stop_on_signals() -> threading.Event:
+    """An event that SIGTERM and SIGINT set: a long-running command's loop stops cleanly on either."""
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    return stop
 
 
 class Command(Protocol):

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -120,3 +121,14 @@ def start_metrics_server(collect: Collect, host: str, port: int, *, what: str) -
         return None
     log.info("%s metrics at %s", what, server.url)
     return server
+
+
+@contextmanager
+def serving_metrics(collect: Collect, host: str, port: int, *, what: str) -> Iterator[MetricsServer | None]:
+    """``start_metrics_server`` for the life of a ``with`` block: closed however the service ends."""
+    server = start_metrics_server(collect, host, port, what=what)
+    try:
+        yield server
+    finally:
+        if server is not None:
+            server.close()

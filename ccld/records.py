@@ -43,6 +43,14 @@ class OpType(enum.IntEnum):
     RECV = 8
 
 
+def op_name(op: int) -> str:
+    """``all_reduce`` for an op type code (``op42`` for one this version does not know)."""
+    try:
+        return OpType(op).name.lower()
+    except ValueError:
+        return f"op{op}"
+
+
 class DType(enum.IntEnum):
     """Element type of the buffer (one byte of the Trace ID)."""
 

@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import signal
-import threading
-from types import FrameType
 
+from ccld.cli import stop_on_signals
 from ccld.errors import BrokerError
-from ccld.metrics_http import start_metrics_server
+from ccld.metrics_http import serving_metrics
 from ccld.settings import Settings
 from ccld.sinks.alerts import AlertService
 from ccld.sinks.sink_metrics import alert_families
@@ -38,23 +36,13 @@ def main(args: argparse.Namespace, settings: Settings) -> int:
     from ccld.topics import ensure_topics
 
     ensure_topics(settings)
-    stop = threading.Event()
-
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    stop = stop_on_signals()
     targets = ", ".join(f"{r.name} {r.target.shown}" for r in service.receivers)
-    server = start_metrics_server(lambda: alert_families(service), settings.metrics_bind,
-                                  settings.alert_metrics_port, what="alert bridge")
-    print(f"alerting: {service.topic} (group {settings.alert_group}) to {targets}", flush=True)
-    if server is not None:
-        print(f"metrics: {server.url}", flush=True)
-    try:
-        service.run(stop)
-    finally:
+    with serving_metrics(lambda: alert_families(service), settings.metrics_bind, settings.alert_metrics_port,
+                         what="alert bridge") as server:
+        print(f"alerting: {service.topic} (group {settings.alert_group}) to {targets}", flush=True)
         if server is not None:
-            server.close()
+            print(f"metrics: {server.url}", flush=True)
+        service.run(stop)
     print(f"alert stopped: {service.final_line}", flush=True)
     return 0

@@ -26,6 +26,7 @@ import pyarrow.parquet as pq
 
 from ccld.anomaly import CLASSES, AnomalyClass
 from ccld.errors import CcldError
+from ccld.ranks import rank_ranges as core_rank_ranges
 from ccld.records import Verdict, VerdictState
 from ccld.sinks.parquet import read_verdicts, scan
 
@@ -286,14 +287,5 @@ def alignment_note() -> str:
 
 
 def rank_ranges(ranks: Iterable[int]) -> str:
-    """``[0, 1, 2, 5, 7, 8]`` -> ``"0-2,5,7,8"`` (a run of three or more becomes a range)."""
-    rs = sorted(set(ranks))
-    out: list[str] = []
-    i = 0
-    while i < len(rs):
-        j = i
-        while j + 1 < len(rs) and rs[j + 1] == rs[j] + 1:
-            j += 1
-        out.append(f"{rs[i]}-{rs[j]}" if j - i >= 2 else ",".join(map(str, rs[i:j + 1])))
-        i = j + 1
-    return ",".join(out)
+    """``[0, 1, 2, 5, 7, 8]`` -> ``"0-2,5,7,8"``: a run of three or more becomes a range (``ccld.ranks``)."""
+    return core_rank_ranges(ranks, min_run=3)

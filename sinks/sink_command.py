@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import signal
-import threading
 from pathlib import Path
-from types import FrameType
 
+from ccld.cli import stop_on_signals
 from ccld.errors import BrokerError
-from ccld.metrics_http import start_metrics_server
+from ccld.metrics_http import serving_metrics
 from ccld.settings import Settings
 from ccld.sinks.archiver import Archiver
 from ccld.sinks.sink_metrics import archiver_families
@@ -30,22 +28,12 @@ def main(args: argparse.Namespace, settings: Settings) -> int:
 
     ensure_topics(settings)
     archiver = Archiver(settings, args.dir)
-    stop = threading.Event()
-
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    server = start_metrics_server(lambda: archiver_families(archiver), settings.metrics_bind,
-                                  settings.sink_metrics_port, what="sink")
-    print(f"archiving {', '.join(archiver.topics)} to {archiver.root.resolve()}", flush=True)
-    if server is not None:
-        print(f"metrics: {server.url}", flush=True)
-    try:
-        archiver.run(stop)
-    finally:
+    stop = stop_on_signals()
+    with serving_metrics(lambda: archiver_families(archiver), settings.metrics_bind, settings.sink_metrics_port,
+                         what="sink") as server:
+        print(f"archiving {', '.join(archiver.topics)} to {archiver.root.resolve()}", flush=True)
         if server is not None:
-            server.close()
+            print(f"metrics: {server.url}", flush=True)
+        archiver.run(stop)
     print(f"sink stopped: {archiver.counters}", flush=True)
     return 0

@@ -15,7 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from ccld.records import OpType
+from ccld.ranks import rank_ranges
+from ccld.records import op_name
 from ccld.streams.analysis.analyzer import Analyzer
 
 #: groups of ranks shown per communicator (the rest are counted)
@@ -27,17 +28,8 @@ GROUP_RANKS_MAX = 16
 
 
 def ranges(ranks: Iterable[int]) -> str:
-    """``0-3,8,10-11``: a rank list as ranges, sorted."""
-    rs = sorted(set(ranks))
-    out: list[str] = []
-    i = 0
-    while i < len(rs):
-        j = i
-        while j + 1 < len(rs) and rs[j + 1] == rs[j] + 1:
-            j += 1
-        out.append(str(rs[i]) if i == j else f"{rs[i]}-{rs[j]}")
-        i = j + 1
-    return ",".join(out)
+    """``0-3,8,10-11``: a rank list as ranges, sorted (``ccld.ranks``)."""
+    return rank_ranges(ranks)
 
 
 def short_ranges(ranks: Sequence[int], limit: int = GROUP_RANKS_MAX) -> str:
@@ -48,13 +40,6 @@ def short_ranges(ranks: Sequence[int], limit: int = GROUP_RANKS_MAX) -> str:
         return text
     rs = sorted(set(ranks))
     return f"{ranges(rs[:limit])},... ({len(rs)} ranks)"
-
-
-def _op_name(op: int) -> str:
-    try:
-        return OpType(op).name.lower()
-    except ValueError:
-        return f"op{op}"
 
 
 def job_status(analyzer: Analyzer, job: str, now: float) -> dict[str, Any]:
@@ -80,7 +65,7 @@ def job_status(analyzer: Analyzer, job: str, now: float) -> dict[str, Any]:
                                     js.m_done[sl].tolist(), strict=True):
             if g >= 0:
                 groups[(seq, op, bool(done))].append(g)
-        rows = [{"ranks": short_ranges(rs), "n": len(rs), "op_seq": seq, "op": _op_name(op),
+        rows = [{"ranks": short_ranges(rs), "n": len(rs), "op_seq": seq, "op": op_name(op),
                  "state": "done" if done else "inside"}
                 for (seq, op, done), rs in sorted(groups.items(), key=lambda kv: (-kv[0][0], kv[0][2]))]
         comms.append({
@@ -127,7 +112,7 @@ def _doing(analyzer: Analyzer, key: tuple[str, int], now: float) -> list[dict[st
     present = np.flatnonzero(best >= 0)
     for g, v in zip(present.tolist(), best[present].tolist(), strict=True):
         c = v >> 8
-        groups[(names[c], _op_name(v & 0xFF) if c else "")].append(g)
+        groups[(names[c], op_name(v & 0xFF) if c else "")].append(g)
     order = {"in no collective": 0, "waiting in a stalled op": 1, "inside a moving op": 2}
     return [{"state": st, "op": o, "ranks": ranges(rs), "n": len(rs)}
             for (st, o), rs in sorted(groups.items(), key=lambda kv: (order[kv[0][0]], -len(kv[1]), kv[0][1]))]

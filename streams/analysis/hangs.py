@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from ccld.records import AnomalyKind, DType, OpType
+from ccld.records import AnomalyKind, DType, OpType, op_name
 from ccld.streams.analysis.state import JobState, sig_code
 
 I64 = npt.NDArray[np.int64]
@@ -45,14 +45,7 @@ class CommDiag:
 
     @property
     def op_name(self) -> str:
-        return _op_name(self.op_type)
-
-
-def _op_name(op: int) -> str:
-    try:
-        return OpType(op).name.lower()
-    except ValueError:
-        return f"op{op}"
+        return op_name(self.op_type)
 
 
 def _dtype_name(dt: int) -> str:
@@ -152,13 +145,13 @@ def _mismatch(
         field_name = "order"  # a signature this communicator uses elsewhere in its step: wrong order
     ops, dts, counts = js.m_op[sl], js.m_dtype[sl], js.m_count[sl]
     note = (
-        f"rank {int(granks[i_odd])} entered {_op_name(int(ops[i_odd]))} #{k} "
+        f"rank {int(granks[i_odd])} entered {op_name(int(ops[i_odd]))} #{k} "
         f"({_dtype_name(int(dts[i_odd]))}, {int(counts[i_odd])} elements) while "
-        f"{int((~odd).sum())} ranks entered {_op_name(int(ops[i_ref]))} #{k} "
+        f"{int((~odd).sum())} ranks entered {op_name(int(ops[i_ref]))} #{k} "
         f"({_dtype_name(int(dts[i_ref]))}, {int(counts[i_ref])} elements)"
     )
     if int(u[ref]) == expected and int((cnt == cnt[ref]).sum()) > 1:
-        note += f" (no majority: the communicator's learned cadence expects {_op_name(int(ops[i_ref]))} at #{k})"
+        note += f" (no majority: the communicator's learned cadence expects {op_name(int(ops[i_ref]))} at #{k})"
     return CommDiag(
         cid, k, int(ops[i_ref]), AnomalyKind.H2, waiting, np.zeros(0, dtype=np.int64), culprits,
         mismatch_field=field_name, wait_own_s=wait_own, frozen_own_s=frozen_own, note=note,
@@ -194,7 +187,7 @@ def _frozen_ring(
     ch = int(np.argmax(diff[src])) if diff[src].max() > 0 else None
     link = (int(granks[src]), int(granks[dst]))
     note = (
-        f"all {size} ranks entered {_op_name(op_k)} #{k}; "
+        f"all {size} ranks entered {op_name(op_k)} #{k}; "
         f"rank {link[0]} RecvCount runs {int(back[src].sum())} slots ahead of its SendCount, rank {link[1]} "
         f"RecvCount {int(-back[dst].sum())} behind"
     )
@@ -230,7 +223,7 @@ def _diagnose_p2p(
         if int(ops[p]) == int(ops[i]):
             kind, field_name = AnomalyKind.H2, "send_recv"
             culprits.append(int(granks[i]))
-            note = f"ranks {int(granks[i])} and {int(granks[p])} both posted {_op_name(int(ops[i]))}: unmatched"
+            note = f"ranks {int(granks[i])} and {int(granks[p])} both posted {op_name(int(ops[i]))}: unmatched"
         elif int(dts[p]) != int(dts[i]) or int(counts[p]) != int(counts[i]):
             kind = AnomalyKind.H2
             field_name = "dtype" if int(dts[p]) != int(dts[i]) else "count"
