@@ -37,6 +37,7 @@ def run(sc: Scenario, reopen_s: float) -> list[Verdict]:
     return analyze_batches(list(simulate(sc)), s, then=[sc.duration_s + 70.0])
 
 
+@pytest.mark.slow  # a 135-s job replayed twice a case
 @pytest.mark.parametrize(("kind", "rank", "peer"), [("S2", 8, 9), ("S1", 5, None)])
 def test_a_flapping_fault_is_one_incident_whose_updates_count_the_episodes(kind: str, rank: int,
                                                                            peer: int | None) -> None:

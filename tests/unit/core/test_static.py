@@ -8,6 +8,8 @@ import sys
 import tomllib
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[3]
 CODE = ["ccld", "schemas", "probe", "producers", "streams", "sinks", "stack"]
 
@@ -24,6 +26,7 @@ def test_ruff_is_clean() -> None:
     assert res.returncode == 0, res.stdout + res.stderr
 
 
+@pytest.mark.slow  # about 30 s: mypy over the whole namespace; CI runs it
 def test_mypy_is_clean(tmp_path: Path) -> None:
     """mypy over the installed ``ccld`` namespace, so imports across stages are checked too.
 

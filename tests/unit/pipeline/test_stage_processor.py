@@ -83,6 +83,7 @@ def test_shards_and_a_stage_find_the_hang_of_the_single_processor_once() -> None
     assert got == want
 
 
+@pytest.mark.slow  # 5-10 s a case
 @pytest.mark.parametrize("hold", range(GROUPS))
 def test_a_late_shard_holds_the_jobs_hangs_back_instead_of_letting_victims_look_like_roots(hold: int) -> None:
     # one shard's reports stop just before the hang and come back 25 s later (its worker died, its

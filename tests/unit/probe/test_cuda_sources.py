@@ -35,6 +35,7 @@ def test_no_module_imports_cupy_at_load() -> None:
             assert not any(n.split(".")[0] == "cupy" for n in names), f"{path.name} imports cupy at load"
 
 
+@pytest.mark.slow  # nvcc, about 5 s
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
 def test_every_source_compiles_for_sm80_and_sm90_ptx_and_cubin() -> None:
     results = sources.compile_all(jobs=4)
