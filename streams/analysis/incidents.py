@@ -76,6 +76,13 @@ class Incident:
     quiet_since: float | None = None
     quiet_evidence: str = ""
     episodes: list[float] = field(default_factory=list)
+    #: what ends the episode now on: (communicator, family, value) of its finding; None: the first's
+    ends_on: tuple[str, str, int] | None = None
+
+    @property
+    def ending(self) -> tuple[str, str, int]:
+        """The key of the finding whose end ends this incident's current episode (``ShardReport.over``)."""
+        return self.ends_on or (self.first.communicator, *self.first.resolve_key)
 
     def episode_details(self) -> dict[str, str]:
         if not self.episodes:
@@ -104,9 +111,10 @@ class IncidentBook:
             inc.episodes.append(c.onset_time)
             upd = replace(
                 c, communicator=inc.first.communicator, op_seq=inc.first.op_seq, onset_time=inc.first.onset_time,
-                resolve_key=c.resolve_key, details={**c.details, **inc.episode_details()},
+                resolve_key=inc.first.resolve_key, details={**c.details, **inc.episode_details()},
             )
             inc.last, inc.last_report, inc.affected_n = upd, now, len(c.affected_ranks)
+            inc.ends_on = (c.communicator, *c.resolve_key)  # this episode ends when its own finding does
             return [upd.verdict(inc.incident_id, VerdictState.UPDATE, now)]
         if inc is not None:
             n = len(c.affected_ranks)
@@ -202,7 +210,7 @@ class IncidentBook:
             "open": [
                 {"id": inc.incident_id, "first": _cand_dict(inc.first), "last": _cand_dict(inc.last),
                  "last_report": inc.last_report, "quiet_since": inc.quiet_since, "quiet_evidence": inc.quiet_evidence,
-                 "episodes": inc.episodes}
+                 "episodes": inc.episodes, "ends_on": None if inc.ends_on is None else list(inc.ends_on)}
                 for inc in self.open.values()
             ],
         }
@@ -215,7 +223,8 @@ class IncidentBook:
             quiet = o.get("quiet_since")
             self.open[first.match_key] = Incident(
                 str(o["id"]), first, last, float(o["last_report"]), n, None if quiet is None else float(quiet),
-                str(o.get("quiet_evidence", "")), [float(t) for t in o.get("episodes", [])])
+                str(o.get("quiet_evidence", "")), [float(t) for t in o.get("episodes", [])],
+                None if not o.get("ends_on") else (str(o["ends_on"][0]), str(o["ends_on"][1]), int(o["ends_on"][2])))
 
 
 def _cand_dict(c: Candidate) -> dict[str, Any]:

@@ -92,7 +92,7 @@ class JobStage:
         for mk, incd in list(self.book.open.items()):
             c = incd.first
             if (c.job, c.incarnation) == (job, inc):
-                ev = ended.get((c.communicator, *c.resolve_key))
+                ev = ended.get(incd.ending)
                 if ev:
                     verdicts.extend(self.book.resolve(mk, now, ev))
         verdicts.extend(self.book.expire(now, job, inc))

@@ -51,3 +51,32 @@ def test_a_flapping_fault_is_one_incident_whose_updates_count_the_episodes(kind:
     assert episodes and max(episodes) == len(before), (episodes, len(before))
     assert got[-1].details.get("episodes") == str(len(before))
     assert rank in got[0].root_cause_ranks
+
+
+
+def test_an_episode_ends_on_its_own_finding_not_the_first_ones() -> None:
+    """A hang back on the same rank in another op: the incident's episode now ends when that op moves
+    (``Incident.ending``); watching the first op's end, it would never resolve."""
+    from ccld.records import AnomalyKind
+    from ccld.streams.analysis.incidents import Candidate, IncidentBook
+
+    def hang(comm: str, seq: int, onset: float) -> Candidate:
+        return Candidate(kind=AnomalyKind.H1, job="j", incarnation=0, communicator=comm, op_seq=seq,
+                         op_type="all_reduce", root_cause_ranks=(5,), affected_ranks=(4, 6), confidence=0.9,
+                         evidence="e", onset_time=onset, resolve_key=("hang", seq))
+
+    book = IncidentBook(100, 10.0, reopen_s=60.0)
+    first = hang("aaaa", 24, 20.0)
+    (opened,) = book.report(first, 41.0)
+    (inc,) = book.open.values()
+    assert inc.ending == ("aaaa", "hang", 24)
+    assert book.resolve(first.match_key, 45.0, "progress resumed") == []  # quiet: held for reopen_s
+    (again,) = book.report(hang("bbbb", 61, 70.0), 91.0)
+    assert again.state.value == "update" and again.incident_id == opened.incident_id
+    assert again.details["episodes"] == "2" and again.op_seq == 24  # the incident keeps its first op
+    assert inc.ending == ("bbbb", "hang", 61)
+    restored = IncidentBook(100, 10.0, reopen_s=60.0)
+    restored.load(book.state_dict())
+    assert next(iter(restored.open.values())).ending == ("bbbb", "hang", 61)  # kept in snapshots
+    assert book.resolve(first.match_key, 96.0, "progress resumed") == []
+    assert book.expire(150.0, "j", 0) == [] and [v.state.value for v in book.expire(156.0, "j", 0)] == ["resolved"]
