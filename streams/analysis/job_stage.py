@@ -32,6 +32,8 @@ class _JobView:
     data_seen: float = -1.0  # the newest record of the job any shard took in (analyzer time)
     roots_sig: tuple[tuple[str, float], ...] = ()
     roots: list[tuple[HangRoot, Stall]] = field(default_factory=list)
+    victims: set[int] = field(default_factory=set)  # ranks waiting on a hang root at the last evaluation
+    freed: dict[int, float] = field(default_factory=dict)  # rank -> job time it stopped waiting on a root
 
 
 class JobStage:
@@ -111,6 +113,7 @@ class JobStage:
                          for st in v.stalls[sh] if st.onset <= mark), key=lambda st: st.comm)
         if not stalls:
             v.roots_sig, v.roots = (), []
+            self._track_victims(v, mark)
             return []
         sig = tuple((st.comm, st.onset) for st in stalls)
         if sig != v.roots_sig:  # the roots change only when a communicator stalls or moves again
@@ -119,13 +122,27 @@ class JobStage:
             roots = resolve(diags, {i: st.stall_s for i, st in enumerate(stalls)})
             v.roots = [(r, stalls[r.cid]) for r in roots]
         by_comm = {st.comm: st for st in stalls}
+        self._track_victims(v, mark)
         out: list[Candidate] = []
         for root, st in v.roots:
             cur = by_comm[st.comm]  # the newest stall time of the root's communicator
+            # a rank that waited on another root until lately has not been stuck for the threshold: it
+            # was held up (the root resumed, it is on its way into this op); judged from when it was freed
+            if any(mark - v.freed.get(r, -1e18) < cur.threshold_s for r in root.roots):
+                continue
             c = hang_candidate(root, cur, self._hosts(v, root.roots), job, inc)
             if c is not None:
                 out.append(c)
         return merge_by_host(out)
+
+    def _track_victims(self, v: _JobView, mark: float) -> None:
+        """Remember when each rank stopped waiting on a hang root (``_JobView.freed``)."""
+        now_waiting = {r for root, _ in v.roots for r in root.affected}
+        for r in v.victims - now_waiting:
+            v.freed[r] = mark
+        v.victims = now_waiting
+        for r in [r for r, t in v.freed.items() if mark - t > self.settings.hang_max_s]:
+            del v.freed[r]
 
     @staticmethod
     def _hosts(v: _JobView, ranks: tuple[int, ...]) -> tuple[str, ...]:
