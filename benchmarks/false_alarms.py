@@ -396,11 +396,11 @@ def run_jobs(items: Iterator[tuple[int, dict[str, Any]]], *, workers: int, stop:
         exhausted = False
         while True:
             while not exhausted and len(running) < workers and not stop():
-                item = next(items, None)
-                if item is None:
+                nxt = next(items, None)
+                if nxt is None:
                     exhausted = True
                     break
-                running.add(pool.submit(_play_item, item))
+                running.add(pool.submit(_play_item, nxt))
             if not running:
                 return
             done, running = wait(running, return_when=FIRST_COMPLETED)
