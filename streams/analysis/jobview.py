@@ -169,8 +169,15 @@ def slow_candidate(ja: JobAnalysis, f: SlowFinding) -> Candidate:
     comm = (
         f"its own kernel time, which holds no waiting, took {dur(f.tmin_s)} against {dur(f.base_min_s)} healthy"
     )
-    if f.kind == AnomalyKind.S1:
+    if f.kind == AnomalyKind.S1 and f.peer_only:
         roots: tuple[int, ...] = (f.culprit,)
+        ev = (
+            f"{late}: it computed {dur(f.late_gap_s)} before each of them against its peers' {dur(f.peer_gap_s)}, "
+            f"so every op waits for it; judged against its peers, since this communicator has never run at a "
+            f"healthy pace to learn from (slow from its first ops); P={f.p:.2f}"
+        )
+    elif f.kind == AnomalyKind.S1:
+        roots = (f.culprit,)
         ev = (
             f"{late}: its own kernel time {dur(f.tmin_s)} while peers waited up to {dur(f.tmax_s)} "
             f"(baseline {dur(f.base_s)}); P={f.p:.2f}"
@@ -206,6 +213,7 @@ def slow_candidate(ja: JobAnalysis, f: SlowFinding) -> Candidate:
         channel=f.channel,
         p=f.p,
         details={"slow_ops": str(f.n_slow), "culprit_share": f"{f.share:.2f}",
+                 **({"judged_against": "peers"} if f.peer_only else {}),
                  **({"link": LINK_NOT_OBSERVED} if f.link_unobserved else {})},
         resolve_key=("slow", int(ja.slow.b_sig[f.bidx])),
     )

@@ -43,6 +43,7 @@ HIGH_Q = 0.9
 
 RING_OPS = frozenset({int(OpType.ALL_REDUCE), int(OpType.ALL_GATHER), int(OpType.REDUCE_SCATTER)})
 P2P_OPS = frozenset({int(OpType.SEND), int(OpType.RECV)})
+_P2P = np.array(sorted(P2P_OPS), dtype=np.int64)
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,9 @@ class SlowFinding:
     onset_now: float
     affected: tuple[int, ...]
     link_unobserved: bool = False  # counters exist, but no poll caught a slow op in flight
+    peer_only: bool = False  # slow against its peers only: no learned baseline (yet) says the ops are slow
+    late_gap_s: float = 0.0  # median compute gap of the late arriver before the slow ops
+    peer_gap_s: float = 0.0  # ... and of its peers
 
 
 class SlowDetector:
@@ -92,6 +96,9 @@ class SlowDetector:
         h = max(1, settings.baseline_ops)
         self.h_max = np.zeros((0, h))  # the recent healthy ops' times (nan: not yet), a ring per baseline
         self.h_min = np.zeros((0, h))
+        self.h_lgap = np.zeros((0, h))  # the late arriver's compute gap in those ops
+        self.b_hlgap = z  # ... its top (HIGH_Q quantile): how long a late arriver here computes when healthy
+        self.b_onset = z  # job time of the first slow op since the window was last clean (nan: clean)
         w = self.w
         self.w_slow = np.zeros((0, w), dtype=bool)
         self.w_cslow = np.zeros((0, w), dtype=bool)  # the communication part was slow
@@ -106,6 +113,8 @@ class SlowDetector:
         self.w_tmax = np.zeros((0, w))
         self.w_lgap = np.zeros((0, w))  # the late arriver's compute gap before the op
         self.w_ogap = np.zeros((0, w))  # the other ranks' mean compute gap
+        self.w_sgap = np.zeros((0, w))  # the late arriver's compute gap beyond its healthy top (nan: no baseline)
+        self.w_peer = np.zeros((0, w), dtype=bool)  # slow only against its peers (no learned baseline said so)
 
     # -- baseline index ------------------------------------------------------------------------
     def _sig_ids(self, codes: I64) -> I64:
@@ -158,12 +167,14 @@ class SlowDetector:
         self.b_since = g(self.b_since, np.nan)
         self.b_hmax, self.b_hmin, self.b_hspr = g(self.b_hmax), g(self.b_hmin), g(self.b_hspr)
         self.h_max, self.h_min = g(self.h_max, np.nan), g(self.h_min, np.nan)
+        self.h_lgap, self.b_hlgap, self.b_onset = g(self.h_lgap, np.nan), g(self.b_hlgap), g(self.b_onset, np.nan)
         self.w_slow = g(self.w_slow, False)
         self.w_cslow, self.w_lslow = g(self.w_cslow, False), g(self.w_lslow, False)
         self.w_late, self.w_lagr, self.w_seq = g(self.w_late, -1), g(self.w_lagr, -1), g(self.w_seq, -1)
         self.w_p, self.w_now, self.w_spr = g(self.w_p), g(self.w_now), g(self.w_spr)
         self.w_tmin, self.w_tmax = g(self.w_tmin), g(self.w_tmax)
         self.w_lgap, self.w_ogap = g(self.w_lgap), g(self.w_ogap)
+        self.w_sgap, self.w_peer = g(self.w_sgap, np.nan), g(self.w_peer, False)
 
     def _reindex(self) -> None:
         keys = np.fromiter(self.key_idx.keys(), dtype=np.int64, count=len(self.key_idx))
@@ -212,36 +223,52 @@ class SlowDetector:
             # healthy ops' tmin, a minimum over every rank's noisy times, sits low in that noise
             c_slow = warm & ((tmin - ops.terr[i] - self.b_hmin[bi]) > thr_min)
             l_slow = warm & ((spread - self.b_hspr[bi]) > thr_max)
-            slow = warm & (((tmax - self.b_hmax[bi]) > thr_max) | c_slow | l_slow)
+            hist = warm & (((tmax - self.b_hmax[bi]) > thr_max) | c_slow | l_slow)
+            lg = ops.late_gap[i]
+            og = (ops.gap_sum[i] - lg) / np.maximum(ops.cnt[i] - 1, 1)
+            # against its peers, with no history: a late arriver that computed clearly longer than the
+            # other members of a collective (they do the same work) is slow from the job's first
+            # steps on, when no baseline exists yet or the baseline has learned the slowness as normal
+            peer = (n >= 2) & _peer_late(ops.op_type[i], ops.cnt[i], lg, og, spread, s)
+            slow = hist | peer
+            l_slow = l_slow | peer
             den = np.maximum(tmax - bmax, 1e-9)
-            p = np.clip((spread - bspr) / den, 0.0, 1.0)
+            # all the excess of an op slow only against its peers is late arrival: P = 1
+            p = np.where(peer & ~hist, 1.0, np.clip((spread - bspr) / den, 0.0, 1.0))
             pos = self.b_pos[bi]
             self.w_slow[bi, pos] = slow
             self.w_cslow[bi, pos] = c_slow
             self.w_lslow[bi, pos] = l_slow
+            self.w_peer[bi, pos] = peer & ~hist
             self.w_late[bi, pos] = ops.late[i]
             self.w_lagr[bi, pos] = np.where(ops.lag[i] > 0, ops.lagr[i], -1)
             self.w_p[bi, pos] = p
             self.w_seq[bi, pos] = ops.seq[i]
             self.w_now[bi, pos] = ops.first_now[i]
-            self.w_spr[bi, pos] = np.maximum(spread - bspr, 0.0)
+            self.w_spr[bi, pos] = np.where(peer & ~hist, spread, np.maximum(spread - bspr, 0.0))
             self.w_tmin[bi, pos] = tmin
             self.w_tmax[bi, pos] = tmax
-            lg = ops.late_gap[i]
             self.w_lgap[bi, pos] = lg
-            self.w_ogap[bi, pos] = (ops.gap_sum[i] - lg) / np.maximum(ops.cnt[i] - 1, 1)
+            self.w_ogap[bi, pos] = og
+            self.w_sgap[bi, pos] = np.where(n >= s.baseline_min_ops, lg - self.b_hlgap[bi], np.nan)
             self.b_pos[bi] = (pos + 1) % self.w
+            # the onset is the first slow op of the episode, not the one that completed the window
+            clean = ~self.w_slow[bi].any(axis=1)
+            self.b_onset[bi] = np.where(clean, np.nan, np.where(np.isnan(self.b_onset[bi]) & slow,
+                                                                 ops.first_now[i], self.b_onset[bi]))
             # only judged (warm) ops count towards resolution: a restarted analyzer re-learning its
             # baselines must not resolve an incident that is still going on
             self.b_okrun[bi] = np.where(slow, 0, self.b_okrun[bi] + warm)
-            # learn from healthy ops only, so a lasting slowdown never becomes the norm
-            learn = ~slow
+            # learn from healthy ops only, so a lasting slowdown never becomes the norm; an op slow
+            # only against its peers is learned: the peer test stays on it whatever the baseline says
+            learn = ~hist
             li, lb = i[learn], bi[learn]
             if lb.size:
                 np.maximum.at(js.c_maxop_s, ops.cid[li], ops.tmax[li])
                 slot = self.b_n[lb] % self.h_max.shape[1]
                 self.h_max[lb, slot] = ops.tmax[li]
                 self.h_min[lb, slot] = ops.tmin[li]
+                self.h_lgap[lb, slot] = lg[learn]
                 self.b_n[lb] += 1
                 self._relearn(lb)
         return np.unique(b)
@@ -266,6 +293,7 @@ class SlowDetector:
         self.b_hmax[lb] = _quantile(sx, k, HIGH_Q)
         self.b_hmin[lb] = _quantile(sn, k, HIGH_Q)
         self.b_hspr[lb] = _quantile(ss, k, HIGH_Q)
+        self.b_hlgap[lb] = _quantile(np.sort(self.h_lgap[lb], axis=1), k, HIGH_Q)
 
     def alarmed(self, touched: I64) -> I64:
         """Baselines (of ``touched``) whose window has held enough slow ops for ``slow_confirm_s``.
@@ -330,13 +358,23 @@ class SlowDetector:
             if votes:
                 cr = max(set(votes), key=lambda v: (votes.count(v), -v))
                 late_share = votes.count(cr) / n_slow
-                # victims are not culprits: the late rank must have computed longer than its peers
-                extra = _median([float(self.w_lgap[bi, j] - self.w_ogap[bi, j]) for j in idx])
-                ogap = _median([float(self.w_ogap[bi, j]) for j in idx])
-                # ... by a clear share of what its peers computed: a rank that computed 8 % longer than
-                # its peers is jitter, whatever the lateness it caused on a us-scale op
-                if late_share >= s.culprit_share and extra >= max(
-                        s.culprit_gap_share * lateness, s.culprit_gap_ratio * ogap, s.slow_min_excess_s):
+                op_type = int(self.b_sig[bi] >> 60 & 0xF)
+                if op_type in P2P_OPS:
+                    # a send/recv pair's two ranks do different work (a pipeline stage sends what it
+                    # computed to one that waits for it): the late one always "computed longer" than its
+                    # peer, so it is judged against its own healthy compute here; a sender that arrives
+                    # late because it waited inside another op (a paused tensor-parallel peer) computed
+                    # no longer than usual and is a victim
+                    extra = _median([float(self.w_sgap[bi, j]) for j in idx])
+                    ok = extra >= max(s.culprit_gap_share * lateness, s.slow_min_excess_s)
+                else:
+                    # victims are not culprits: the late rank must have computed longer than its peers
+                    extra = _median([float(self.w_lgap[bi, j] - self.w_ogap[bi, j]) for j in idx])
+                    ogap = _median([float(self.w_ogap[bi, j]) for j in idx])
+                    # ... by a clear share of what its peers computed: a rank that computed 8 % longer than
+                    # its peers is jitter, whatever the lateness it caused on a us-scale op
+                    ok = extra >= max(s.culprit_gap_share * lateness, s.culprit_gap_ratio * ogap, s.slow_min_excess_s)
+                if late_share >= s.culprit_share and ok:  # (nan, no baseline of its own yet: not ok)
                     late = cr
         link_src: int | None = None  # comm rank whose send backlog builds (-1: not observable)
         link_share = 1.0
@@ -424,13 +462,34 @@ class SlowDetector:
             tmax_s=_median([float(self.w_tmax[bi, j]) for j in idx]),
             base_s=float(self.b_max[bi]),
             base_min_s=float(self.b_min[bi]),
-            onset_now=float(self.w_now[bi, first]),
+            onset_now=min(float(self.w_now[bi, first]), float(np.nan_to_num(self.b_onset[bi], nan=np.inf))),
             affected=tuple(granks[(granks >= 0) & (granks != culprit)].tolist()),
             link_unobserved=unobserved,
+            peer_only=sum(bool(self.w_peer[bi, j]) for j in idx) * 2 > len(idx),
+            late_gap_s=_median([float(self.w_lgap[bi, j]) for j in idx]),
+            peer_gap_s=_median([float(self.w_ogap[bi, j]) for j in idx]),
         )
 
     def resolved(self, bi: int) -> bool:
         return int(self.b_okrun[bi]) >= self.s.slow_resolve_ops
+
+
+def _peer_late(
+    op_type: I64, cnt: I64, late_gap: F64, peer_gap: F64, spread: F64, s: AnalyzerSettings,
+) -> npt.NDArray[np.bool_]:
+    """Ops whose last arriver computed clearly longer than the other members before it, and made them
+    wait for it: slow against the peers, whatever a baseline says.
+
+    Only collectives: their members do the same work, so their compute gaps compare; a send/recv
+    pair's do not (one stage computes while the other waits for its output). The excess must be a
+    clear share of what the peers computed (``peer_gap_ratio``: jitter and one rank's logging stay
+    below it), at least ``peer_min_excess_s``, and show up as lateness (half of it at least: a rank
+    that computed longer but started earlier made nobody wait).
+    """
+    extra = late_gap - peer_gap
+    coll = ~np.isin(op_type, _P2P) & (cnt >= 2)
+    return coll & (extra >= np.maximum(s.peer_gap_ratio * peer_gap, s.peer_min_excess_s)) & (
+        spread >= s.culprit_gap_share * extra)
 
 
 def _quantile(sorted_rows: F64, k: I64, q: float) -> F64:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from analysis_factories import Comm, Probe, batches_by_tick, healthy_steps
 
-from ccld.records import AnomalyKind, Link, VerdictState
+from ccld.records import AnomalyKind, Link, OpType, VerdictState
 from ccld.settings import AnalyzerSettings
 from ccld.streams.analysis.replay import analyze_batches
 
@@ -194,3 +194,72 @@ def test_an_s3_guessed_without_a_link_becomes_s1_once_the_link_is_seen_elsewhere
     assert (VerdictState.UPDATE, AnomalyKind.S1, (6,)) in got
     assert any(v.kind == AnomalyKind.S2 and v.link == Link(2, 3) for v in vs), got
     assert vs[got.index((VerdictState.UPDATE, AnomalyKind.S1, (6,)))].incident_id == vs[0].incident_id
+
+
+def test_a_rank_slow_from_its_first_step_is_named_against_its_peers() -> None:
+    """Rank 6 computes 1.2 s longer than its peers from the job's first op: no learned baseline ever
+    saw it healthy, but every op waits for it; S1 within seconds, dated from its first slow op."""
+    probe = Probe()
+    tp = Comm(0x5C, tuple(range(8)))
+    recs = healthy_steps(probe, tp, 30, late={6: 1.2}, from_step=0)
+    vs = opens(recs)
+    assert [(v.kind, v.root_cause_ranks) for v in vs] == [(AnomalyKind.S1, (6,))]
+    v = vs[0]
+    assert v.detected_time <= 15.0  # the job's first op is at t = 1 s
+    assert v.onset_time <= v.detected_time - 3.0  # when the evidence starts, not when the rule fired
+    assert v.details.get("judged_against") == "peers" and "first ops" in v.evidence
+
+
+def test_a_rank_slightly_slower_than_its_peers_from_the_start_is_not_a_slow_rank() -> None:
+    """0.5 s later after 1.8 s of compute (28 % longer than its peers): below ``peer_gap_ratio``."""
+    probe = Probe()
+    tp = Comm(0x5D, tuple(range(8)))
+    assert opens(healthy_steps(probe, tp, 30, late={6: 0.5}, from_step=0)) == []
+
+
+def test_a_slow_rank_found_mid_job_is_dated_from_its_first_slow_op() -> None:
+    probe = Probe()
+    tp = Comm(0x5E, tuple(range(8)))
+    # an op every half second, rank 6 0.3 s late from step 80 (t = 41 s)
+    vs = opens(healthy_steps(probe, tp, 160, step_s=0.5, dur=0.02, late={6: 0.3}, from_step=80))
+    assert [(v.kind, v.root_cause_ranks) for v in vs] == [(AnomalyKind.S1, (6,))]
+    # its records reach the analyzer at the next tick; the window of the last ops starts later
+    assert 41.0 <= vs[0].onset_time <= 42.2 and vs[0].detected_time - vs[0].onset_time >= 3.0
+
+
+def test_a_pipeline_sender_late_because_its_tensor_peer_paused_is_not_blamed() -> None:
+    """Stage 1 (ranks 2, 3) all-reduces, then rank 2 computes 0.8 s and sends to rank 0 of stage 0,
+    which waits in the pair after a short op of its own: rank 2 is always the pair's late arriver and
+    always "computed longer" than rank 0. When rank 3 pauses, rank 2 waits in the all-reduce and
+    its send comes late too: rank 3 is the slow rank (found in the all-reduce), rank 2 computed no
+    longer than usual and is its victim. (A one-micro-batch pipeline gave 13 such false S1 in
+    ``benchmarks/false_alarms.py``.)"""
+    probe = Probe()
+    a = Comm(0x61, (0, 1))  # stage 0's tensor pair
+    t = Comm(0x62, (2, 3))  # stage 1's tensor pair
+    pair = Comm(0x63, (0, 2))  # the pipeline pair: 2 sends, 0 receives
+    recs = []
+    for k in range(50):
+        base = 1.0 + 2.0 * k
+        paused = 20 <= k < 35 and k % 5 != 0
+        recs += probe.ring_op(a, [base + 0.05, base + 0.05], 0.03)
+        et = [base + 0.2, base + 0.2 + (0.6 if paused else 0.01 * (k % 3))]
+        recs += probe.ring_op(t, et, 0.05)
+        t_exit = max(et) + 0.05
+        recs += probe.ring_op(pair, [base + 0.1, t_exit + 0.8], 0.02, op_type=OpType.SEND)
+    assert [(v.kind, v.root_cause_ranks) for v in opens(recs)] == [(AnomalyKind.S1, (3,))]
+
+
+def test_a_pipeline_sender_that_computes_longer_is_blamed() -> None:
+    probe = Probe()
+    a = Comm(0x64, (0, 1))
+    t = Comm(0x66, (2, 3))
+    pair = Comm(0x65, (0, 2))
+    recs = []
+    for k in range(50):
+        base = 1.0 + 2.0 * k
+        recs += probe.ring_op(a, [base + 0.05, base + 0.05], 0.03)
+        recs += probe.ring_op(t, [base + 0.2, base + 0.2 + 0.01 * (k % 2)], 0.05)
+        compute = 0.9 if k >= 25 else 0.5 + 0.01 * (k % 3)  # rank 2's compute between the two, from step 25
+        recs += probe.ring_op(pair, [base + 0.1, base + 0.26 + compute], 0.02, op_type=OpType.SEND)
+    assert [(v.kind, v.root_cause_ranks) for v in opens(recs)] == [(AnomalyKind.S1, (2,))]
