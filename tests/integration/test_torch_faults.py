@@ -258,14 +258,24 @@ def test_h2_through_ccld_run_and_torchrun(
         log.close()
 
 
-def test_s1_rank_computes_slower(fast: Settings, faulty_job: Callable[[list[str]], LocalJob]) -> None:
+# at step 40: slow after a healthy start (the learned baseline says so); at step 0: slow from the
+# job's first step, so no healthy history exists and only the peers can say it is slow
+@pytest.mark.parametrize("at_step", [40, 0])
+def test_s1_rank_computes_slower(
+    at_step: int, fast: Settings, faulty_job: Callable[[list[str]], LocalJob]
+) -> None:
     job = faulty_job([
-        "--fault", "slow", "--slow-factor", "6", "--culprit", str(CULPRIT), "--at-step", "40",
+        "--fault", "slow", "--slow-factor", "6", "--culprit", str(CULPRIT), "--at-step", str(at_step),
         "--compute-ms", "30", "--duration-s", "40",
     ])  # fmt: skip
+    assert job.wait_for_line(CULPRIT, "ready", 60), job_logs(job)
+    ready = time.time()
     v = first_verdict(fast, AnomalyKind.S1, 50, job)
     assert v.root_cause_ranks == (CULPRIT,), v.describe()
     assert v.p is not None and v.p >= fast.analyzer.beta
+    if at_step == 0:
+        assert v.detected_time - ready <= 30.0, v.describe()  # within 30 s of the job's start
+        assert v.onset_time <= v.detected_time - 2.0, v.describe()  # dated from its first slow op
 
 
 # ---------------------------------------------------------------- S2: namespaces + tc
