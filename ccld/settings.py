@@ -66,6 +66,7 @@ class AnalyzerSettings:
     culprit_gap_ratio: float = 0.15  # ... and >= this fraction of its peers' own compute gap (else it is jitter)
     # a rank slow from the job's first step has no healthy history to be judged against; its peers are:
     peer_gap_ratio: float = 0.5  # a collective's last arriver computing this much longer than its peers' mean is slow
+    peer_link_factor: float = 2.0  # a communicator's own kernel time this x its sibling communicators' is a slow link
     peer_min_excess_s: float = 1e-3  # ... by at least this much (s): below it, no verdict without a learned baseline
     # a DONE record's per-kernel peak backlog (probe v2) counts as a slow link's backlog only where it
     # stands out from the communicator's learned healthy peak level (a rank normally receives a step

@@ -169,6 +169,12 @@ def slow_candidate(ja: JobAnalysis, f: SlowFinding) -> Candidate:
     comm = (
         f"its own kernel time, which holds no waiting, took {dur(f.tmin_s)} against {dur(f.base_min_s)} healthy"
     )
+    # slow from the start: its own baseline learned the slowness; the sibling communicators did not
+    base = f"baseline {dur(f.base_s)}"
+    if f.peer_only and f.sibling_s > 0:
+        comm = (f"its own kernel time, which holds no waiting, took {dur(f.tmin_s)} against {dur(f.sibling_s)} on "
+                f"the sibling communicators running the same op, since its first ops")
+        base = f"{dur(f.sibling_s)} on the sibling communicators running the same op, since its first ops"
     if f.kind == AnomalyKind.S1 and f.peer_only:
         roots: tuple[int, ...] = (f.culprit,)
         ev = (
@@ -189,7 +195,7 @@ def slow_candidate(ja: JobAnalysis, f: SlowFinding) -> Candidate:
         ev += f"; {backlog}" if f.link else f" ({_no_link(f)})"
         ev += f"; P={f.p:.2f}"
     else:
-        ev = f"{op} took {dur(f.tmin_s)}-{dur(f.tmax_s)} on every rank (baseline {dur(f.base_s)}) in {n_of}"
+        ev = f"{op} took {dur(f.tmin_s)}-{dur(f.tmax_s)} on every rank ({base}) in {n_of}"
         if f.culprit < 0:  # comm-slow without counters: the class is known, the link is not
             roots = ()
             ev += f": the communication itself is slow; {_no_link(f)}; P={f.p:.2f}"

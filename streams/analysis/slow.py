@@ -73,6 +73,7 @@ class SlowFinding:
     peer_only: bool = False  # slow against its peers only: no learned baseline (yet) says the ops are slow
     late_gap_s: float = 0.0  # median compute gap of the late arriver before the slow ops
     peer_gap_s: float = 0.0  # ... and of its peers
+    sibling_s: float = 0.0  # healthy kernel time of the same op on the sibling communicators (0: none compared)
 
 
 class SlowDetector:
@@ -99,6 +100,8 @@ class SlowDetector:
         self.h_lgap = np.zeros((0, h))  # the late arriver's compute gap in those ops
         self.b_hlgap = z  # ... its top (HIGH_Q quantile): how long a late arriver here computes when healthy
         self.b_onset = z  # job time of the first slow op since the window was last clean (nan: clean)
+        self.b_sib, self.b_sibn = z, zi  # median healthy kernel time of the sibling communicators, and how many
+        self._sib_at = -np.inf  # job time the sibling medians were last computed
         w = self.w
         self.w_slow = np.zeros((0, w), dtype=bool)
         self.w_cslow = np.zeros((0, w), dtype=bool)  # the communication part was slow
@@ -168,6 +171,7 @@ class SlowDetector:
         self.b_hmax, self.b_hmin, self.b_hspr = g(self.b_hmax), g(self.b_hmin), g(self.b_hspr)
         self.h_max, self.h_min = g(self.h_max, np.nan), g(self.h_min, np.nan)
         self.h_lgap, self.b_hlgap, self.b_onset = g(self.h_lgap, np.nan), g(self.b_hlgap), g(self.b_onset, np.nan)
+        self.b_sib, self.b_sibn = g(self.b_sib), g(self.b_sibn)
         self.w_slow = g(self.w_slow, False)
         self.w_cslow, self.w_lslow = g(self.w_cslow, False), g(self.w_lslow, False)
         self.w_late, self.w_lagr, self.w_seq = g(self.w_late, -1), g(self.w_lagr, -1), g(self.w_seq, -1)
@@ -196,6 +200,9 @@ class SlowDetector:
         grp = np.cumsum(start) - 1
         first = np.flatnonzero(start)
         level = np.arange(b.size) - first[grp]
+        if float(ops.first_now.max()) - self._sib_at >= 1.0:
+            self._siblings(js)
+            self._sib_at = float(ops.first_now.max())
         for lv in range(int(level.max()) + 1):
             i = np.flatnonzero(level == lv)
             bi = b[i]
@@ -230,16 +237,25 @@ class SlowDetector:
             # other members of a collective (they do the same work) is slow from the job's first
             # steps on, when no baseline exists yet or the baseline has learned the slowness as normal
             peer = (n >= 2) & _peer_late(ops.op_type[i], ops.cnt[i], lg, og, spread, s)
-            slow = hist | peer
+            # ... and its communication against its sibling communicators' (the other tensor-parallel
+            # groups run the same op on the same kind of links): a link slow from the start is slow
+            # against them, though its own baseline learned it
+            ref = self.b_sib[bi]
+            sib = (self.b_sibn[bi] >= 3) & (
+                (tmin - ops.terr[i]) > np.maximum(s.peer_link_factor * ref, ref + thr_min))
+            slow = hist | peer | sib
             l_slow = l_slow | peer
+            c_slow = c_slow | sib
             den = np.maximum(tmax - bmax, 1e-9)
-            # all the excess of an op slow only against its peers is late arrival: P = 1
-            p = np.where(peer & ~hist, 1.0, np.clip((spread - bspr) / den, 0.0, 1.0))
+            # an op slow only against its peers: all its excess is late arrival (P = 1), or all of it is
+            # communication (P = 0), or both
+            p = np.where(hist | ~(peer | sib), np.clip((spread - bspr) / den, 0.0, 1.0),
+                         np.where(peer & sib, 0.5, np.where(peer, 1.0, 0.0)))
             pos = self.b_pos[bi]
             self.w_slow[bi, pos] = slow
             self.w_cslow[bi, pos] = c_slow
             self.w_lslow[bi, pos] = l_slow
-            self.w_peer[bi, pos] = peer & ~hist
+            self.w_peer[bi, pos] = (peer | sib) & ~hist
             self.w_late[bi, pos] = ops.late[i]
             self.w_lagr[bi, pos] = np.where(ops.lag[i] > 0, ops.lagr[i], -1)
             self.w_p[bi, pos] = p
@@ -272,6 +288,28 @@ class SlowDetector:
                 self.b_n[lb] += 1
                 self._relearn(lb)
         return np.unique(b)
+
+    def _siblings(self, js: JobState) -> None:
+        """For each baseline, the median healthy kernel time (``b_min``) over every communicator of the
+        job with the same op signature and size, and how many there are. Not for send/recv: a pair
+        inside a node and one across nodes move the same bytes over links 10x apart."""
+        ok = (self.b_n >= self.s.baseline_min_ops) & ~np.isin(self.b_sig >> 60 & 0xF, _P2P)
+        self.b_sibn[:] = 0
+        idx = np.flatnonzero(ok)
+        if idx.size < 3:
+            return
+        size = js.c_size[self.b_cid[idx]]
+        o = np.lexsort((self.b_min[idx], size, self.b_sig[idx]))
+        idx, size = idx[o], size[o]
+        sig = self.b_sig[idx]
+        start = np.concatenate([[True], (sig[1:] != sig[:-1]) | (size[1:] != size[:-1])])
+        first = np.flatnonzero(start)
+        cnt = np.diff(np.append(first, idx.size))
+        grp = np.cumsum(start) - 1
+        vals = self.b_min[idx]
+        med = 0.5 * (vals[first + (cnt - 1) // 2] + vals[first + cnt // 2])
+        self.b_sib[idx] = med[grp]
+        self.b_sibn[idx] = cnt[grp]
 
     def _relearn(self, lb: I64) -> None:
         """Baselines of ``lb`` from their recent healthy ops: medians, and median absolute deviations.
@@ -468,6 +506,7 @@ class SlowDetector:
             peer_only=sum(bool(self.w_peer[bi, j]) for j in idx) * 2 > len(idx),
             late_gap_s=_median([float(self.w_lgap[bi, j]) for j in idx]),
             peer_gap_s=_median([float(self.w_ogap[bi, j]) for j in idx]),
+            sibling_s=float(self.b_sib[bi]) if self.b_sibn[bi] >= 3 else 0.0,
         )
 
     def resolved(self, bi: int) -> bool:

@@ -263,3 +263,27 @@ def test_a_pipeline_sender_that_computes_longer_is_blamed() -> None:
         compute = 0.9 if k >= 25 else 0.5 + 0.01 * (k % 3)  # rank 2's compute between the two, from step 25
         recs += probe.ring_op(pair, [base + 0.1, base + 0.26 + compute], 0.02, op_type=OpType.SEND)
     assert [(v.kind, v.root_cause_ranks) for v in opens(recs)] == [(AnomalyKind.S1, (2,))]
+
+
+def test_a_link_slow_from_the_start_is_slow_against_its_sibling_communicators() -> None:
+    """Four tensor-parallel groups run the same all-reduce; group 2's link 9 -> 10 runs at a
+    quarter speed from the first op, so its own baseline learns the slowness, but the other groups'
+    kernel times show it: S2 on that group's link, nothing on the others."""
+    probe = Probe()
+    comms = [Comm(0x70 + g, tuple(range(4 * g, 4 * g + 4))) for g in range(4)]
+    recs = []
+    for g, c in enumerate(comms):
+        slow = g == 2
+        recs += healthy_steps(probe, c, 30, slow=4.0 if slow else 1.0, lag_rank=1 if slow else None, from_step=0)
+    vs = opens(recs)
+    assert [(v.kind, v.link) for v in vs] == [(AnomalyKind.S2, Link(9, 10))]
+    assert vs[0].details.get("judged_against") == "peers" and "sibling communicators" in vs[0].evidence
+
+
+def test_sibling_communicators_of_another_size_are_not_compared() -> None:
+    probe = Probe()
+    recs = []
+    for g in range(3):
+        recs += healthy_steps(probe, Comm(0x80 + g, tuple(range(8 * g, 8 * g + 8))), 30)
+    recs += healthy_steps(probe, Comm(0x90, (30, 31)), 30, slow=4.0)  # same op, 2 ranks: another shape
+    assert opens(recs) == []
