@@ -9,11 +9,12 @@ the old one.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
@@ -103,14 +104,30 @@ def has_topic(root: Path, topic: str) -> bool:
     return (root / f"topic={encode(topic)}").is_dir() or (root / topic).is_dir()
 
 
+def read_table(f: FileInfo, columns: Sequence[str] | None = None,
+               filters: list[tuple[str, str, Any]] | None = None) -> pa.Table:
+    """One file's rows (``columns``, rows passing ``filters``) with a ``job`` column in either layout.
+
+    A Hive-layout file holds no ``job`` column (its folder says it): it is added, and a filter on it is
+    decided by the folder."""
+    if not f.hive:
+        return pq.read_table(f.path, columns=None if columns is None else list(columns), filters=filters or None)
+    rest = [x for x in filters or [] if x[0] != "job"]
+    empty = any(op != "=" or value != f.job for name, op, value in filters or [] if name == "job")
+    names = None if columns is None else [c for c in columns if c != "job"]
+    t = pq.read_table(f.path, columns=names, filters=rest or None)
+    if empty:
+        t = t.slice(0, 0)
+    if columns is None or "job" in columns:
+        t = t.append_column("job", pa.array([f.job] * t.num_rows, pa.string()))
+    return t if columns is None else t.select(list(columns))
+
+
 def read_rows(files: list[FileInfo], job: str | None = None) -> list[dict[str, Any]]:
-    """The rows of ``files`` (of ``job`` only, when given) as dicts, file columns only (no Hive keys)."""
+    """The rows of ``files`` (of ``job`` only, when given) as dicts, with their ``job`` (no other Hive key)."""
     rows: list[dict[str, Any]] = []
     for f in files:
-        t = pq.read_table(f.path)
-        if job is not None and not f.hive:
-            t = t.filter(pc.equal(t["job"], job))
-        rows.extend(t.to_pylist())
+        rows.extend(read_table(f, filters=None if job is None else [("job", "=", job)]).to_pylist())
     return rows
 
 

@@ -3,9 +3,10 @@
 A file is ``<root>/topic=<topic>/job=<job>/date=<YYYY-MM-DD>/part-p<partition>-<incarnation>-o<first offset>.parquet``
 (``<job>`` and ``<topic>`` percent-encoded where they hold characters a path cannot). ``date`` is the UTC day of
 the Kafka timestamp of the message a row came in (``kafka_ts``), so all rows of one message share a folder, and
-a query for one job or one day reads only its folders (DuckDB, pyarrow and Spark read ``key=value`` folders as
-columns). ``<incarnation>`` is the topic incarnation's label (``sinks.incarnation``): a recreated topic numbers
-its offsets from 0 again, and its files get other names, never the old ones'.
+a query for one job or one day reads only its folders (DuckDB, pyarrow, pandas and Spark read ``key=value``
+folders as columns; the files themselves hold no ``job`` column, ``sinks.catalog.read_table`` adds it back).
+``<incarnation>`` is the topic incarnation's label (``sinks.incarnation``): a recreated topic numbers its
+offsets from 0 again, and its files get other names, never the old ones'.
 
 The messages one flush of a partition writes (offsets ``start`` to ``end``) may hold several jobs and days: they
 become one file per folder, all named by ``start``. A replay after a crash rewrites the same names. Which files
@@ -170,7 +171,9 @@ def write_offsets(root: Path, topic: str, partition: int, incarnation: str, star
     parts = split(table)
     new_files = [file_rel(job, date, partition, incarnation, start) for job, date, _ in parts]
     _write_entry(ledger, start, end, [*new_files, *old_files], durable=True)
-    out = [write_file(rows, tdir / rel) for rel, (_, _, rows) in zip(new_files, parts, strict=True)]
+    # The job is the folder's: a Hive key is not a file column too (Spark and pandas refuse one that is both).
+    out = [write_file(rows.drop_columns(["job"]), tdir / rel)
+           for rel, (_, _, rows) in zip(new_files, parts, strict=True)]
     stale = old_files - set(new_files)
     for rel in stale:
         (tdir / rel).unlink(missing_ok=True)

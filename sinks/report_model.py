@@ -22,13 +22,12 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from ccld.anomaly import CLASSES, AnomalyClass
 from ccld.errors import CcldError
 from ccld.ranks import rank_ranges as core_rank_ranges
 from ccld.records import Verdict, VerdictState
-from ccld.sinks.catalog import has_topic, read_verdicts, scan
+from ccld.sinks.catalog import has_topic, read_table, read_verdicts, scan
 from ccld.sinks.layout import day
 
 #: seconds of metrics shown before the onset and after the first verdict
@@ -256,8 +255,8 @@ def read_metrics(root: Path, topic: str, job: str, lo: float, hi: float) -> pa.T
     for f in scan(root, topic=topic, job=job):  # the Hive layout: only the job's folders are read
         if f.date is not None and not first <= f.date <= last:
             continue  # a folder of another day
-        t = pq.read_table(f.path, columns=list(_METRIC_COLUMNS),
-                          filters=[("job", "=", job), ("kafka_ts_ms", ">=", lo_ms), ("kafka_ts_ms", "<=", hi_ms)])
+        t = read_table(f, columns=_METRIC_COLUMNS,
+                       filters=[("job", "=", job), ("kafka_ts_ms", ">=", lo_ms), ("kafka_ts_ms", "<=", hi_ms)])
         if t.num_rows:
             parts.append(t)
     if not parts:

@@ -6,6 +6,7 @@ import datetime as dt
 from collections import Counter
 from pathlib import Path
 
+import pandas as pd
 import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
@@ -14,7 +15,7 @@ import pytest
 from ccld.cli import main
 from ccld.records import KernelBatch, Status, VerdictState
 from ccld.sinks import layout
-from ccld.sinks.catalog import scan
+from ccld.sinks.catalog import read_table, scan
 from ccld.sinks.layout import write_offsets
 from ccld.sinks.migrate import migrate
 from ccld.sinks.parquet import file_path, metrics_table, verdicts_table, write_atomic
@@ -51,7 +52,7 @@ def all_rows(root: Path) -> Counter[tuple[str, str, int, int]]:
     """(topic, job, offset, op_seq or incident) of every row of both layouts, read file by file."""
     out: Counter[tuple[str, str, int, int]] = Counter()
     for f in scan(root):
-        t = pq.read_table(f.path)
+        t = read_table(f)
         key = t["op_seq"] if "op_seq" in t.column_names else t["offset"]
         out.update((f.topic, j, o, k) for j, o, k in zip(t["job"].to_pylist(), t["offset"].to_pylist(),
                                                            key.to_pylist(), strict=True))
@@ -72,6 +73,11 @@ def test_a_flush_of_several_jobs_and_days_is_one_file_per_folder_named_by_its_fi
         ("a", "2026-12-01", 3, A, 10, 2), ("a", "2026-12-02", 3, A, 10, 2), ("b", "2026-12-01", 3, A, 10, 2)]
     assert (tmp_path / "topic=ccl-d.metrics" / "_offsets" / "p3" / A / "0000000000000000010").read_text().split(
         "\n")[0] == "12"
+    assert "job" not in pq.read_schema(paths[0]).names, "a Hive key that is a file column too breaks pandas, Spark"
+    df = pd.read_parquet(layout.topic_dir(tmp_path, M))  # pandas reads the folders as columns
+    assert sorted(zip(df["job"], df["date"], df["op_seq"], strict=True)) == [
+        ("a", "2026-12-01", 100), ("a", "2026-12-01", 101), ("a", "2026-12-02", 120), ("a", "2026-12-02", 121),
+        ("b", "2026-12-01", 110), ("b", "2026-12-01", 111)]
 
 
 def test_timestamp_columns_are_utc_and_null_where_the_epoch_column_says_unknown(tmp_path: Path) -> None:

@@ -10,14 +10,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import pyarrow.parquet as pq
-
 from ccld.records import KernelBatch
 from ccld.schemas.codec import encode_batch
 from ccld.settings import Settings
 from ccld.sinks.archive_command import summarize
 from ccld.sinks.archiver import Archiver
-from ccld.sinks.catalog import scan
+from ccld.sinks.catalog import read_table, scan
 from ccld.sinks.incarnation import SinkTokens
 from ccld.sinks.layout import write_offsets
 from ccld.sinks.parquet import file_path, metrics_table, write_atomic
@@ -64,7 +62,7 @@ def rows(root: Path) -> set[tuple[str, str, int]]:
     """(folder, job, offset) of every archived row."""
     out = set()
     for f in scan(root):
-        t = pq.read_table(f.path, columns=["job", "offset"])
+        t = read_table(f, columns=["job", "offset"])
         out |= {(f.incarnation, j, o) for j, o in zip(t["job"].to_pylist(), t["offset"].to_pylist(), strict=True)}
     return out
 
