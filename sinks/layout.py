@@ -29,6 +29,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ccld.errors import CcldError
 from ccld.sinks.parquet import write_file
 
 #: the sink's file names; the label in the middle may itself hold dashes (``id-<hex>``)
@@ -163,7 +164,7 @@ def write_offsets(root: Path, topic: str, partition: int, incarnation: str, star
     any point leaves every file findable by the next replay.
     """
     if not incarnation or "/" in incarnation:
-        raise ValueError(f"not an incarnation label: {incarnation!r}")
+        raise CcldError(f"not an incarnation label: {incarnation!r}")
     tdir = topic_dir(root, topic)
     ledger = ledger_dir(root, topic, partition, incarnation)
     old = list(entries(ledger, start, end))

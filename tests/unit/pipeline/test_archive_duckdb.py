@@ -64,8 +64,8 @@ def archive(tmp_path: Path) -> Path:
     arch._ids = Ids()  # type: ignore[assignment]
     c = Commits()
     before = DAY - dt.timedelta(days=1)
-    metrics = [("my-train", 0, before), ("my-train", 1, DAY), ("other", 1, DAY), ("my-train", 2, DAY + dt.timedelta(seconds=0.5)),
-               ("my-train", 3, DAY + dt.timedelta(seconds=1))]
+    metrics = [("my-train", 0, before), ("my-train", 1, DAY), ("other", 1, DAY),
+               ("my-train", 2, DAY + dt.timedelta(seconds=0.5)), ("my-train", 3, DAY + dt.timedelta(seconds=1))]
     for offset, (job, seq, t) in enumerate(metrics):
         arch._take(c, s.metrics_topic, seq % 2, offset, ms(t) + 200, encode_batch(op_batch(job, seq, t)))
     verdicts = [
