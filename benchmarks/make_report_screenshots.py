@@ -4,7 +4,7 @@ Usage: python benchmarks/make_report_screenshots.py [--out-dir docs] [--keep DIR
 
 For each golden scenario (tests/golden/h1-16, tests/golden/s2-32) the simulator's batches go through
 the offline analyzer (``analyze_batches``, the worker's pure core), and both, batches and verdicts,
-are written into an archive with the sink's own writers (``sinks/parquet.py``), stamped with a real
+are written into an archive with the sink's own writers (``sinks/parquet.py``, ``sinks/layout.py``), stamped with a real
 Unix time so the page shows UTC times as it would in production. ``ccld report`` then makes the
 page and headless Chromium screenshots it. Needs ``chromium`` on PATH (``apt-get install chromium``).
 """
@@ -27,7 +27,8 @@ from ccld.producers.simulator.scenario import Scenario
 from ccld.producers.simulator.sim import simulate
 from ccld.records import KernelBatch, Verdict
 from ccld.settings import Settings
-from ccld.sinks.parquet import file_path, metrics_table, verdicts_table, write_atomic
+from ccld.sinks.layout import write_offsets
+from ccld.sinks.parquet import metrics_table, verdicts_table
 from ccld.streams.analysis.replay import analyze_batches
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -44,9 +45,9 @@ def archive(root: Path, batches: list[tuple[float, KernelBatch]], verdicts: list
     label = "sink-0000000000000001"
     for start in range(0, len(batches), FILE_MESSAGES):
         chunk = [(start + i, int(round(t * 1e3)), b) for i, (t, b) in enumerate(batches[start:start + FILE_MESSAGES])]
-        write_atomic(metrics_table(chunk), file_path(root, s.metrics_topic, 0, start, label), chunk[-1][0])
+        write_offsets(root, s.metrics_topic, 0, label, start, chunk[-1][0], metrics_table(chunk))
     rows = [(i, int(round(v.detected_time * 1e3)), v) for i, v in enumerate(verdicts)]
-    write_atomic(verdicts_table(rows), file_path(root, s.verdicts_topic, 0, 0, label), len(rows) - 1)
+    write_offsets(root, s.verdicts_topic, 0, label, 0, len(rows) - 1, verdicts_table(rows))
 
 
 def screenshot(page: Path, png: Path, height: int) -> None:

@@ -1,4 +1,4 @@
-"""`ccld archive summary DIR`: what a Parquet archive holds, per topic, partition and topic incarnation."""
+"""`ccld archive summary DIR [--job J]`: what an archive holds; `ccld archive migrate DIR`: to the Hive layout."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ from pathlib import Path
 
 from ccld.errors import CcldError
 from ccld.settings import Settings
-from ccld.sinks.parquet import FileInfo, read_verdicts, scan
+from ccld.sinks.catalog import FileInfo, has_topic, read_verdicts, scan
+from ccld.sinks.layout import LEGACY
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -16,16 +17,27 @@ def configure(parser: argparse.ArgumentParser) -> None:
     sub.required = True
     s = sub.add_parser("summary", help="files, rows and offsets per topic partition; verdicts by kind")
     s.add_argument("dir", type=Path)
+    s.epilog = "--job J: only that job's files and rows"
+    m = sub.add_parser("migrate", help="move files of the old layout (<topic>/<partition>/...) into the Hive layout")
+    m.add_argument("dir", type=Path)
 
 
-def summarize(root: Path, verdicts_topic: str) -> str:
+def summarize(root: Path, verdicts_topic: str, job: str | None = None) -> str:
     if not root.is_dir():
         raise CcldError(f"{root} is not a directory")
-    files = scan(root)
+    files = scan(root, job=job)
+    of = "" if job is None else f" (job {job})"
     if not files:
-        return f"{root}: no Parquet files"
-    lines = [f"archive {root.resolve()}: {len(files)} files, {sum(f.rows for f in files):,} rows, "
+        return f"{root}: no Parquet files{of}"
+    lines = [f"archive {root.resolve()}{of}: {len(files)} files, {sum(f.rows for f in files):,} rows, "
              f"{sum(f.bytes for f in files) / 1e6:.1f} MB"]
+    days = sorted({f.date for f in files if f.date is not None})
+    if days:
+        lines.append(f"  {len({f.job for f in files if f.hive})} jobs, {len(days)} days "
+                     f"({days[0]}{'' if len(days) == 1 else ' to ' + days[-1]}, UTC)")
+    old = [f for f in files if not f.hive]
+    if old:
+        lines.append(f"  {len(old)} files in the old layout (`ccld archive migrate {root}` moves them)")
     by_tp: dict[tuple[str, int], list[FileInfo]] = defaultdict(list)
     for f in files:
         by_tp[(f.topic, f.partition)].append(f)
@@ -42,10 +54,10 @@ def summarize(root: Path, verdicts_topic: str) -> str:
         lines.append(f"  {topic}[{part}]: {len(fs)} files, {sum(f.rows for f in fs):,} rows, "
                      f"{len(by_inc)} topic incarnations")
         for inc, ifs in by_inc.items():
-            lines.append(f"    {inc or 'before incarnations were kept'}: {len(ifs)} files, "
+            lines.append(f"    {'before incarnations were kept' if inc in ('', LEGACY) else inc}: {len(ifs)} files, "
                          f"{sum(f.rows for f in ifs):,} rows, offsets from {ifs[0].start_offset}")
-    if (root / verdicts_topic).is_dir():
-        rows = read_verdicts(root, verdicts_topic)
+    if has_topic(root, verdicts_topic):
+        rows = read_verdicts(root, verdicts_topic, job)
         incidents = {r["incident_id"]: r for r in rows}
         kinds = Counter(r["kind"] for r in incidents.values())
         lines.append(f"  verdicts: {len(rows)} records, {len(incidents)} incidents "
@@ -53,6 +65,23 @@ def summarize(root: Path, verdicts_topic: str) -> str:
     return "\n".join(lines)
 
 
+def migrate_archive(root: Path) -> str:
+    """Run the migration; the line it prints. Rows lost or gained is an error (exit 2)."""
+    from ccld.sinks.migrate import migrate
+
+    m = migrate(root)
+    line = (f"moved {m.files_moved} files ({m.rows_moved:,} rows) into {m.files_written} files of the Hive layout; "
+            f"the archive holds {m.rows_after:,} rows (before: {m.rows_before:,})")
+    if m.left:
+        line += f"; {len(m.left)} files left in the old layout (their offsets are in the Hive layout already)"
+    if m.rows_after != m.rows_before:
+        raise CcldError(f"{line}: row counts differ (was a sink writing to {root}?)")
+    return line
+
+
 def main(args: argparse.Namespace, settings: Settings) -> int:
-    print(summarize(args.dir, settings.verdicts_topic))
+    if args.action == "migrate":
+        print(migrate_archive(args.dir))
+        return 0
+    print(summarize(args.dir, settings.verdicts_topic, getattr(args, "job", None)))
     return 0

@@ -1,11 +1,11 @@
 """Consume metrics and verdicts, write Parquet per topic partition, commit only after the write.
 
-Offsets are committed manually and only for messages that are in a renamed, complete file,
-so a crash loses nothing: the next run re-reads from the last commit and rewrites the same
-file names. Undecodable messages and records with impossible values are counted and skipped here
-(the worker dead-letters them).
+Offsets are committed manually and only for messages that are in renamed, complete files (one per
+job and day the messages hold, ``sinks.layout``), so a crash loses nothing: the next run re-reads
+from the last commit and rewrites the same file names. Undecodable messages and records with
+impossible values are counted and skipped here (the worker dead-letters them).
 
-Files are kept per topic incarnation (``sinks.incarnation``): a topic recreated, or a memory
+Files are named per topic incarnation (``sinks.incarnation``): a topic recreated, or a memory
 broker restarted, numbers offsets from 0 again, and its rows must not replace the old ones.
 A partition's incarnation is looked up when it is assigned and again whenever its offsets go
 back with no rebalance in between (what a consumer sees when the topic under it was recreated).
@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pyarrow.parquet as pq
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from ccld.errors import SchemaError
@@ -33,7 +34,8 @@ from ccld.schemas.codec import decode_metrics, decode_verdict
 from ccld.security import kafka_config
 from ccld.settings import Settings
 from ccld.sinks.incarnation import SinkTokens, TopicIds
-from ccld.sinks.parquet import file_path, metrics_table, verdicts_table, write_atomic
+from ccld.sinks.layout import write_offsets
+from ccld.sinks.parquet import metrics_table, verdicts_table
 
 log = logging.getLogger(__name__)
 
@@ -291,13 +293,14 @@ class Archiver:
             if buf.incarnation is None:
                 raise RuntimeError(f"no incarnation for {topic}[{partition}]")  # _flush_all resolved it first
             table = metrics_table(good) if topic == self.settings.metrics_topic else verdicts_table(good)
-            path = write_atomic(table, file_path(self.root, topic, partition, buf.start_offset, buf.incarnation),
-                                last)
-            self.counters["files"] += 1
+            paths = write_offsets(self.root, topic, partition, buf.incarnation, buf.start_offset, last, table)
+            self.counters["files"] += len(paths)
             self.counters["rows"] += table.num_rows
-            log.info("archived %d rows of %s[%d] to %s", table.num_rows, topic, partition, path)
+            log.info("archived %d rows of %s[%d] to %s", table.num_rows, topic, partition,
+                     paths[0] if len(paths) == 1 else f"{len(paths)} files ({paths[0].name})")
             if self.on_file is not None:
-                self.on_file(path, table.num_rows)
+                for path in paths:
+                    self.on_file(path, pq.ParquetFile(path).metadata.num_rows)
         if not commit:
             return
         try:

@@ -2,16 +2,17 @@
 
 A topic deleted and created again, and every topic of a memory broker that restarted (the embedded
 Tansu of ``ccld up``), numbers its messages from offset 0 again: offset 0 of the new topic is another
-message than offset 0 of the old one. The sink keeps each incarnation's files in a folder of its own
-under the partition's folder, named by a *label*:
+message than offset 0 of the old one. The sink names each incarnation's files (and its ledger) by a
+*label* (``part-p<partition>-<label>-o<offset>.parquet``, ``sinks.layout``):
 
 - ``id-<32 hex digits>``: the topic id the broker reports (Kafka since 2.8, Tansu 0.6). Every
   incarnation gets a new one and every restart of the sink reads the same one back, so a replay of
   the same incarnation still rewrites its files instead of adding copies.
 - ``sink-<16 hex digits>``: for a broker without topic ids, a token the sink makes itself and keeps
-  in ``<partition>/.incarnation``. A new one is made when the first message the sink takes after an
-  assignment (or after the offsets went back) disagrees with the row the archive holds at its
-  offset: another Kafka timestamp means another message, hence another incarnation.
+  in ``topic=<topic>/_offsets/p<partition>/incarnation`` (``sinks.layout.marker_path``). A new one
+  is made when the first message the sink takes after an assignment (or after the offsets went
+  back) disagrees with the row the archive holds at its offset: another Kafka timestamp means
+  another message, hence another incarnation.
 """
 
 from __future__ import annotations
@@ -27,13 +28,15 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from confluent_kafka import KafkaException, TopicCollection
 
+from ccld.sinks.layout import files_holding, marker_path
+
 log = logging.getLogger(__name__)
 
 _MASK = (1 << 64) - 1
 
 
 def id_label(topic_id: Any) -> str | None:
-    """The folder name for a broker's topic id (a ``confluent_kafka.Uuid``; its stubs lack the two getters);
+    """The label for a broker's topic id (a ``confluent_kafka.Uuid``; its stubs lack the two getters);
     None for the all-zero id, what a broker without topic ids sends."""
     if topic_id is None:
         return None
@@ -81,28 +84,25 @@ class SinkTokens:
 
     def label(self, topic: str, partition: int, offset: int, ts_ms: int) -> str:
         """The label for a partition whose next message is ``offset`` with Kafka timestamp ``ts_ms``."""
-        folder = self.root / topic / str(partition)
-        marker = folder / ".incarnation"
+        marker = marker_path(self.root, topic, partition)
         token = marker.read_text().strip() if marker.is_file() else ""
-        if token and _agrees(folder / token, offset, ts_ms):
+        if token and _agrees(files_holding(self.root, topic, partition, token, offset), offset, ts_ms):
             return token
         new = f"sink-{time.time_ns():016x}"
         if token:
             log.warning("%s[%d]@%d is not the message the archive holds at that offset: the topic was recreated; "
                         "its files now go to %s (the old ones stay in %s)", topic, partition, offset, new, token)
-        folder.mkdir(parents=True, exist_ok=True)
+        marker.parent.mkdir(parents=True, exist_ok=True)
         tmp = marker.with_name(f".incarnation.tmp-{os.getpid()}")
         tmp.write_text(new + "\n")
         os.replace(tmp, marker)
         return new
 
 
-def _agrees(folder: Path, offset: int, ts_ms: int) -> bool:
-    """Whether the archive holds nothing at ``offset`` in ``folder`` or rows with timestamp ``ts_ms`` there."""
-    starts = sorted(int(p.stem) for p in folder.glob("*.parquet") if p.stem.isdigit())
-    covering = [s for s in starts if s <= offset]
-    if not covering:
-        return True
-    table = pq.read_table(folder / f"{covering[-1]:019d}.parquet", columns=["offset", "kafka_ts_ms"])
-    stamps = set(table.filter(pc.equal(table["offset"], offset))["kafka_ts_ms"].to_pylist())
+def _agrees(files: list[Path], offset: int, ts_ms: int) -> bool:
+    """Whether ``files`` (those holding ``offset``) hold nothing at ``offset``, or rows with timestamp ``ts_ms``."""
+    stamps: set[int] = set()
+    for f in files:
+        table = pq.read_table(f, columns=["offset", "kafka_ts_ms"])
+        stamps |= set(table.filter(pc.equal(table["offset"], offset))["kafka_ts_ms"].to_pylist())
     return not stamps or stamps == {ts_ms}

@@ -1,27 +1,24 @@
-"""Parquet files of metric records and verdicts: deterministic names, atomic writes.
+"""Parquet tables of metric records and verdicts, their timestamp columns, and atomic file writes.
 
-A file holds consecutive messages of one topic partition and is named by the offset of its
-first message, ``<root>/<topic>/<partition>/<incarnation>/<start_offset:019d>.parquet``, so a
-replay after a crash rewrites the same file instead of adding a second copy. ``<incarnation>``
-names the topic's incarnation (``sink.incarnation``): a topic recreated with offsets from 0
-again gets a folder of its own and never overwrites the old one's rows. Archives written before
-incarnations were kept have their files straight in the partition folder; they are read as
-they are and never written to. Files are written to a temporary name and renamed, and files
-of the same folder the new one covers are removed, so readers never see a half-written file or
-the same message twice.
+``metrics_table`` and ``verdicts_table`` turn decoded messages into flat tables (the archive's schema,
+docs/operations.md "The archive"); ``with_timestamps`` adds the UTC timestamp columns next to the epoch ones;
+``write_file`` writes through a temporary name, fsyncs and renames, so readers never see a half-written file.
+Where files go is ``sinks.layout`` (the Hive layout the sink writes); ``file_path`` and ``write_atomic`` are the
+layout before it, ``<root>/<topic>/<partition>[/<incarnation>]/<start_offset:019d>.parquet``, which the sink no
+longer writes (``ccld archive migrate`` moves such an archive to the Hive layout; readers read both).
 """
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ccld.records import BATCH_COLUMNS, COMM_COLUMN, DType, KernelBatch, OpType, Status, Verdict, comm_hex
@@ -78,7 +75,7 @@ def metrics_table(batches: Sequence[tuple[int, int, KernelBatch]]) -> pa.Table:
         cols["send_counts"] = pa.ListArray.from_arrays(offsets, pa.array(b.send.reshape(-1)))
         cols["recv_counts"] = pa.ListArray.from_arrays(offsets, pa.array(b.recv.reshape(-1)))
         parts.append(pa.table(cols))
-    return pa.concat_tables(parts) if parts else pa.table({})
+    return with_timestamps(pa.concat_tables(parts)) if parts else pa.table({})
 
 
 def verdicts_table(verdicts: Sequence[tuple[int, int, Verdict]]) -> pa.Table:
@@ -100,16 +97,50 @@ def verdicts_table(verdicts: Sequence[tuple[int, int, Verdict]]) -> pa.Table:
         ("detected_time", pa.float64()), ("details", pa.string()), ("link_src", pa.int32()),
         ("link_dst", pa.int32()),
     ])
-    return pa.Table.from_pylist(rows, schema=schema)
+    return with_timestamps(pa.Table.from_pylist(rows, schema=schema))
 
 
-def write_atomic(table: pa.Table, path: Path, end_offset: int) -> Path:
-    """Write ``table`` to ``path`` through a temp file; remove older files it now covers.
+#: epoch column -> (its timestamp column, its unit): each row's time as a UTC timestamp, for date queries
+TIMESTAMPS: dict[str, tuple[str, str]] = {
+    "kafka_ts_ms": ("kafka_ts", "ms"),  # when the message reached Kafka (the analyzer's clock); its day is ``date``
+    "t_enter_ns": ("t_enter_ts", "ns"),  # metrics: the rank's own clock
+    "t_exit_ns": ("t_exit_ts", "ns"),
+    "t_sample_ns": ("t_sample_ts", "ns"),
+    "onset_time": ("onset_ts", "s"),  # verdicts: the analyzer's clock
+    "detected_time": ("detected_ts", "s"),
+}
+UTC_US = pa.timestamp("us", tz="UTC")
 
-    ``end_offset`` is the last offset in the file: files of the same folder (partition and
-    incarnation) that start after ``path``'s start and at or before ``end_offset`` hold a subset
-    and are removed. Another incarnation's files are in another folder: never touched.
-    """
+
+def _to_us(values: np.ndarray, unit: str) -> tuple[np.ndarray, np.ndarray]:
+    """(microseconds since the epoch, which are unknown) for an epoch column."""
+    if unit == "s":
+        v = values.astype(np.float64)
+        bad = ~np.isfinite(v) | (v <= 0)
+        return np.where(bad, 0, np.round(v * 1e6)).astype(np.int64), bad
+    v = values.astype(np.int64)
+    bad = v <= 0  # -1: no exit yet, no entry (an idle heartbeat), no sample; 0: no Kafka timestamp
+    return (v * 1000 if unit == "ms" else v // 1000), bad
+
+
+def with_timestamps(table: pa.Table) -> pa.Table:
+    """``table`` with a ``timestamp[us, tz=UTC]`` column for each epoch column it has (null where unknown).
+
+    The epoch columns stay: they are exact (ns) and ``ccld report`` reads them. A table that already has a
+    timestamp column keeps it (an archive written by this version, migrated again)."""
+    for src, (name, unit) in TIMESTAMPS.items():
+        if src not in table.column_names or name in table.column_names:
+            continue
+        col = table[src]
+        values = col.to_numpy(zero_copy_only=False) if col.null_count == 0 else \
+            pc.fill_null(col, 0).to_numpy(zero_copy_only=False)
+        us, bad = _to_us(values, unit)
+        table = table.append_column(name, pa.array(us, UTC_US, mask=bad))
+    return table
+
+
+def write_file(table: pa.Table, path: Path) -> Path:
+    """Write ``table`` to ``path`` through a temporary file, durable before the rename (and the rename after)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     pq.write_table(table, tmp, row_group_size=ROW_GROUP_ROWS, compression="zstd")
@@ -123,6 +154,18 @@ def write_atomic(table: pa.Table, path: Path, end_offset: int) -> Path:
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
+    return path
+
+
+def write_atomic(table: pa.Table, path: Path, end_offset: int) -> Path:
+    """The layout before the Hive one: write ``path`` (``file_path``), remove older files it now covers.
+
+    ``end_offset`` is the last offset in the file: files of the same folder (partition and
+    incarnation) that start after ``path``'s start and at or before ``end_offset`` hold a subset
+    and are removed. The sink writes ``sinks.layout.write_offsets`` instead; this stays for tests
+    and tools that make an archive of the old layout (what ``ccld archive migrate`` reads).
+    """
+    write_file(table, path)
     start = int(path.stem)
     for other in path.parent.glob("*.parquet"):
         try:
@@ -132,52 +175,3 @@ def write_atomic(table: pa.Table, path: Path, end_offset: int) -> Path:
         if start < o <= end_offset:
             other.unlink(missing_ok=True)
     return path
-
-
-@dataclass(frozen=True)
-class FileInfo:
-    topic: str
-    partition: int
-    start_offset: int
-    rows: int
-    row_groups: int
-    bytes: int
-    path: Path
-    incarnation: str = ""  # "": an archive written before incarnations were kept
-
-
-def _files(folder: Path) -> list[Path]:
-    """Parquet files of ``folder``'s partitions, both layouts: ``<p>/<offset>`` and ``<p>/<incarnation>/<offset>``."""
-    return sorted([*folder.glob("*/*.parquet"), *folder.glob("*/*/*.parquet")])
-
-
-def scan(root: Path) -> list[FileInfo]:
-    """Every Parquet file of an archive, in topic/partition order, each incarnation's files together.
-
-    Incarnations of a partition come oldest first: the old layout's files, then by the time of
-    each folder's oldest file.
-    """
-    out = []
-    born: dict[tuple[str, int, str], float] = {}
-    for topic_dir in sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else []:
-        for path in _files(topic_dir):
-            parts = path.relative_to(topic_dir).parts
-            if not parts[0].isdigit() or not path.stem.isdigit():
-                continue  # not an archive file
-            md = pq.ParquetFile(path).metadata
-            st = path.stat()
-            f = FileInfo(topic_dir.name, int(parts[0]), int(path.stem), md.num_rows, md.num_row_groups,
-                         st.st_size, path, parts[1] if len(parts) == 3 else "")
-            k = (f.topic, f.partition, f.incarnation)
-            born[k] = min(born.get(k, float("inf")), st.st_mtime if f.incarnation else 0.0)
-            out.append(f)
-    return sorted(out, key=lambda f: (f.topic, f.partition, born[(f.topic, f.partition, f.incarnation)],
-                                      f.incarnation, f.start_offset))
-
-
-def read_verdicts(root: Path, topic: str) -> list[dict[str, Any]]:
-    files: Iterable[Path] = _files(root / topic)
-    rows: list[dict[str, Any]] = []
-    for f in files:
-        rows.extend(pq.read_table(f).to_pylist())
-    return rows

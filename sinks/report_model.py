@@ -22,13 +22,13 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from ccld.anomaly import CLASSES, AnomalyClass
 from ccld.errors import CcldError
 from ccld.ranks import rank_ranges as core_rank_ranges
 from ccld.records import Verdict, VerdictState
-from ccld.sinks.parquet import read_verdicts, scan
+from ccld.sinks.catalog import has_topic, read_table, read_verdicts, scan
+from ccld.sinks.layout import day
 
 #: seconds of metrics shown before the onset and after the first verdict
 BEFORE_S = 30.0
@@ -251,11 +251,12 @@ def read_metrics(root: Path, topic: str, job: str, lo: float, hi: float) -> pa.T
     # a second of slack each side: a sample is shipped up to an interval after it was taken
     lo_ms, hi_ms = int((lo - 1.0) * 1e3), int((hi + 1.0) * 1e3)
     parts: list[pa.Table] = []
-    for f in scan(root):
-        if f.topic != topic:
-            continue
-        t = pq.read_table(f.path, columns=list(_METRIC_COLUMNS),
-                          filters=[("job", "=", job), ("kafka_ts_ms", ">=", lo_ms), ("kafka_ts_ms", "<=", hi_ms)])
+    first, last = day(lo_ms), day(hi_ms)
+    for f in scan(root, topic=topic, job=job):  # the Hive layout: only the job's folders are read
+        if f.date is not None and not first <= f.date <= last:
+            continue  # a folder of another day
+        t = read_table(f, columns=_METRIC_COLUMNS,
+                       filters=[("job", "=", job), ("kafka_ts_ms", ">=", lo_ms), ("kafka_ts_ms", "<=", hi_ms)])
         if t.num_rows:
             parts.append(t)
     if not parts:
@@ -267,7 +268,7 @@ def load_incident(root: Path, incident_id: str, *, verdicts_topic: str, metrics_
     """Read one incident from an archive; a missing archive or an unknown id is a ``CcldError`` (one line)."""
     if not root.is_dir():
         raise CcldError(f"archive {root} does not exist (give the sink's folder with --archive DIR)")
-    if not (root / verdicts_topic).is_dir():
+    if not has_topic(root, verdicts_topic):
         raise CcldError(f"archive {root} holds no verdicts (no {verdicts_topic} folder)")
     verdicts = incident_verdicts(read_verdicts(root, verdicts_topic), incident_id)
     if not verdicts:

@@ -1,6 +1,6 @@
 """A small hand-made Parquet archive for `ccld report` tests: one H1 and one S2 incident of a 4-rank job.
 
-Written with the sink's own writers (``sinks/parquet.py``) from ``factories`` records. The job runs
+Written with the sink's own writers (``sinks/parquet.py``, ``sinks/layout.py``) from ``factories`` records. The job runs
 one all-reduce a second on communicator ``COMM``; ranks 2 and 3 sit on a host whose clock is
 ``SKEW_S`` ahead. Each op's records are shipped ``SHIP_S`` after the op's second began (analyzer
 clock = Kafka timestamps, from ``T0``). From second ``HANG_AT`` rank 3 never enters op ``HANG_AT``
@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ccld.records import AnomalyKind, KernelBatch, KernelRecord, Link, Status, Verdict, VerdictState, comm_hex
+from ccld.sinks.layout import write_offsets
 from ccld.sinks.parquet import file_path, metrics_table, verdicts_table, write_atomic
 from factories import make_kernel_record, make_verdict
 
@@ -82,13 +83,22 @@ def verdicts() -> list[Verdict]:
     ]
 
 
-def write_archive(root: Path, metrics_topic: str = "ccl-d.metrics", verdicts_topic: str = "ccl-d.verdicts") -> Path:
-    """The archive under ``root``, metrics in two files as a sink flushing twice would write them."""
+def write_archive(root: Path, metrics_topic: str = "ccl-d.metrics", verdicts_topic: str = "ccl-d.verdicts", *,
+                  old_layout: bool = False) -> Path:
+    """The archive under ``root``, metrics in two files as a sink flushing twice would write them.
+
+    ``old_layout``: as a sink before the Hive layout wrote it (``<topic>/<partition>/<incarnation>/<offset>``)."""
     bs = batches()
     half = len(bs) // 2
     for start, part in ((0, bs[:half]), (half, bs[half:])):
         rows = [(start + i, int(round(t * 1e3)), b) for i, (t, b) in enumerate(part)]
-        write_atomic(metrics_table(rows), file_path(root, metrics_topic, 0, start, "sink-1"), rows[-1][0])
+        if old_layout:
+            write_atomic(metrics_table(rows), file_path(root, metrics_topic, 0, start, "sink-1"), rows[-1][0])
+        else:
+            write_offsets(root, metrics_topic, 0, "sink-1", start, rows[-1][0], metrics_table(rows))
     vs = [(i, int(round(v.detected_time * 1e3)), v) for i, v in enumerate(verdicts())]
-    write_atomic(verdicts_table(vs), file_path(root, verdicts_topic, 0, 0, "sink-1"), len(vs) - 1)
+    if old_layout:
+        write_atomic(verdicts_table(vs), file_path(root, verdicts_topic, 0, 0, "sink-1"), len(vs) - 1)
+    else:
+        write_offsets(root, verdicts_topic, 0, "sink-1", 0, len(vs) - 1, verdicts_table(vs))
     return root

@@ -168,19 +168,27 @@ def archived(root: Path, topic: str) -> Counter[tuple[int, int]]:
 def archived_by(root: Path, topic: str, column: str | None) -> Counter[tuple[Any, int, int]]:
     """Rows of ``topic`` per ``(value of column, partition, offset)`` (``column`` None: the value is None).
 
-    Every file counts, whatever folder under its partition it is in (the sink keeps each incarnation of a
-    topic in a folder of its own), so a row overwritten or deleted shows as missing.
+    Every file counts, whatever job, day or incarnation it is named by (``sinks/layout.py``; the old layout's
+    ``<topic>/<partition>/...`` too), so a row overwritten or deleted shows as missing.
     """
     import pyarrow.parquet as pq
 
+    from ccld.sinks.layout import parse, topic_dir
+
+    hive = topic_dir(root, topic)
+    found = [(path, parse(hive, path)) for path in sorted(hive.glob("job=*/date=*/*.parquet"))]
+    paths = [(path, name.partition, name.job) for path, name in found if name is not None]
+    old = root / topic
+    paths += [(path, int(path.relative_to(old).parts[0]), None) for path in sorted(old.rglob("*.parquet"))]
     rows: Counter[tuple[Any, int, int]] = Counter()
-    for path in sorted((root / topic).rglob("*.parquet")):
+    for path, partition, job in paths:
+        from_path = column == "job" and job is not None  # the Hive layout's files hold no job column
         try:
-            table = pq.read_table(path, columns=["offset"] if column is None else ["offset", column])
+            table = pq.read_table(path, columns=["offset"] if column is None or from_path else ["offset", column])
         except FileNotFoundError:  # replaced or removed by the sink meanwhile
             continue
-        values = [None] * table.num_rows if column is None else table.column(column).to_pylist()
-        partition = int(path.relative_to(root / topic).parts[0])
+        values = [job if from_path else None] * table.num_rows if column is None or from_path else \
+            table.column(column).to_pylist()
         rows.update((v, partition, int(o)) for v, o in zip(values, table.column("offset").to_pylist(), strict=True))
     return rows
 

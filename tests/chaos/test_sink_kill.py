@@ -22,7 +22,7 @@ from confluent_kafka import Producer
 from ccld.records import AnomalyKind, Verdict, VerdictState
 from ccld.schemas.codec import decode_metrics, decode_verdict, encode_verdict
 from ccld.settings import Settings
-from ccld.sinks.parquet import read_verdicts
+from ccld.sinks.catalog import read_verdicts
 from chaoslib import ChaosBroker, archived, produce, record_result, scenario_batches, wait_for
 from harness import WorkerProcess, raw_records
 

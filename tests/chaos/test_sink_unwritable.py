@@ -18,6 +18,7 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 
 from ccld.settings import Settings
+from ccld.sinks.layout import topic_dir
 from chaoslib import ChaosBroker, archived, produce, publish_verdicts, scenario_batches, wait_for
 from harness import WorkerProcess
 
@@ -39,7 +40,7 @@ def test_unwritable_archive_is_said_once_and_nothing_is_lost(
 ) -> None:
     s = chaos_settings.replace(sink_max_age_s=1.0)
     root = Path(s.archive_dir)
-    blocker = root / s.metrics_topic
+    blocker = topic_dir(root, s.metrics_topic)  # a file where the metrics topic's folder goes
     root.mkdir(parents=True)
     blocker.write_text("not a folder\n")
     sink = WorkerProcess(s, tmp_path / "sink.log", command="sink", ready="archiving").start()

@@ -20,7 +20,8 @@ from ccld.records import KernelBatch
 from ccld.schemas.codec import decode_dead_letter, decode_verdict, encode, encode_batch
 from ccld.settings import Settings
 from ccld.sinks.archiver import Archiver
-from ccld.sinks.parquet import scan
+from ccld.sinks.catalog import has_topic, scan
+from ccld.sinks.layout import topic_dir
 from factories import make_kernel_record
 from harness import WorkerProcess, collect_verdicts, raw_messages
 
@@ -76,12 +77,13 @@ def test_batches_become_parquet_rows_and_a_verdict(
     assert all(v.job == "it-h1" for v in verdicts)
 
     root = Path(ccld_settings.archive_dir)
-    metrics_dir = root / ccld_settings.metrics_topic
+    metrics_dir = topic_dir(root, ccld_settings.metrics_topic)
     assert wait_for(lambda: sum(f.rows for f in scan(root) if f.topic == ccld_settings.metrics_topic) == sent, 30)
-    df = pd.read_parquet(metrics_dir)
+    df = pd.read_parquet(metrics_dir)  # the Hive layout: job and date come back as columns
     assert len(df) == sent and set(df["job"]) == {"it-h1"} and df["rank"].nunique() == 16
-    assert wait_for(lambda: (root / ccld_settings.verdicts_topic).is_dir(), 20)
-    archived = pd.read_parquet(root / ccld_settings.verdicts_topic)
+    assert set(df["date"]) == {d.strftime("%Y-%m-%d") for d in df["kafka_ts"]}, "rows in another day's folder"
+    assert wait_for(lambda: has_topic(root, ccld_settings.verdicts_topic), 20)
+    archived = pd.read_parquet(topic_dir(root, ccld_settings.verdicts_topic))
     assert 5 in set(archived["root_cause_ranks"].explode())
 
 

@@ -10,15 +10,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import pyarrow.parquet as pq
-
 from ccld.records import KernelBatch
 from ccld.schemas.codec import encode_batch
 from ccld.settings import Settings
 from ccld.sinks.archive_command import summarize
 from ccld.sinks.archiver import Archiver
+from ccld.sinks.catalog import read_table, scan
 from ccld.sinks.incarnation import SinkTokens
-from ccld.sinks.parquet import file_path, metrics_table, scan, write_atomic
+from ccld.sinks.layout import write_offsets
+from ccld.sinks.parquet import file_path, metrics_table, write_atomic
 from factories import make_kernel_record
 
 A, B = "id-" + "a" * 32, "id-" + "b" * 32
@@ -62,7 +62,7 @@ def rows(root: Path) -> set[tuple[str, str, int]]:
     """(folder, job, offset) of every archived row."""
     out = set()
     for f in scan(root):
-        t = pq.read_table(f.path, columns=["job", "offset"])
+        t = read_table(f, columns=["job", "offset"])
         out |= {(f.incarnation, j, o) for j, o in zip(t["job"].to_pylist(), t["offset"].to_pylist(), strict=True)}
     return out
 
@@ -124,7 +124,7 @@ def test_without_topic_ids_the_sink_tells_incarnations_apart_by_what_it_archived
     tokens = SinkTokens(tmp_path)
     first = tokens.label("m", 0, 0, 1_000)
     b = KernelBatch.from_records([make_kernel_record()])
-    write_atomic(metrics_table([(0, 1_000, b), (1, 1_001, b)]), file_path(tmp_path, "m", 0, 0, first), 1)
+    write_offsets(tmp_path, "m", 0, first, 0, 1, metrics_table([(0, 1_000, b), (1, 1_001, b)]))
     assert tokens.label("m", 0, 1, 1_001) == first, "a replay of the same messages is the same incarnation"
     assert tokens.label("m", 0, 2, 5_000) == first, "nothing archived at that offset: nothing to tell apart"
     second = tokens.label("m", 0, 0, 9_999)

@@ -8,7 +8,8 @@ import pandas as pd
 
 from ccld.records import AnomalyKind, KernelBatch, Link, Verdict, VerdictState
 from ccld.sinks.archive_command import summarize
-from ccld.sinks.parquet import file_path, metrics_table, scan, verdicts_table, write_atomic
+from ccld.sinks.catalog import scan
+from ccld.sinks.parquet import file_path, metrics_table, verdicts_table, write_atomic
 from factories import make_kernel_record
 
 
