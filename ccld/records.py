@@ -370,6 +370,11 @@ class KernelBatch:
     producer: str = ""
     batch_seq: int = 0
     peak_lag: I64 | None = None
+    # ENTER/DONE/IDLE records of this job incarnation its producer lost before this batch (queue full,
+    # undeliverable, spool full or too old), and the ranks they were of: an absence-based verdict about
+    # one of those ranks ("never entered") may rest on records that never arrived
+    lost_records: int = 0
+    lost_ranks: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         n = self.n
@@ -506,6 +511,8 @@ class KernelBatch:
             producer=producer,
             batch_seq=batch_seq,
             peak_lag=np.concatenate(peak),
+            lost_records=sum(b.lost_records for b in batches),
+            lost_ranks=tuple(sorted({r for b in batches for r in b.lost_ranks})),
         )
 
     def take(self, rows: npt.NDArray[np.int64], *, producer: str | None = None, batch_seq: int | None = None
@@ -526,6 +533,7 @@ class KernelBatch:
             hosts=tuple(self.hosts[i] for i in used.tolist()), columns=columns, send=self.send[rows],
             recv=self.recv[rows], producer=self.producer if producer is None else producer,
             batch_seq=self.batch_seq if batch_seq is None else batch_seq, peak_lag=self.peaks[rows],
+            lost_records=self.lost_records, lost_ranks=self.lost_ranks,
         )
 
     def by_rank(self) -> dict[int, KernelBatch]:

@@ -8,8 +8,10 @@ hard cap of twice the bound allows, and every drop is counted.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections import OrderedDict, deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from ccld.records import KernelBatch, KernelRecord, Status
@@ -53,6 +55,8 @@ class RecordBatcher:
         self._size = 0
         self._ids = itertools.count()
         self._seq = itertools.count()
+        # ENTERED/DONE/IDLE records lost since the job's last batch: (count, ranks), sent with its next one
+        self._lost: dict[_Key, tuple[int, set[int]]] = {}
 
     def __len__(self) -> int:
         return self._size
@@ -62,6 +66,8 @@ class RecordBatcher:
         if self._size >= self.queue_max and not self._drop_oldest_progress():
             if record.status is Status.PROGRESS or self._size >= 2 * self.queue_max:
                 self._count_drop(record.status)
+                if record.status is not Status.PROGRESS:
+                    self.note_lost(record.job, record.incarnation, (record.rank,), 1)
                 return False
         key = (record.job, record.incarnation)
         pending = self._pending.get(key)
@@ -75,6 +81,16 @@ class RecordBatcher:
         self._size += 1
         self.stats.accepted += 1
         return True
+
+    def note_lost(self, job: str, incarnation: int, ranks: Iterable[int], records: int) -> None:
+        """``records`` ENTERED/DONE/IDLE records of ``ranks`` were lost (here or on the way): the job's
+        next batch says so, so that the analyzer does not take their absence for a rank's silence."""
+        key = (job, incarnation)
+        n, held = self._lost.get(key, (0, set()))
+        held.update(ranks)
+        self._lost[key] = (n + records, held)
+        if len(self._lost) > 64:  # jobs that never send again: keep the newest
+            del self._lost[next(iter(self._lost))]
 
     def _count_drop(self, status: Status) -> None:
         if status is Status.PROGRESS:
@@ -102,7 +118,7 @@ class RecordBatcher:
             while pending.records and (
                 force or len(pending.records) >= self.batch_max or now_s - pending.first_arrival_s >= self.linger_s
             ):
-                out.extend(self._cut(pending))
+                out.extend(self._cut(pending, key))
                 pending.first_arrival_s = now_s
             if not pending.records:
                 del self._pending[key]
@@ -112,7 +128,7 @@ class RecordBatcher:
             self._progress = deque(x for x in self._progress if x[0] in self._live_progress)
         return out
 
-    def _cut(self, pending: _Pending) -> list[KernelBatch]:
+    def _cut(self, pending: _Pending, key: _Key) -> list[KernelBatch]:
         take: list[KernelRecord] = []
         while pending.records and len(take) < self.batch_max:
             rid, rec = pending.records.popleft()
@@ -125,7 +141,11 @@ class RecordBatcher:
         if not take:
             return []
         self.stats.batches += 1
-        return [KernelBatch.from_records(take, producer=self.producer_id, batch_seq=next(self._seq))]
+        batch = KernelBatch.from_records(take, producer=self.producer_id, batch_seq=next(self._seq))
+        lost = self._lost.pop(key, None)
+        if lost is not None:
+            batch = dataclasses.replace(batch, lost_records=lost[0], lost_ranks=tuple(sorted(lost[1])))
+        return [batch]
 
     def next_batch_seq(self) -> int:
         """A sequence number for a batch built elsewhere (the simulator builds its own batches)."""

@@ -24,14 +24,15 @@ import time
 import uuid
 from typing import Any
 
+import numpy as np
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from ccld.errors import BrokerError
 from ccld.producers.batcher import RecordBatcher
 from ccld.producers.spool import SpooledMessage
 from ccld.producers.spool_replay import SpoolReplay
-from ccld.records import KernelBatch, KernelRecord, comm_hex, metrics_partition
-from ccld.schemas.codec import encode_batch
+from ccld.records import KernelBatch, KernelRecord, Status, comm_hex, metrics_partition
+from ccld.schemas.codec import decode_metrics, encode_batch
 from ccld.security import kafka_config
 from ccld.settings import Settings
 
@@ -328,12 +329,22 @@ class MetricsProducer:
             for key, n in changes.items():
                 self._counters[key] += n
 
-    def _lose(self, key: str, records: int, *, messages: int = 0) -> None:
-        """Count ``records`` as lost for the reason ``key`` (expired/refused/error/spool_lost)."""
+    def _lose(self, key: str, records: int, *, messages: int = 0, value: bytes | None = None) -> None:
+        """Count ``records`` as lost for the reason ``key`` (expired/refused/error/spool_lost); with the
+        lost message's ``value``, its ranks travel with the job's next batch (``lost_ranks``)."""
         with self._count_lock:
             self._counters[key] += records
             self._counters["failed_records"] += records
             self._counters["delivery_failures"] += messages
+        if value:
+            try:
+                batch = decode_metrics(value, check_values=False)
+                critical = batch.columns["status"] != int(Status.PROGRESS)
+                with self._lock:
+                    self._batcher.note_lost(batch.job, batch.incarnation,
+                                            np.unique(batch.columns["rank"][critical]).tolist(), int(critical.sum()))
+            except Exception:  # noqa: BLE001 - a loss we cannot attribute is still counted above
+                self._counters["produce_errors"] += 1
 
     def _on_delivery(self, err: KafkaError | None, msg: Message, records: int, stamp_ms: int) -> None:
         with self._count_lock:
@@ -346,7 +357,8 @@ class MetricsProducer:
         if self._spool_replay.take_undelivered(err, msg, records, stamp_ms):  # spooled (or counted spool-lost)
             return
         code = err.code()
-        self._lose("expired_records" if code == KafkaError._MSG_TIMED_OUT else "error_records", records, messages=1)
+        self._lose("expired_records" if code == KafkaError._MSG_TIMED_OUT else "error_records", records, messages=1,
+                   value=msg.value())
         log.debug("delivery failed: %s", err)
 
     def _produce(self, batch: KernelBatch, timestamp_ms: int | None, block_s: float) -> bool:

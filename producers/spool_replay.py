@@ -132,7 +132,7 @@ class Count(Protocol):
 class Lose(Protocol):
     """The producer's ``_lose``: count records lost for a reason (a counter name)."""
 
-    def __call__(self, key: str, records: int, *, messages: int = 0) -> None: ...
+    def __call__(self, key: str, records: int, *, messages: int = 0, value: bytes | None = None) -> None: ...
 
 
 class _Group:
@@ -266,7 +266,7 @@ class SpoolReplay:
         if ok:
             self._count(spooled_in_records=msg.records)
         else:
-            self._lose("spool_lost_records", msg.records, messages=1)
+            self._lose("spool_lost_records", msg.records, messages=1, value=msg.value)
         return ok
 
     def overflow(self, msg: SpooledMessage) -> bool:

@@ -159,6 +159,8 @@ def encode_batch(batch: KernelBatch) -> bytes:
         # a column that says nothing (every row its "unknown" value) travels as the empty default
         col = batch.columns[name]
         rec[name] = b"" if not (col != unknown).any() else np.ascontiguousarray(col, dtype="<i8").tobytes()
+    rec["lost_records"] = int(batch.lost_records)
+    rec["lost_ranks"] = np.asarray(batch.lost_ranks, dtype="<i8").tobytes()
     # one communicator (every batch of a source that sends per communicator): no column, 8 bytes a row saved
     comm = batch.columns[COMM_COLUMN]
     rec[COMM_COLUMN] = b"" if batch.one_comm else np.ascontiguousarray(comm, dtype="<i8").tobytes()
@@ -191,6 +193,10 @@ def batch_from_dict(rec: Mapping[str, Any]) -> KernelBatch:
         arrays[name] = flat[at : at + n * width].reshape(n, width) if name in wide else flat[at : at + n]
         at += n * width
     send, recv, peak = arrays.pop("send"), arrays.pop("recv"), arrays.pop("peak_lag", None)
+    lost_raw = rec.get("lost_ranks") or b""
+    lost_n = int(rec.get("lost_records", 0))
+    if len(lost_raw) % 8 or lost_n < 0:
+        raise SchemaError("bad-record", f"KernelBatch lost_ranks has {len(lost_raw)} bytes, lost_records {lost_n}")
 
     try:
         return KernelBatch(
@@ -205,6 +211,8 @@ def batch_from_dict(rec: Mapping[str, Any]) -> KernelBatch:
             producer=str(rec["producer"]),
             batch_seq=int(rec["batch_seq"]),
             peak_lag=peak,
+            lost_records=lost_n,
+            lost_ranks=tuple(np.frombuffer(lost_raw, dtype="<i8").tolist()),
         )
     except RecordError as exc:
         raise SchemaError("bad-record", str(exc)) from exc

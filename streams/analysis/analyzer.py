@@ -76,6 +76,8 @@ class Analyzer:
         if ja is None:
             ja = self._new_job(key)
             self._stats["jobs"] += 1
+        if batch.lost_ranks:
+            ja.note_lost(batch.lost_ranks, batch.lost_records, now)
         ja.js.queue(batch, now)
         self._now = max(self._now, now)
         self._stats["batches"] += 1

@@ -34,6 +34,7 @@ class _JobView:
     roots: list[tuple[HangRoot, Stall]] = field(default_factory=list)
     victims: set[int] = field(default_factory=set)  # ranks waiting on a hang root at the last evaluation
     freed: dict[int, float] = field(default_factory=dict)  # rank -> job time it stopped waiting on a root
+    lost: dict[int, tuple[int, float]] = field(default_factory=dict)  # rank -> (records lost on the way, when)
 
 
 class JobStage:
@@ -80,6 +81,9 @@ class JobStage:
             v.seen[shard] = max(v.seen.get(shard, rep.now), rep.now)
             v.last_now = max(v.last_now, rep.now)
             v.data_seen = max(v.data_seen, rep.seen)
+            for r, (n, at) in rep.lost.items():  # every shard of a job hears of the same losses: the largest
+                held = v.lost.get(r, (0, at))
+                v.lost[r] = (max(held[0], n), max(held[1], at))
         verdicts: list[Verdict] = []
         for c in best_slow(c for _, rep in reports for c in rep.slow):
             verdicts.extend(self.book.report(c, now))
@@ -130,7 +134,7 @@ class JobStage:
             # was held up (the root resumed, it is on its way into this op); judged from when it was freed
             if any(mark - v.freed.get(r, -1e18) < cur.threshold_s for r in root.roots):
                 continue
-            c = hang_candidate(root, cur, self._hosts(v, root.roots), job, inc)
+            c = hang_candidate(root, cur, self._hosts(v, root.roots), job, inc, lost=v.lost)
             if c is not None:
                 out.append(c)
         return merge_by_host(out)
@@ -207,9 +211,19 @@ def _ranks(rs: tuple[int, ...] | list[int], limit: int = 8) -> str:
     return head + (f" and {len(rs) - limit} more" if len(rs) > limit else "")
 
 
-def hang_candidate(root: HangRoot, st: Stall, hosts: tuple[str, ...], job: str, incarnation: int
-                   ) -> Candidate | None:
-    """A verdict candidate for a hang root, or None while its communicator's stall is below its threshold."""
+#: records of a rank lost on the way from this long before a stall's onset on make a verdict that rests on
+#: that rank's absence uncertain (its ENTERED of the stalled op may be among them)
+LOST_BEFORE_ONSET_S = 60.0
+
+
+def hang_candidate(root: HangRoot, st: Stall, hosts: tuple[str, ...], job: str, incarnation: int,
+                   lost: Mapping[int, tuple[int, float]] | None = None) -> Candidate | None:
+    """A verdict candidate for a hang root, or None while its communicator's stall is below its threshold.
+
+    ``lost``: rank -> (records lost on the way, when last said). An H1 ("never entered") or H3 ("stopped
+    moving") about a rank some of whose records never arrived rests on data we do not have: it says so
+    and carries half the confidence.
+    """
     d = root.diag
     stall, thr = st.stall_s, st.threshold_s
     if stall < thr:
@@ -231,6 +245,15 @@ def hang_candidate(root: HangRoot, st: Stall, hosts: tuple[str, ...], job: str, 
         conf = 0.9 if d.link is not None else 0.6
     if len(root.via) > 1:
         ev += f"; {len(root.affected)} ranks in {len(root.via)} communicators wait for it"
+    details = {"stall_s": f"{stall:.1f}", "threshold_s": f"{thr:.1f}", "communicators": str(len(root.via))}
+    gone = sorted(r for r in root.roots if lost and r in lost and lost[r][1] >= st.onset - LOST_BEFORE_ONSET_S)
+    if gone and root.kind in (AnomalyKind.H1, AnomalyKind.H3):
+        n = sum(lost[r][0] for r in gone) if lost else 0
+        ev += (f"; but {n} ENTERED/DONE records of rank{'s' if len(gone) > 1 else ''} {_ranks(gone)} were lost on "
+               f"the way (a producer's queue full, a message undeliverable): what they did may be among them, "
+               f"so this rests on records that never arrived")
+        conf = round(conf / 2, 3)
+        details["lost_records"] = str(n)
     return Candidate(
         kind=root.kind,
         job=job,
@@ -247,6 +270,6 @@ def hang_candidate(root: HangRoot, st: Stall, hosts: tuple[str, ...], job: str, 
         link=None if d.link is None else Link(*d.link),
         channel=d.channel,
         mismatch_field=d.mismatch_field,
-        details={"stall_s": f"{stall:.1f}", "threshold_s": f"{thr:.1f}", "communicators": str(len(root.via))},
+        details=details,
         resolve_key=("hang", d.seq),
     )

@@ -48,6 +48,14 @@ class JobAnalysis:
         self.pauses: dict[int, list[float]] = {}
         self.restored_pauses: dict[str, list[float]] = {}
         self.cadence = Cadence(settings.cadence_ops)
+        # rank -> (records its producers said were lost on the way, analyzer time of the newest such report)
+        self.lost: dict[int, tuple[int, float]] = {}
+
+    def note_lost(self, ranks: tuple[int, ...], records: int, now: float) -> None:
+        """A batch said ``records`` ENTERED/DONE/IDLE records of ``ranks`` were lost before it."""
+        for r in ranks:
+            n, _ = self.lost.get(r, (0, now))
+            self.lost[r] = (n + records, now)
 
     # -- learned normal behaviour --------------------------------------------------------------
     def known_sigs(self, cid: int) -> frozenset[int]:

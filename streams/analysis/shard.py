@@ -88,6 +88,7 @@ class ShardReport:
     hosts: dict[int, str] = field(default_factory=dict)  # global rank -> host: the missing ranks and culprits
     over: dict[tuple[str, str, int], str] = field(default_factory=dict)  # (comm, family, value) -> evidence
     seen: float = -1.0  # analyzer time of the newest record of the job this shard took in (-1: unknown)
+    lost: dict[int, tuple[int, float]] = field(default_factory=dict)  # rank -> (lost records, when last said)
 
     def to_dict(self) -> dict[str, Any]:
         """The ``ShardReport`` record less ``shard``, which the sender knows and the report does not."""
@@ -98,6 +99,7 @@ class ShardReport:
             "hosts": [{"rank": int(r), "host": h} for r, h in self.hosts.items()],
             "over": [{"comm": c, "family": f, "value": int(v), "evidence": ev} for (c, f, v), ev in self.over.items()],
             "seen": float(self.seen),
+            "lost": [{"rank": int(r), "records": int(n), "at": float(at)} for r, (n, at) in self.lost.items()],
         }
 
     @classmethod
@@ -112,6 +114,7 @@ class ShardReport:
                 hosts={int(h["rank"]): str(h["host"]) for h in d["hosts"]},
                 over={(str(o["comm"]), str(o["family"]), int(o["value"])): str(o["evidence"]) for o in d["over"]},
                 seen=float(d.get("seen", -1.0)),
+                lost={int(x["rank"]): (int(x["records"]), float(x["at"])) for x in d.get("lost", ())},
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise RecordError(f"shard report lacks or mistypes a field: {exc}") from exc
@@ -289,4 +292,4 @@ def shard_report(ja: JobAnalysis, watch: Watch, now: float, stats: dict[str, Any
     # of that op knows its host (the rank reported there before); waiting ranks need none
     named = sorted({r for d in diags.values() for a in (d.missing, d.culprits) for r in a.tolist() if r >= 0})
     return ShardReport(ja.job, ja.incarnation, now, tuple(slow), tuple(stalls), ja.host_map(named),
-                       watch.ended(ja, now), seen=js.last_now)
+                       watch.ended(ja, now), seen=js.last_now, lost=dict(ja.lost))
