@@ -40,7 +40,7 @@ class Edge:
     group: str
     seq: int
     op: str
-    why: str  # "not-entered", "behind", "no-dump", "co-blocked", "p2p", "finished-without", "maybe"
+    why: str  # "not-entered", "behind", "no-dump", "co-blocked", "p2p", "finished-without", "maybe", "unknown"
 
 
 @dataclass
@@ -165,7 +165,11 @@ def _edges_blocked(gr: _Graph, s: RankState) -> None:
             gr.completed_by[s.rank].append(m)
             continue
         entered = ms.entered(b.group, b.seq)
-        if not entered:
+        if entered is None:
+            # its dump has pg_status keys that match no group: whether it entered is unknown
+            gr.add(s.rank, m, b, "unknown")
+            explained = True
+        elif not entered:
             gr.add(s.rank, m, b, "not-entered")
             explained = True
         elif ms.blocking and ms.blocking[0].key == b.key:
@@ -440,6 +444,12 @@ def _verdict(gr: _Graph, rs: RootSet, job: str) -> Verdict:
                 if not gr.d.timing:
                     # one snapshot without a clock: a rank that is only late every step looks the same
                     evidence += "; without a clock a rank that is merely late every step (S1) looks the same"
+            elif any(e.why == "unknown" for e in inbound):
+                conf = 0.6
+                group, seq, opname = _main_op([e for e in inbound if e.why == "unknown"])
+                evidence = (f"rank {_ranks(waiters)} wait on it in {opname} #{seq} of group {group}; rank {r} has "
+                            f"no unfinished op, but part of its pg_status matches no process group, so whether "
+                            f"it enqueued that op is unknown")  # fmt: skip
             else:
                 # only point-to-point (or possible) waits point here: p2p ops cannot be paired across
                 # ranks, so nothing says which send or recv it owes, only that it is in none
