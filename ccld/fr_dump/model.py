@@ -333,7 +333,8 @@ def _pg_status_maps(
     5. the progress: a rank cannot have completed a collective another member never enqueued, nor
        have enqueued less than another member completed;
     6. the i-th configured group of the rank in creation order, only when that agrees with every
-       group mapped by its entries (no unused or unconfigured groups in between).
+       group mapped so far and no key lies beyond the configured groups (no unused or
+       unconfigured groups in between).
 
     A key left with no single candidate is reported with its candidates, never guessed.
     """
@@ -401,13 +402,13 @@ def _map_rank(d: RankDump, own: dict[str, str], groups: Mapping[str, Group], use
     cands: dict[str, list[str]] = {}
     for k in left:
         c = sorted(names - set(out.values()), key=lambda n: order.get(n, 0))
-        others = [n for n in c if any(r != d.rank for r in used.get(k, {}).get(n, ()))]
-        c = others or c
         i = fr_int(k)
         if order and i is not None:
             c = [n for n in c if all((i < a) == (order[n] < o) for a, o in anchors if a is not None and a != i)]
         c = [n for n in c if _fits(d.rank, d.pg_status[k], known.get(n, _Known()))]
-        cands[k] = c
+        # of those, the groups whose other members use this local id, if any
+        others = [n for n in c if any(r != d.rank for r in used.get(k, {}).get(n, ()))]
+        cands[k] = others or c
     changed = True
     while changed:
         changed = False
@@ -422,7 +423,9 @@ def _map_rank(d: RankDump, own: dict[str, str], groups: Mapping[str, Group], use
     if order and any(k not in out for k in left):
         by_order = sorted(mine, key=lambda g: int(g.name))
         index = {g.name: i for i, g in enumerate(by_order)}
-        if all(fr_int(k) == index.get(n) for k, n in out.items()):
+        ids = [i for i in map(fr_int, d.pg_status) if i is not None]
+        # a key beyond the configured groups means groups in between that are not configured
+        if all(fr_int(k) == index.get(n) for k, n in out.items()) and max(ids, default=-1) < len(by_order):
             for k in left:
                 i = fr_int(k)
                 if k not in out and i is not None and 0 <= i < len(by_order) and by_order[i].name in cands[k]:
