@@ -282,3 +282,47 @@ def test_json_output_one_verdict_per_line_and_bad_files_named(
     [line] = out.splitlines()
     assert json.loads(line)["root_cause_ranks"] == [2]
     assert "nccl_trace_rank_2.json" in err and "missing: 2" in err and "skipped" in err and "README.md" in err
+
+
+def test_gloo_ranks_waiting_in_unrecorded_recv_on_a_stuck_stage_are_victims(tmp_path: Path) -> None:
+    # A dense pipeline on gloo, which records no send/recv. Rank 3 (stage 1) stops after tp
+    # all_reduce #4 of group 2: its partner rank 2 waits in #5. Ranks 0,1 (stage 0) finished
+    # their forward and wait in an unrecorded recv of the gradients stage 1 never sends; their
+    # tp partner (each other) stands with them, and ranks 4,5 of the other data-parallel replica
+    # wait on them in the dp all_reduce. Rank 3 is the root; 0 and 1 are its victims.
+    groups = {"0": list(range(6)), "1": [0, 1], "2": [2, 3], "3": [4, 5], "4": [0, 4], "5": [1, 5]}
+
+    def g(group: str, upto: int) -> list[dict[str, Any]]:
+        return [op(group, s, backend="gloo", retired=True) for s in range(1, upto + 1)]
+
+    dumps = {
+        0: dump(0, groups, g("4", 2) + g("1", 4), {"4": (2, 2), "1": (4, 4)}, gloo=True),
+        1: dump(1, groups, g("5", 2) + g("1", 4), {"5": (2, 2), "1": (4, 4)}, gloo=True),
+        2: dump(2, groups, g("2", 4) + [op("2", 5, backend="gloo")], {"2": (5, 4)}, gloo=True),
+        3: dump(3, groups, g("2", 4), {"2": (4, 4)}, gloo=True),
+        4: dump(4, groups, g("3", 4) + g("4", 2) + [op("4", 3, backend="gloo")], {"3": (4, 4), "4": (3, 2)}, gloo=True),
+        5: dump(5, groups, g("3", 4) + g("5", 2) + [op("5", 3, backend="gloo")], {"3": (4, 4), "5": (3, 2)}, gloo=True),
+    }  # fmt: skip
+    result = run(tmp_path, dumps)
+    v = only(result)
+    assert (v.kind, v.root_cause_ranks) == (AnomalyKind.H1, (3,))
+    assert {0, 1, 2, 4, 5} <= set(v.affected_ranks)
+    assert result.diagnosis is not None and any("no recorded op" in n for n in result.diagnosis.notes)
+
+
+def test_gloo_idle_ranks_stay_roots_when_none_stopped_before_its_partners(tmp_path: Path) -> None:
+    # two idle gloo ranks that others wait on, neither leaving the partners of its last op behind:
+    # nothing says which waits on which, so both stay named (no rank is demoted on a guess)
+    groups = {"0": [0, 1, 2, 3], "1": [0, 1], "2": [2, 3], "3": [0, 2], "4": [1, 3]}
+
+    def g(group: str, upto: int) -> list[dict[str, Any]]:
+        return [op(group, s, backend="gloo", retired=True) for s in range(1, upto + 1)]
+
+    dumps = {
+        0: dump(0, groups, g("3", 1) + g("1", 2), {"3": (1, 1), "1": (2, 2)}, gloo=True),
+        1: dump(1, groups, g("4", 1) + g("1", 2), {"4": (1, 1), "1": (2, 2)}, gloo=True),
+        2: dump(2, groups, g("2", 2) + g("3", 1) + [op("3", 2, backend="gloo")], {"2": (2, 2), "3": (2, 1)}, gloo=True),
+        3: dump(3, groups, g("2", 2) + g("4", 1) + [op("4", 2, backend="gloo")], {"2": (2, 2), "4": (2, 1)}, gloo=True),
+    }  # fmt: skip
+    vs = verdicts(run(tmp_path, dumps))
+    assert sorted(r for v in vs for r in v.root_cause_ranks) == [0, 1]
