@@ -505,7 +505,7 @@ def write(case: dict[str, Any], root: Path) -> None:
     (out / "truth.json").write_text(json.dumps(truth, indent=1) + "\n")
 
 
-def random_cases(n: int, seed: int) -> list[dict[str, Any]]:
+def random_cases(n: int, seed: int, megatron: bool = False) -> list[dict[str, Any]]:
     """Single-fault cases at random ranks and ops, in random formats, some with a dump dropped (not committed).
 
     Stalls and dtype changes hit collectives only (a p2p op cannot be paired across ranks, so
@@ -513,6 +513,7 @@ def random_cases(n: int, seed: int) -> list[dict[str, Any]]:
     more (two ranks that disagree have no majority).
     """
     rng = random.Random(seed)
+    spelling = random.Random(seed + 1)  # its own draws: the faults stay those of the plain run
     groups = topology()
     out = []
     for i in range(n):
@@ -535,6 +536,10 @@ def random_cases(n: int, seed: int) -> list[dict[str, Any]]:
             "active": int(version.split(".")[1]) >= 5 and rng.random() < 0.5, "fmt": rng.choice(["json", "pickle"]),
             "drop": drop, "truth": {"roots": [rank], "kind": truth_kind},
         })  # fmt: skip
+        if megatron:
+            # the same faults, spelled as a Megatron-style job (unused groups, lazy pg_config)
+            out[-1] |= {"megatron": True, "hashed": spelling.random() < 0.5}
+            out[-1]["name"] = out[-1]["name"].replace("rand", "randmeg", 1)
     return out
 
 
@@ -543,8 +548,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=HERE / "nccl")
     p.add_argument("--random", type=int, default=0, help="write this many random single-fault cases instead")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--megatron", action="store_true", help="random cases as Megatron-style dumps")
     args = p.parse_args(argv)
-    cases = random_cases(args.random, args.seed) if args.random else CASES
+    cases = random_cases(args.random, args.seed, args.megatron) if args.random else CASES
     for case in cases:
         write(case, args.out)
         print(case["name"])
