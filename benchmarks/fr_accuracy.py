@@ -185,7 +185,7 @@ def summary_lines(title: str, results: list[CaseResult]) -> list[str]:
     return out
 
 
-def random_corpus(n: int, seed: int, tmp: Path) -> Path:
+def random_corpus(n: int, seed: int, tmp: Path, megatron: bool = False) -> Path:
     """NCCL-format single-fault cases at random ranks, ops and formats (benchmarks/fr/synth.py --random)."""
     cmd = [
         sys.executable,
@@ -196,7 +196,7 @@ def random_corpus(n: int, seed: int, tmp: Path) -> Path:
         str(seed),
         "--out",
         str(tmp / "nccl"),
-    ]
+    ] + (["--megatron"] if megatron else [])
     subprocess.run(cmd, check=True, capture_output=True)
     return tmp
 
@@ -211,6 +211,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="another corpus (same layout), reported as a summary (a second generate.py run)")  # fmt: skip
     p.add_argument("--random", type=int, default=0, help="also score this many random NCCL-format cases")
     p.add_argument("--seed", type=int, default=11)
+    p.add_argument("--random-megatron", dest="random_megatron", type=int, default=0,
+                   help="also score this many random cases spelled as Megatron-style dumps (same seed)")  # fmt: skip
     args = p.parse_args(argv)
     cases = sorted(c.parent for c in args.corpus.glob("*/*/truth.json"))
     results = [run_case(c, args.torch, args.timeout_s) for c in cases]
@@ -223,6 +225,15 @@ def main(argv: list[str] | None = None) -> int:
             corpus = random_corpus(args.random, args.seed, Path(tmp))
             more = [run_case(c.parent, False, 0) for c in sorted(corpus.glob("*/*/truth.json"))]
         title = f"Random NCCL-format stress: {args.random} single-fault cases, seed {args.seed} (not committed)"
+        text += "\n".join(summary_lines(title, more)) + "\n"
+    if args.random_megatron:
+        with tempfile.TemporaryDirectory() as tmp:
+            corpus = random_corpus(args.random_megatron, args.seed, Path(tmp), megatron=True)
+            more = [run_case(c.parent, False, 0) for c in sorted(corpus.glob("*/*/truth.json"))]
+        title = (
+            f"Random Megatron-style stress: the same {args.random_megatron} faults (seed {args.seed}) with unused "
+            "groups taking local pg ids, pg_config written lazily, counter or hashed names (not committed)"
+        )
         text += "\n".join(summary_lines(title, more)) + "\n"
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -13,11 +13,14 @@ Every live rank dumps its Flight Recorder with ``_dump_fr_trace_json(True, False
 timer thread (the pickle dump blocks while a gloo collective is in flight), gzip-compressed, as
 ``rank<R>.json.gz``; a rank that cannot run Python (stopped, GIL held) writes nothing. Faults:
 ``sigstop`` (SIGSTOP before a forward pass), ``gil`` (a thread holds the GIL forever inside a
-ctypes.PyDLL call to libc ``sleep``), ``raise`` (an exception; the rank's error handler dumps
+ctypes.PyDLL call to libc ``sleep``), ``sleep`` (Python sleeps forever before a forward pass: the
+GIL is free, so the rank still dumps), ``raise`` (an exception; the rank's error handler dumps
 and the process exits), ``two`` (sigstop on one rank and raise on another), ``slow`` (the rank
 computes 6x longer every step; no hang), ``healthy`` (every rank finishes and dumps after a
-final barrier). ``partial`` cases are copies with one rank's dump deleted. ``truth.json`` per
-case names the broken ranks, the class and what the dumps can show.
+final barrier). ``gloo-pipe-*`` cases run a dense model (``--program pipe``: no expert
+all_to_all, so the stages meet only in send/recv, which gloo does not record). ``partial``
+cases are copies with one rank's dump deleted. ``truth.json`` per case names the broken ranks,
+the class and what the dumps can show.
 
 Not here: a rank that keeps enqueueing while its ops stop completing. Gloo runs each op on its
 own worker thread and retires it as soon as the algorithm returns; there is no device stream
@@ -106,6 +109,8 @@ def worker(args: argparse.Namespace) -> int:
     def layer(step: int, mb: int, phase: int) -> None:
         x = torch.ones(64)
         dist.all_reduce(x, group=g_tp)
+        if args.program == "pipe":
+            return  # a dense model: no expert exchange
         send_n, recv_n = split(step, mb, phase)
         tokens = torch.ones(sum(send_n), 8)
         got = torch.empty(sum(recv_n), 8)
@@ -124,6 +129,8 @@ def worker(args: argparse.Namespace) -> int:
             hog = threading.Thread(target=libc.sleep, args=(1_000_000,), daemon=True)
             hog.start()
             time.sleep(0.05)  # the main thread gives up the GIL; it never gets it back
+        elif mine == "sleep":
+            time.sleep(1_000_000)  # Python sleeps with the GIL released: the dump timer still runs
         elif mine == "raise":
             raise RuntimeError(f"rank {rank}: injected failure at step {step}")
 
@@ -202,6 +209,27 @@ CASES: dict[str, dict[str, Any]] = {
         },
     },
     "gloo-healthy": {"fault": "none", "culprit": "", "steps": 6, "dump_at": 0, "truth": {"roots": [], "kind": None}},
+    # a dense pipeline (no expert all_to_all): ranks that wait in a send/recv, which gloo does not
+    # record, look idle; only the rank that stopped is the root
+    "gloo-pipe-gil-r3": {"program": "pipe", "fault": "gil", "culprit": "3", "truth": {"roots": [3], "kind": "H1"}},
+    "gloo-pipe-sleep-r3": {"program": "pipe", "fault": "sleep", "culprit": "3", "truth": {"roots": [3], "kind": "H1"}},
+    "gloo-pipe-sleep-r5": {"program": "pipe", "fault": "sleep", "culprit": "5", "truth": {"roots": [5], "kind": "H1"}},
+    "gloo-pipe-slow-r6": {
+        "program": "pipe",
+        "fault": "slow",
+        "culprit": "6",
+        "steps": 400,
+        "truth": {
+            "roots": [6],
+            "kind": "S1",
+            "expected": {
+                "acceptable": [{"roots": [], "kind": None}, {"roots": [6], "kind": "H1"}],
+                "why": "as gloo-slow-r3: a slow rank in a pipeline; the snapshot shows either a running job or "
+                "the others waiting for rank 6; naming any other rank (its pipeline neighbours wait on it in "
+                "send/recv) is wrong",
+            },
+        },
+    },
 }
 #: copies with one dump deleted: name -> (source case, rank whose dump is removed)
 PARTIAL = {
@@ -231,7 +259,8 @@ def run_case(name: str, spec: dict[str, Any], root: Path, wait_s: float, fault_s
                    MASTER_PORT=str(port), TORCH_FR_BUFFER_SIZE="40", PYTHONUNBUFFERED="1")  # fmt: skip
         cmd = [sys.executable, __file__, "--worker", "--out", str(out), "--fault", spec["fault"],
                "--culprit", spec["culprit"], "--steps", str(steps), "--dump-after", str(dump_after),
-               "--linger", str(wait_s + 30), "--fault-step", str(fault_step)]  # fmt: skip
+               "--linger", str(wait_s + 30), "--fault-step", str(fault_step),
+               "--program", spec.get("program", "moe")]  # fmt: skip
         fh = open(logs / f"rank{rank}.log", "wb")  # noqa: SIM115 - closed with the process
         procs.append((subprocess.Popen(cmd, env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True), fh))
     deadline = time.time() + wait_s + 60  # start-up of 8 torch processes on 2 cores is slow
@@ -249,7 +278,13 @@ def run_case(name: str, spec: dict[str, Any], root: Path, wait_s: float, fault_s
     dumps = sorted(p.name for p in out.iterdir())
     source = "real gloo run, torch " + _torch_version()
     truth = dict(
-        spec["truth"], world_size=WORLD, fault=spec["fault"], culprit=spec["culprit"], source=source, dumps=dumps
+        spec["truth"],
+        world_size=WORLD,
+        fault=spec["fault"],
+        culprit=spec["culprit"],
+        source=source,
+        dumps=dumps,
+        **({"program": spec["program"]} if "program" in spec else {}),
     )
     (out / "truth.json").write_text(json.dumps(truth, indent=1) + "\n")
     print(f"{name}: {len(truth['dumps'])} dumps", flush=True)
@@ -285,6 +320,7 @@ def main() -> int:
     p.add_argument("--dump-after", dest="dump_after", type=float, default=0.0)
     p.add_argument("--linger", type=float, default=10.0)
     p.add_argument("--keep-logs", dest="keep_logs", action="store_true")
+    p.add_argument("--program", default="moe", choices=["moe", "pipe"], help="moe: expert all_to_all per layer")
     p.add_argument("--fault-step", dest="fault_step", type=int, default=FAULT_STEP, help="step the fault hits")
     p.add_argument("--cases", default="", help="comma-separated case names (default: all)")
     p.add_argument("--wait-s", dest="wait_s", type=float, default=4.0, help="seconds from start-up to the dump")

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import gzip
+import hashlib
 import json
 import pickle
 import random
@@ -57,23 +58,43 @@ class Group:
     ranks: list[int]
 
 
-def topology() -> dict[str, Group]:
+def topology(megatron: bool = False, hashed: bool = False) -> dict[str, Group]:
+    """The job's process groups in creation order (every rank creates every group, torch requires it).
+
+    ``megatron``: as a Megatron-style job spells them: "undefined" descriptions, names that
+    count every group created in the job (``hashed``: a hash of the ranks, as torch names groups
+    made with local synchronization), and groups that every member creates but never uses
+    ("unused", an embedding-like group of the pipeline ends and one of
+    stage 0 only): they take a local pg id on their members, yet torch writes them into no
+    ``pg_config`` (a group is written there when its communicator is set up) and no ``pg_status``.
+    """
     groups = {"0": Group("0", "default_pg", list(range(WORLD)))}
     n = 1
 
     def add(desc: str, ranks: list[int]) -> None:
         nonlocal n
-        groups[str(n)] = Group(str(n), desc, sorted(ranks))
+        name = str(n)
+        if hashed:
+            name = hashlib.sha1("_".join(map(str, sorted(ranks))).encode()).hexdigest()[:16] + f"_{n}"
+        if megatron:
+            desc = "unused" if desc == "unused" else "undefined"
+        groups[name] = Group(name, desc, sorted(ranks))
         n += 1
 
     for b in range(0, WORLD, 2):
         add("tp", [b, b + 1])
+    if megatron:
+        for d in range(4):
+            for t in (0, 1):
+                add("unused", [d * 2 + t, 8 + d * 2 + t])
     for s in (0, 1):
         for t in (0, 1):
             add("dp", [s * 8 + d * 2 + t for d in range(4)])
     for d in range(4):
         for t in (0, 1):
             add("pp", [d * 2 + t, 8 + d * 2 + t])
+    if megatron:
+        add("unused", list(range(8)))
     for s in (0, 1):
         add("ep", [s * 8 + i for i in range(8)])
     return groups
@@ -83,9 +104,19 @@ def group_of(groups: dict[str, Group], desc: str, rank: int) -> Group:
     return next(g for g in groups.values() if g.desc == desc and rank in g.ranks)
 
 
+def families(groups: dict[str, Group], rank: int) -> tuple[Group, Group, Group, Group]:
+    """The rank's tp, dp, pp and ep groups (by creation position when the descriptions say nothing)."""
+    if all(g.desc != "tp" for g in groups.values()):
+        mine = [g for g in groups.values() if rank in g.ranks and g.desc != "unused" and g.desc != "default_pg"]
+        tp, dp, pp, ep = mine
+        return tp, dp, pp, ep
+    tp, dp, pp, ep = (group_of(groups, d, rank) for d in ("tp", "dp", "pp", "ep"))
+    return tp, dp, pp, ep
+
+
 def program(groups: dict[str, Group], rank: int) -> list[Op]:
     stage = rank // 8
-    tp, dp, pp, ep = (group_of(groups, d, rank) for d in ("tp", "dp", "pp", "ep"))
+    tp, dp, pp, ep = families(groups, rank)
     peer = rank + 8 if stage == 0 else rank - 8
     me = ep.ranks.index(rank)
     out: list[Op] = []
@@ -196,7 +227,7 @@ class Sim:
 
 
 def dumps(
-    sim: Sim, *, version: str, timing: bool, active_only: bool, unknown: dict[int, int]
+    sim: Sim, *, version: str, timing: bool, active_only: bool, unknown: dict[int, int], lazy_config: bool = False
 ) -> dict[int, dict[str, Any]]:
     minor = int(version.split(".")[1])
     out = {}
@@ -261,10 +292,13 @@ def dumps(
                 if active_only and completed:
                     continue
                 entries.append(e)
+        # lazy_config: torch writes a group into pg_config when this rank sets up its communicator
+        configured = [g for g in sim.groups.values() if g.desc != "unused" and (
+            not lazy_config or any(o.group == g.name for o in prog[: sim.enq[r]]))]  # fmt: skip
         d: dict[str, Any] = {
             "version": version, "comm_lib_version": "2.21.5", "nccl_comm_state": {},
             "pg_config": {g.name: {"name": g.name, "desc": g.desc, "ranks": json.dumps(g.ranks)}
-                          for g in sim.groups.values()},
+                          for g in configured},
             "entries": entries,
         }  # fmt: skip
         if minor >= 5:
@@ -389,6 +423,51 @@ CASES: list[dict[str, Any]] = [
         "fmt": "pickle",
         "truth": {"roots": [7], "kind": "H1"},
     },
+    # Megatron-style dumps (hashed group names, unused groups taking local pg ids, pg_config written
+    # lazily): pg_status keys are local ids that are not positions in pg_config. Ranks whose Python
+    # thread holds the GIL never enqueue the MoE all_to_all their expert group waits in; their
+    # watchdog still dumps, and every entry they have is completed.
+    {
+        "name": "nccl-megatron-gil-r3-a2a-active",
+        "megatron": True,
+        "faults": [("stop", 3, 4)],
+        "version": "2.10",
+        "timing": False,
+        "active": True,
+        "fmt": "json",
+        "truth": {"roots": [3], "kind": "H1"},
+    },
+    {
+        "name": "nccl-megatron-gil-r3-r6-a2a-active",
+        "megatron": True,
+        "faults": [("stop", 3, 4), ("stop", 6, 4)],
+        "version": "2.10",
+        "timing": True,
+        "active": True,
+        "fmt": "pickle",
+        "truth": {"roots": [3, 6], "kind": "H1"},
+    },
+    {
+        "name": "nccl-megatron-gil-r12-a2a-full-hashed",
+        "megatron": True,
+        "hashed": True,
+        "faults": [("stop", 12, 4)],
+        "version": "2.8",
+        "timing": False,
+        "active": False,
+        "fmt": "json",
+        "truth": {"roots": [12], "kind": "H1"},
+    },
+    {
+        "name": "nccl-megatron-stall-r10-active",
+        "megatron": True,
+        "faults": [("stall", 10, 16)],
+        "version": "2.10",
+        "timing": False,
+        "active": True,
+        "fmt": "pickle",
+        "truth": {"roots": [10], "kind": "H3"},
+    },
     {
         "name": "nccl-healthy-active",
         "faults": [],
@@ -402,7 +481,7 @@ CASES: list[dict[str, Any]] = [
 
 
 def write(case: dict[str, Any], root: Path) -> None:
-    groups = topology()
+    groups = topology(megatron=case.get("megatron", False), hashed=case.get("hashed", False))
     progs = {r: program(groups, r) for r in range(WORLD)}
     sim = Sim(groups, progs, [Fault(k, r, i) for k, r, i in case["faults"]])
     sim.run()
@@ -410,7 +489,7 @@ def write(case: dict[str, Any], root: Path) -> None:
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
     ds = dumps(sim, version=case["version"], timing=case["timing"], active_only=case["active"],
-               unknown=case.get("unknown", {}))  # fmt: skip
+               unknown=case.get("unknown", {}), lazy_config=case.get("megatron", False))  # fmt: skip
     for r, d in ds.items():
         if r in case.get("drop", []):
             continue
@@ -426,7 +505,7 @@ def write(case: dict[str, Any], root: Path) -> None:
     (out / "truth.json").write_text(json.dumps(truth, indent=1) + "\n")
 
 
-def random_cases(n: int, seed: int) -> list[dict[str, Any]]:
+def random_cases(n: int, seed: int, megatron: bool = False) -> list[dict[str, Any]]:
     """Single-fault cases at random ranks and ops, in random formats, some with a dump dropped (not committed).
 
     Stalls and dtype changes hit collectives only (a p2p op cannot be paired across ranks, so
@@ -434,6 +513,7 @@ def random_cases(n: int, seed: int) -> list[dict[str, Any]]:
     more (two ranks that disagree have no majority).
     """
     rng = random.Random(seed)
+    spelling = random.Random(seed + 1)  # its own draws: the faults stay those of the plain run
     groups = topology()
     out = []
     for i in range(n):
@@ -456,6 +536,10 @@ def random_cases(n: int, seed: int) -> list[dict[str, Any]]:
             "active": int(version.split(".")[1]) >= 5 and rng.random() < 0.5, "fmt": rng.choice(["json", "pickle"]),
             "drop": drop, "truth": {"roots": [rank], "kind": truth_kind},
         })  # fmt: skip
+        if megatron:
+            # the same faults, spelled as a Megatron-style job (unused groups, lazy pg_config)
+            out[-1] |= {"megatron": True, "hashed": spelling.random() < 0.5}
+            out[-1]["name"] = out[-1]["name"].replace("rand", "randmeg", 1)
     return out
 
 
@@ -464,8 +548,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=HERE / "nccl")
     p.add_argument("--random", type=int, default=0, help="write this many random single-fault cases instead")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--megatron", action="store_true", help="random cases as Megatron-style dumps")
     args = p.parse_args(argv)
-    cases = random_cases(args.random, args.seed) if args.random else CASES
+    cases = random_cases(args.random, args.seed, args.megatron) if args.random else CASES
     for case in cases:
         write(case, args.out)
         print(case["name"])

@@ -174,6 +174,7 @@ class RankState:
     blocking: list[Op] = field(default_factory=list)  # the oldest unfinished op (all entries of it)
     version: str = ""
     empty: bool = False  # a dump with neither entries nor pg_status: it knows nothing
+    unmapped: int = 0  # pg_status keys that match no group: its progress in groups without entries is unknown
     # (group, seq) -> done, and group -> highest collective entry: built on first use (a 1,000-rank
     # world collective asks every member about every other one), rebuilt by dataclasses.replace
     _index: tuple[dict[tuple[str, int], bool], dict[str, int]] | None = field(
@@ -197,7 +198,9 @@ class RankState:
         if not self.present or self.empty:
             return None
         # enqueued holds the highest of pg_status and the entries; no entry and no status for the
-        # group: an intact dump never touched it
+        # group: an intact dump never touched it, unless a pg_status key of the dump matched no group
+        if group not in self.enqueued and self.unmapped:
+            return None
         return self.enqueued.get(group, -1) >= seq
 
     def finished(self, group: str, seq: int) -> bool | None:
@@ -294,31 +297,147 @@ def _world(dumps: Sequence[RankDump], world_size: int | None, notes: list[str]) 
     return known
 
 
-def _pg_status_map(d: RankDump, groups: Mapping[str, Group], notes: list[str]) -> dict[str, str]:
-    """pg_status key (rank-local pg id) -> group name, from the entries, else from the creation order.
+def _status_numbers(st: Any) -> tuple[int | None, int | None]:
+    """(last enqueued, last completed) collective of one ``pg_status`` value."""
+    if not isinstance(st, Mapping):
+        return None, None
+    return fr_int(st.get("last_enqueued_collective")), fr_int(st.get("last_completed_collective"))
 
-    Local ids count the groups a rank belongs to in creation order; when every group's
-    members are configured and the names are creation counters ("0", "1", ...), the i-th
-    group this rank is in (by name) has local id i. Otherwise an unmapped key is reported.
+
+@dataclass
+class _Known:
+    """What the entries alone say about a group's members: the facts the pg_status mapping is checked against."""
+
+    enq_exact: dict[int, int] = field(default_factory=dict)  # rank -> last enqueued (its own pg_status, anchored)
+    done_at_least: dict[int, int] = field(default_factory=dict)  # rank -> a collective it certainly completed
+
+
+def _pg_status_maps(
+    dumps: Sequence[RankDump], groups: Mapping[str, Group], notes: list[str]
+) -> dict[int, dict[str, str]]:
+    """Per rank: pg_status key (the rank-local pg id) -> group name.
+
+    Torch keys ``pg_status`` by the process-local pg id (the n-th process group backend this
+    process created, counting groups it never used) and ``pg_config`` by the group name, and
+    writes a group into ``pg_config`` only once its communicator is set up, so the local id is
+    not the position of the group in ``pg_config``. The evidence, strongest first:
+
+    1. the rank's own entries (each carries its ``pg_id`` and its group);
+    2. a key that is not a number but a group name (or the one description of a group of the rank);
+       local id 0 is the default group (the first group a process creates);
+    3. the other members: a group whose other members' entries carry the same local id (ranks
+       create their groups in the same order, so a group usually has the same local id on all
+       its members), among the rank's configured groups not mapped yet;
+    4. the creation order, when group names are creation counters ("0", "1", ...): local ids grow
+       with it, so a key lies between the groups of the ids around it;
+    5. the progress: a rank cannot have completed a collective another member never enqueued, nor
+       have enqueued less than another member completed;
+    6. the i-th configured group of the rank in creation order, only when that agrees with every
+       group mapped so far and no key lies beyond the configured groups (no unused or
+       unconfigured groups in between).
+
+    A key left with no single candidate is reported with its candidates, never guessed.
     """
-    out: dict[str, str] = {}
-    for e in d.entries:
-        pid = e.get("pg_id")
-        if pid is not None:
-            out[str(pid)] = _pg(e)[0]
+    own: dict[int, dict[str, str]] = {}
+    used: dict[str, dict[str, set[int]]] = defaultdict(lambda: defaultdict(set))  # key -> group -> ranks
+    known: dict[str, _Known] = defaultdict(_Known)
+    for d in dumps:
+        mine: dict[str, str] = {}
+        for e in d.entries:
+            name = _pg(e)[0]
+            pid = e.get("pg_id")
+            if pid is not None:
+                mine[str(pid)] = name
+                used[str(pid)][name].add(d.rank)
+            seq = fr_int(e.get("collective_seq_id"))
+            p2p = bool(e.get("is_p2p")) or normalise_op(str(e.get("profiling_name", "")))[0] in ("send", "recv")
+            finished = e.get("state") == "completed" or fr_int(e.get("time_discovered_completed_ns"))
+            if seq is not None and not p2p and finished:
+                k = known[name]
+                k.done_at_least[d.rank] = max(k.done_at_least.get(d.rank, -1), seq)
+        for key, name in mine.items():
+            enq, comp = _status_numbers(d.pg_status.get(key))
+            if enq is not None:
+                known[name].enq_exact[d.rank] = enq
+            if comp is not None:
+                known[name].done_at_least[d.rank] = max(known[name].done_at_least.get(d.rank, -1), comp)
+        own[d.rank] = mine
+    return {d.rank: _map_rank(d, own[d.rank], groups, used, known, notes) for d in dumps}
+
+
+def _fits(rank: int, st: Any, k: _Known) -> bool:
+    """Can this pg_status value be the rank's status in the group ``k`` describes?"""
+    enq, comp = _status_numbers(st)
+    if comp is not None and any(comp > e for m, e in k.enq_exact.items() if m != rank):
+        return False  # it completed a collective another member never enqueued
+    if enq is not None and any(enq < c for m, c in k.done_at_least.items() if m != rank):
+        return False  # another member completed a collective it never enqueued
+    return True
+
+
+def _map_rank(d: RankDump, own: dict[str, str], groups: Mapping[str, Group], used: Mapping[str, Mapping[str, set[int]]],
+              known: Mapping[str, _Known], notes: list[str]) -> dict[str, str]:  # fmt: skip
+    out = dict(own)
     left = [k for k in d.pg_status if k not in out]
     if not left:
         return out
-    mine = [g for g in groups.values() if d.rank in g.ranks]
-    if mine and all(not g.inferred for g in mine) and all(g.name.isdigit() for g in mine):
-        by_order = sorted(mine, key=lambda g: int(g.name))
+    mine = [g for g in groups.values() if d.rank in g.ranks and not g.inferred]
+    names = {g.name for g in mine}
+    for k in list(left):
+        if fr_int(k) is None:
+            by_desc = [g.name for g in mine if g.desc == k]
+            if k in groups:
+                out[k] = k
+            elif len(by_desc) == 1:
+                out[k] = by_desc[0]
+    left = [k for k in left if k not in out]
+    # the default group is the first one a process creates: local id 0
+    default = [g.name for g in mine if g.desc == "default_pg"]
+    if "0" in left and len(default) == 1 and default[0] not in out.values():
+        out["0"] = default[0]
+        left.remove("0")
+    counters = bool(mine) and all(g.name.isdigit() for g in mine)
+    order = {g.name: int(g.name) for g in mine} if counters else {}
+    anchors = [(fr_int(k), order[n]) for k, n in out.items() if fr_int(k) is not None and n in order]
+    cands: dict[str, list[str]] = {}
+    for k in left:
+        c = sorted(names - set(out.values()), key=lambda n: order.get(n, 0))
+        i = fr_int(k)
+        if order and i is not None:
+            c = [n for n in c if all((i < a) == (order[n] < o) for a, o in anchors if a is not None and a != i)]
+        c = [n for n in c if _fits(d.rank, d.pg_status[k], known.get(n, _Known()))]
+        # of those, the groups whose other members use this local id, if any
+        others = [n for n in c if any(r != d.rank for r in used.get(k, {}).get(n, ()))]
+        cands[k] = others or c
+    changed = True
+    while changed:
+        changed = False
         for k in left:
-            i = fr_int(k)
-            if i is not None and 0 <= i < len(by_order):
-                out[k] = by_order[i].name
+            if k in out:
+                continue
+            c = [n for n in cands[k] if n not in out.values()]
+            if len(c) == 1:
+                out[k] = c[0]
+                changed = True
+    # the i-th configured group in creation order, where that agrees with every group mapped so far
+    if order and any(k not in out for k in left):
+        by_order = sorted(mine, key=lambda g: int(g.name))
+        index = {g.name: i for i, g in enumerate(by_order)}
+        ids = [i for i in map(fr_int, d.pg_status) if i is not None]
+        # a key beyond the configured groups means groups in between that are not configured
+        if all(fr_int(k) == index.get(n) for k, n in out.items()) and max(ids, default=-1) < len(by_order):
+            for k in left:
+                i = fr_int(k)
+                if k not in out and i is not None and 0 <= i < len(by_order) and by_order[i].name in cands[k]:
+                    out[k] = by_order[i].name
     for k in d.pg_status:
         if k not in out:
-            notes.append(f"{d.path.name}: pg_status key {k!r} matches no process group; its progress is not used")
+            c = [n for n in cands.get(k, []) if n not in out.values()]
+            maybe = f" (it is one of groups {', '.join(c)})" if 1 < len(c) <= 6 else ""
+            notes.append(
+                f"{d.path.name}: pg_status key {k!r} (local pg id) matches no process group{maybe}; its progress "
+                f"is not used, and what rank {d.rank} did in its groups without entries is unknown"
+            )
     return out
 
 
@@ -394,11 +513,13 @@ def build(dumps: Sequence[RankDump], *, world_size: int | None = None) -> DumpSe
     groups = _groups(dumps, world, notes)
     unknown: dict[str, int] = {}
     ranks: dict[int, RankState] = {r: RankState(r, False) for r in range(world)}
+    status_maps = _pg_status_maps(dumps, groups, notes)
     for d in dumps:
         if d.rank >= world:
             notes.append(f"{d.path.name}: rank {d.rank} is outside world size {world}; read anyway")
         state = RankState(d.rank, True, host=d.host, version=d.version)
-        names = _pg_status_map(d, groups, notes)
+        names = status_maps[d.rank]
+        state.unmapped = sum(1 for k in d.pg_status if k not in names)
         for key, st in d.pg_status.items():
             if key not in names or not isinstance(st, Mapping):
                 continue

@@ -40,7 +40,7 @@ class Edge:
     group: str
     seq: int
     op: str
-    why: str  # "not-entered", "behind", "no-dump", "co-blocked", "p2p", "finished-without", "maybe"
+    why: str  # "not-entered", "behind", "no-dump", "co-blocked", "p2p", "finished-without", "maybe", "unknown"
 
 
 @dataclass
@@ -165,7 +165,11 @@ def _edges_blocked(gr: _Graph, s: RankState) -> None:
             gr.completed_by[s.rank].append(m)
             continue
         entered = ms.entered(b.group, b.seq)
-        if not entered:
+        if entered is None:
+            # its dump has pg_status keys that match no group: whether it entered is unknown
+            gr.add(s.rank, m, b, "unknown")
+            explained = True
+        elif not entered:
             gr.add(s.rank, m, b, "not-entered")
             explained = True
         elif ms.blocking and ms.blocking[0].key == b.key:
@@ -260,6 +264,9 @@ def diagnose(dset: DumpSet, *, job: str = "fr-import") -> Diagnosis:
     # after an op that failed because a rank without a dump left: it is a root only if nothing else is.
     roots, demoted = _demote_unrecorded_waits(gr, roots)
     notes += demoted
+    # a gloo rank that waits in an unrecorded send/recv on a stuck peer is a victim, not a root
+    roots, demoted = _demote_p2p_waiters(gr, roots)
+    notes += demoted
     # a rank stalled inside an op its peers completed is a root even when nobody waits on it yet
     covered = {r for rs in roots for r in rs.ranks}
     for r in sorted(gr.completed_by):
@@ -324,6 +331,50 @@ def _demote_unrecorded_waits(gr: _Graph, roots: list[RootSet]) -> tuple[list[Roo
             break
         roots = root_sets(gr.waits())
     return roots, notes
+
+
+def _abandoned(gr: _Graph, r: int) -> bool:
+    """Did rank ``r`` stop where its peers went on?
+
+    A peer finished an op without it, or a member of the group of its last recorded collective
+    waits in a later collective of that group that ``r`` never enqueued: ``r`` stopped right after
+    that op while its partners in it went on to the next one.
+    """
+    s = gr.d.ranks[r]
+    last = next((o for o in reversed(s.ops) if not o.p2p), None)
+    for e in gr.edges:
+        if e.dst != r:
+            continue
+        if e.why == "finished-without":
+            return True
+        if last is not None and e.why == "not-entered" and e.group == last.group and e.seq > last.seq:
+            return True
+    return False
+
+
+def _demote_p2p_waiters(gr: _Graph, roots: list[RootSet]) -> tuple[list[RootSet], list[str]]:
+    """Gloo ranks in no recorded op that may wait in a send/recv on a stuck peer: victims of the stuck ranks.
+
+    Gloo records no send/recv, so a rank waiting in one has no unfinished op and looks like a rank
+    that stopped: its peers in later collectives wait on it. What tells them apart: a rank that
+    stopped leaves the partners of its last collective waiting in the next one (or a peer finished an
+    op without it); a rank waiting in a recv stands where the partners of its last collective stand,
+    because they wait for the same stage. When some roots stopped that way, the idle gloo roots that
+    did not are taken as waiting on them (directly or through the pipeline), not as root causes.
+    """
+    idle = [next(iter(rs.ranks)) for rs in roots if len(rs.ranks) == 1 and _soft_root(gr, next(iter(rs.ranks)))]
+    waiters = [r for r in idle if not _abandoned(gr, r)]
+    stuck = sorted({r for rs in roots for r in rs.ranks} - set(waiters))
+    if not waiters or not stuck:
+        return roots, []
+    for r in waiters:
+        last = _last_op(gr.d.ranks[r])
+        for t in stuck:
+            gr.add(r, t, None, "maybe", last.group if last else "", -1)
+    notes = [f"rank {_ranks(waiters)} wait in no recorded op while the partners of their last collective stand "
+             f"with them: gloo records no send/recv, so they are taken as waiting in one on the stuck rank "
+             f"{_ranks(stuck)} (directly or through their pipeline peers)"]  # fmt: skip
+    return root_sets(gr.waits()), notes
 
 
 def _idle_root(gr: _Graph, r: int) -> bool:
@@ -440,6 +491,12 @@ def _verdict(gr: _Graph, rs: RootSet, job: str) -> Verdict:
                 if not gr.d.timing:
                     # one snapshot without a clock: a rank that is only late every step looks the same
                     evidence += "; without a clock a rank that is merely late every step (S1) looks the same"
+            elif any(e.why == "unknown" for e in inbound):
+                conf = 0.6
+                group, seq, opname = _main_op([e for e in inbound if e.why == "unknown"])
+                evidence = (f"rank {_ranks(waiters)} wait on it in {opname} #{seq} of group {group}; rank {r} has "
+                            f"no unfinished op, but part of its pg_status matches no process group, so whether "
+                            f"it enqueued that op is unknown")  # fmt: skip
             else:
                 # only point-to-point (or possible) waits point here: p2p ops cannot be paired across
                 # ranks, so nothing says which send or recv it owes, only that it is in none

@@ -31,14 +31,18 @@ def op(
 def dump(
     rank: int, groups: dict[str, list[int]], entries: list[dict[str, Any]],
     status: dict[str, tuple[int, int]] | None = None, *, version: str = "2.10", gloo: bool = False,
+    unused: tuple[str, ...] = (),
 ) -> dict[str, Any]:  # fmt: skip
     """A rank's dump. ``status``: group name -> (last enqueued, last completed) collective seq.
 
     pg_status is keyed by the rank-local pg id (the i-th group, by name order, this rank is
     in), pg_config by the group name, as torch writes them; gloo writes neither members nor names.
+    ``unused``: groups the rank created but never used: they take a local id, yet torch writes
+    them into neither pg_config nor pg_status.
     """
     mine = sorted((g for g, ranks in groups.items() if rank in ranks), key=int)
     local = {g: i for i, g in enumerate(mine)}
+    groups = {g: r for g, r in groups.items() if g not in unused}
     out = []
     for i, e in enumerate(entries):
         e = dict(e, record_id=i, pg_id=local[e["process_group"][0]], time_created_ns=T0 + i * 1_000_000)

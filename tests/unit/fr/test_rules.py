@@ -78,6 +78,75 @@ def test_pg_status_is_keyed_by_local_pg_id_not_by_group_name(tmp_path: Path) -> 
     assert (v.kind, v.root_cause_ranks, v.details["fr_seq_id"]) == (AnomalyKind.H1, (1,), "3")
 
 
+def test_pg_status_keys_map_past_unused_groups_by_other_members_ids(tmp_path: Path) -> None:
+    # group "1" is created by every rank and never used: it takes local id 1 but is in no
+    # pg_config, so local id i is not the i-th configured group. Rank 3 holds the GIL: it never
+    # enqueued all_to_all #5 of group "4" and has no entry left (active-only). Its key "2" is tp
+    # group "3" (9 completed), its key "3" the expert group "4" (#4 completed). Read as the i-th
+    # configured group, key "2" would be group "4" with #9 completed: the others would seem to
+    # wait in an op rank 3 finished.
+    groups = {"0": [0, 1, 2, 3], "1": [0, 1, 2, 3], "2": [0, 1], "3": [2, 3], "4": [0, 1, 2, 3]}
+    a2a = [op("4", 5, "all_to_all")]
+    dumps = {r: dump(r, groups, a2a, {"0": (5, 5), "2": (9, 9), "4": (5, 4)}, unused=("1",)) for r in (0, 1)}
+    dumps[2] = dump(2, groups, a2a, {"0": (5, 5), "3": (9, 9), "4": (5, 4)}, unused=("1",))
+    dumps[3] = dump(3, groups, [], {"0": (5, 5), "3": (9, 9), "4": (4, 4)}, unused=("1",))
+    assert dumps[3]["pg_status"].keys() == {"0", "2", "3"} and "1" not in dumps[3]["pg_config"]
+    result = run(tmp_path, dumps)
+    assert result.dumps is not None
+    assert result.dumps.ranks[3].enqueued == {"0": 5, "3": 9, "4": 4}
+    v = only(result)
+    assert (v.kind, v.root_cause_ranks, v.affected_ranks, v.op_seq) == (AnomalyKind.H1, (3,), (0, 1, 2), 5)
+    assert "never enqueued" in v.evidence and "#4" in v.evidence
+    assert not [n for n in result.dumps.notes if "matches no process group" in n]
+
+
+def test_pg_status_key_with_two_candidates_is_reported_not_guessed(tmp_path: Path) -> None:
+    # rank 3 has no entries; its keys "3" and "4" are groups "3" and "4" (unused "1" shifts them),
+    # and nothing tells which is which: both are noted with their candidates, neither is guessed,
+    # and whether rank 3 entered the op the others wait in is unknown, not "never"
+    groups = {"0": [0, 1, 2, 3], "1": [0, 1, 2, 3], "2": [0, 1], "3": [2, 3], "4": [0, 1, 2, 3]}
+    dumps = {r: dump(r, groups, [op("0", 6)], {"0": (6, 5)}, unused=("1",)) for r in (0, 1, 2)}
+    dumps[3] = dump(3, groups, [], {"0": (5, 5), "3": (2, 2), "4": (2, 2)}, unused=("1",))
+    result = run(tmp_path, dumps)
+    assert result.dumps is not None
+    notes = [n for n in result.dumps.notes if "matches no process group" in n]
+    assert len(notes) == 2 and all("one of groups 3, 4" in n for n in notes), notes
+    assert result.dumps.ranks[3].entered("4", 3) is None and result.dumps.ranks[3].entered("0", 6) is False
+    v = only(result)
+    assert v.root_cause_ranks == (3,) and "never enqueued" in v.evidence  # the world group's status is mapped
+
+
+def test_pg_status_keys_map_by_progress(tmp_path: Path) -> None:
+    # hashed group names (no creation order), an unused group, rank 3 without entries: key "3" can
+    # be group "g-tp" or "g-ep" by membership, but rank 2 completed g-ep #7, so rank 3's key with
+    # last enqueued #2 cannot be g-ep; the other key is
+    groups = {"0": [0, 1, 2, 3], "g-unused": [0, 1, 2, 3], "g-tp": [2, 3], "g-ep": [0, 1, 2, 3]}
+    order = ["0", "g-unused", "g-tp", "g-ep"]
+    dumps = {}
+    for r in range(4):
+        d = dump(r, {"0": groups["0"]}, [], {})
+        mine = [g for g in order if r in groups[g]]
+        local = {g: i for i, g in enumerate(mine)}
+        d["pg_config"] = {g: {"name": g, "desc": "default_pg" if g == "0" else "undefined",
+                              "ranks": json.dumps(groups[g])} for g in order if g != "g-unused"}  # fmt: skip
+        st = {"0": (5, 5), "g-ep": (8, 7)} if r < 3 else {"0": (5, 5), "g-tp": (2, 2), "g-ep": (7, 7)}
+        st |= {"g-tp": (2, 2)} if r == 2 else {}
+        d["pg_status"] = {str(local[g]): {"last_enqueued_collective": e, "last_started_collective": -1,
+                                          "last_completed_collective": c} for g, (e, c) in st.items()}  # fmt: skip
+        if r < 3:
+            e = op("g-ep", 8, "all_to_all")
+            d["entries"] = [dict(e, record_id=0, pg_id=local["g-ep"])]
+            d["entries"].insert(0, dict(op("g-ep", 7, "all_to_all", state="completed"), record_id=0,
+                                        pg_id=local["g-ep"]))  # fmt: skip
+            d["entries"][1]["record_id"] = 1
+        dumps[r] = d
+    result = run(tmp_path, dumps)
+    assert result.dumps is not None
+    assert result.dumps.ranks[3].enqueued == {"0": 5, "g-tp": 2, "g-ep": 7}
+    v = only(result)
+    assert (v.kind, v.root_cause_ranks, v.op_seq) == (AnomalyKind.H1, (3,), 8)
+
+
 # ---- a rank is blocked at its oldest unfinished entry
 def test_oldest_unfinished_entry_blocks_later_ones_are_queued(tmp_path: Path) -> None:
     groups = {"0": [0, 1, 2, 3], "1": [0, 1], "2": [0, 2]}
@@ -213,3 +282,47 @@ def test_json_output_one_verdict_per_line_and_bad_files_named(
     [line] = out.splitlines()
     assert json.loads(line)["root_cause_ranks"] == [2]
     assert "nccl_trace_rank_2.json" in err and "missing: 2" in err and "skipped" in err and "README.md" in err
+
+
+def test_gloo_ranks_waiting_in_unrecorded_recv_on_a_stuck_stage_are_victims(tmp_path: Path) -> None:
+    # A dense pipeline on gloo, which records no send/recv. Rank 3 (stage 1) stops after tp
+    # all_reduce #4 of group 2: its partner rank 2 waits in #5. Ranks 0,1 (stage 0) finished
+    # their forward and wait in an unrecorded recv of the gradients stage 1 never sends; their
+    # tp partner (each other) stands with them, and ranks 4,5 of the other data-parallel replica
+    # wait on them in the dp all_reduce. Rank 3 is the root; 0 and 1 are its victims.
+    groups = {"0": list(range(6)), "1": [0, 1], "2": [2, 3], "3": [4, 5], "4": [0, 4], "5": [1, 5]}
+
+    def g(group: str, upto: int) -> list[dict[str, Any]]:
+        return [op(group, s, backend="gloo", retired=True) for s in range(1, upto + 1)]
+
+    dumps = {
+        0: dump(0, groups, g("4", 2) + g("1", 4), {"4": (2, 2), "1": (4, 4)}, gloo=True),
+        1: dump(1, groups, g("5", 2) + g("1", 4), {"5": (2, 2), "1": (4, 4)}, gloo=True),
+        2: dump(2, groups, g("2", 4) + [op("2", 5, backend="gloo")], {"2": (5, 4)}, gloo=True),
+        3: dump(3, groups, g("2", 4), {"2": (4, 4)}, gloo=True),
+        4: dump(4, groups, g("3", 4) + g("4", 2) + [op("4", 3, backend="gloo")], {"3": (4, 4), "4": (3, 2)}, gloo=True),
+        5: dump(5, groups, g("3", 4) + g("5", 2) + [op("5", 3, backend="gloo")], {"3": (4, 4), "5": (3, 2)}, gloo=True),
+    }  # fmt: skip
+    result = run(tmp_path, dumps)
+    v = only(result)
+    assert (v.kind, v.root_cause_ranks) == (AnomalyKind.H1, (3,))
+    assert {0, 1, 2, 4, 5} <= set(v.affected_ranks)
+    assert result.diagnosis is not None and any("no recorded op" in n for n in result.diagnosis.notes)
+
+
+def test_gloo_idle_ranks_stay_roots_when_none_stopped_before_its_partners(tmp_path: Path) -> None:
+    # two idle gloo ranks that others wait on, neither leaving the partners of its last op behind:
+    # nothing says which waits on which, so both stay named (no rank is demoted on a guess)
+    groups = {"0": [0, 1, 2, 3], "1": [0, 1], "2": [2, 3], "3": [0, 2], "4": [1, 3]}
+
+    def g(group: str, upto: int) -> list[dict[str, Any]]:
+        return [op(group, s, backend="gloo", retired=True) for s in range(1, upto + 1)]
+
+    dumps = {
+        0: dump(0, groups, g("3", 1) + g("1", 2), {"3": (1, 1), "1": (2, 2)}, gloo=True),
+        1: dump(1, groups, g("4", 1) + g("1", 2), {"4": (1, 1), "1": (2, 2)}, gloo=True),
+        2: dump(2, groups, g("2", 2) + g("3", 1) + [op("3", 2, backend="gloo")], {"2": (2, 2), "3": (2, 1)}, gloo=True),
+        3: dump(3, groups, g("2", 2) + g("4", 1) + [op("4", 2, backend="gloo")], {"2": (2, 2), "4": (2, 1)}, gloo=True),
+    }  # fmt: skip
+    vs = verdicts(run(tmp_path, dumps))
+    assert sorted(r for v in vs for r in v.root_cause_ranks) == [0, 1]
