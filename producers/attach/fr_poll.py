@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import threading
 import time
 import weakref
@@ -107,6 +108,7 @@ class FrStats:
     unresolved_groups: int = 0  # entries of a group this process cannot resolve
     p2p_skipped: int = 0  # p2p entries while the wrapper records p2p
     missed: int = 0  # record ids the ring buffer dropped between two polls
+    wrapper_seen: int = 0  # entries the wrapper had already recorded before "auto" switched to polling
     untracked: int = 0  # in-flight entries beyond the open-call bound
     backoffs: int = 0  # polls that stretched the interval
     poll_ns_total: int = 0
@@ -177,6 +179,9 @@ class FrPoller:
         self._forked = False
         #: asked before each poll: True poll, None not yet (skip), False stop polling for good
         self.gate: Callable[[], bool | None] | None = None
+        #: group name -> the highest ``collective_seq_id`` the wrapper already recorded (set when
+        #: "auto" hands collectives from the wrapper to this poller): those entries are skipped
+        self.wrapper_upto: dict[str, int] = {}
 
     # ---- thread ----
     def start(self) -> None:
@@ -194,8 +199,16 @@ class FrPoller:
         if t is not None and t is not threading.current_thread():
             t.join(timeout=timeout_s)
         self._thread = None
-        if t is not None and self.stats.polls and not self._forked:
+        if t is not None and not self._forked and (self.stats.polls or self._gate_open()):
             self.poll_once()
+
+    def _gate_open(self) -> bool:
+        """Whether the gate lets a poll through now (a source switched on after the thread's last look)."""
+        try:
+            return self.gate is None or self.gate() is True
+        except Exception:  # noqa: BLE001
+            self.stats.poll_errors += 1
+            return False
 
     def after_fork_in_child(self) -> None:
         """A forked child has no poller thread and must not start one: forget everything."""
@@ -330,6 +343,9 @@ class FrPoller:
         if done and created is not None and created < since:
             self.stats.preexisting += 1
             return
+        if seq is not None and seq <= self.wrapper_upto.get(name, 0) and not e.get("is_p2p"):
+            self.stats.wrapper_seen += 1
+            return
         group = self.resolve_group(name)
         if group is None:
             self.stats.unresolved_groups += 1
@@ -392,6 +408,19 @@ class FrPoller:
             self._warned.add(name)
             log.warning("ccld attach: Flight Recorder operation %r has no op type; its entries are counted, not sent",
                         name)  # fmt: skip
+
+
+_ENQUEUED = re.compile(rb'"last_enqueued_collective":\s*"?(-?\d+)')
+
+
+def enqueued_total(status: bytes | str) -> int:
+    """Collectives Flight Recorder has seen enqueued, over every process group, from a status-only
+    dump (``_dump_fr_trace_json(False, True)``: a few hundred bytes, about 3 us on gloo, whatever
+    the ring holds). Each group's ``last_enqueued_collective`` is its newest ``collective_seq_id``,
+    a counter that send/recv also advance on gloo. A regular expression, not ``json.loads``: this
+    runs before each Python collective while "auto" watches."""
+    raw = status.encode() if isinstance(status, str) else status
+    return sum(max(0, int(n)) for n in _ENQUEUED.findall(raw))
 
 
 # ---- the live torch process ----

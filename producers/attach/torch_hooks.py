@@ -197,6 +197,10 @@ class TorchHooks:
         #: function of (group, name) returning the op_seq, or None to leave the call to another
         #: source (the Flight Recorder poller, see fr_poll and session)
         self.seq_source: Callable[[GroupState, str], int | None] | None = None
+        #: operations this process issued through the wrappers (collectives and p2p, counted before
+        #: torch runs them): "auto" compares it with Flight Recorder's count to find the ones it
+        #: cannot see (DDP's reducer, FSDP, torch.compile, calls on the process group itself)
+        self.issued = 0
 
     # ---- install / uninstall ----
     def install(self) -> None:
@@ -269,6 +273,7 @@ class TorchHooks:
                 self.tracker.stats.internal_errors += 1
                 log.debug("ccld attach: cannot identify %s", name, exc_info=True)
                 started = None
+            self.issued += 1  # after begin(): "auto" compares Flight Recorder with the calls before this one
             local.depth += 1
             try:
                 result = orig(*args, **kwargs)
@@ -414,6 +419,7 @@ class TorchHooks:
 
     def _begin_batch(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[list[OpCall], bool] | None:
         ops = _a(args, kwargs, 0, "p2p_op_list") or []
+        self.issued += max(0, len(ops) - 1)  # each op is one of gloo's; the wrapper counts the call once
         calls = []
         for op in ops:
             st = self.group_state(op.group)
