@@ -146,6 +146,9 @@ COLLECTIVES: dict[str, Callable[[tuple[Any, ...], dict[str, Any]], _Ext]] = {
     "barrier": _x_barrier,
     "monitored_barrier": _x_monitored_barrier,
 }
+#: collectives with no op type of ours (no record), each one Flight Recorder collective: counted
+#: only, so that "auto" does not take them for collectives the wrapper cannot see
+COUNTED_ONLY = ("gather", "scatter")
 P2P: dict[str, tuple[OpType, str, str, bool]] = {  # name -> (op, peer kw, group-peer kw, async)
     "send": (OpType.SEND, "dst", "group_dst", False),
     "isend": (OpType.SEND, "dst", "group_dst", True),
@@ -205,6 +208,15 @@ class TorchHooks:
     # ---- install / uninstall ----
     def install(self) -> None:
         c10d, dist = self.c10d, self.dist
+        for name in COUNTED_ONLY:
+            orig = getattr(c10d, name, None)
+            if orig is None or getattr(orig, "__ccld_wrapped__", False):
+                continue
+            counted = self._make_counted(orig)
+            for mod in (c10d, dist):
+                if getattr(mod, name, None) is orig:
+                    self._originals[(mod, name)] = orig
+                    setattr(mod, name, counted)
         for name in [*COLLECTIVES, *P2P, "batch_isend_irecv"]:
             orig = getattr(c10d, name, None)
             if orig is None or getattr(orig, "__ccld_wrapped__", False):
@@ -288,6 +300,19 @@ class TorchHooks:
         wrapper.__ccld_wrapped__ = True  # type: ignore[attr-defined]
         return wrapper
 
+    def _make_counted(self, orig: Callable[..., Any]) -> Callable[..., Any]:
+        """A pass-through that only counts the call (see :data:`COUNTED_ONLY`)."""
+        local = self._local
+
+        @functools.wraps(orig)
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            if not local.depth:
+                self.issued += 1
+            return orig(*args, **kwargs)
+
+        counted.__ccld_wrapped__ = True  # type: ignore[attr-defined]
+        return counted
+
     def _finish(self, started: tuple[list[OpCall], bool] | None, result: Any) -> None:
         if started is None:
             return
@@ -361,7 +386,11 @@ class TorchHooks:
             return None
         if self.seq_source is not None and ext is _x_monitored_barrier:
             # Flight Recorder has no entry for it (gloo runs it as send/recv): the other source
-            # cannot see it and it has no number in that source's sequence
+            # cannot see it and it has no number in that source's sequence. Those send/recv advance
+            # the group's collective counter (group rank 0: a recv from and a send to every other
+            # rank; the others: one of each), which "auto" compares with this wrapper's count: count
+            # them here, before they run (the call itself is counted once by the wrapper)
+            self.issued += (2 * (st.size - 1) if st.comm_rank == 0 else 2) - 1
             self.tracker.stats.unobserved += 1
             return None
         dtype, count = _size_dtype(tensors)

@@ -77,10 +77,14 @@ def test_python_collectives_alone_never_turn_the_poller_on(auto: tuple[Attachmen
         dist.all_reduce(t)
     dist.broadcast(t, src=0)
     dist.barrier()
+    # counted, not recorded: gather/scatter (no op type), monitored_barrier (send/recv inside gloo)
+    dist.gather(t, [torch.ones(PY)], dst=0)
+    dist.scatter(t, [torch.ones(PY)], src=0)
+    dist.monitored_barrier()
     time.sleep(0.15)  # several poll intervals: the poller thread only compares the counts
     st = att.stats()
     assert st["source"] == "wrap" and st["auto_switched"] == 0, st
-    assert st["auto_checks"] >= 7 and st["auto_check_errors"] == 0, st
+    assert st["auto_checks"] >= 8 and st["auto_check_errors"] == 0, st
     assert st["fr_polls"] == 0, "a full Flight Recorder dump was read although the wrapper saw everything"
     stats = detach()
     assert stats["fr_polls"] == 0
@@ -118,7 +122,7 @@ def test_ddp_with_no_python_collective_is_found_by_the_poller_thread(auto: tuple
     assert wait_for(lambda: att.stats()["source"] == "both"), att.stats()
     assert wait_for(lambda: att.stats()["fr_polls"] > 0)
     stats = detach()
-    assert stats["auto_switched"] == 1 and stats["auto_invisible"] >= 4, stats
+    assert stats["auto_switched"] == 1 and stats["auto_invisible"] >= 1, stats  # as many as ran before the check
     buckets = [r for r in done(sink) if r.op_type is OpType.ALL_REDUCE and r.count == 36]  # 32 weights + 4 biases
     assert len(buckets) == 3, [(r.op_type, r.count, r.op_seq) for r in done(sink)]
     seqs = sorted(r.op_seq for r in done(sink))
@@ -154,3 +158,15 @@ def test_explicit_wrap_never_watches(world: None) -> None:
         assert att.poller is None and st["source"] == "wrap" and "auto_checks" not in st, st
     finally:
         detach()
+
+
+def test_a_functional_collective_as_torch_compile_issues_it_is_seen(auto: tuple[Attachment, ListSink]) -> None:
+    funcol = pytest.importorskip("torch.distributed._functional_collectives")
+    att, sink = auto
+    dist.all_reduce(torch.ones(PY))  # the wrapper's op_seq 0
+    # compiled code calls the same C++ op (torch.ops._c10d_functional.all_reduce): no Python wrapper sees it
+    out = funcol.all_reduce(torch.ones(CPP), "sum", dist.group.WORLD)
+    assert out.tolist() == [1.0] * CPP
+    assert wait_for(lambda: att.stats()["source"] == "both"), att.stats()
+    detach()
+    assert sorted((r.op_seq, r.count) for r in done(sink)) == [(0, PY), (1, CPP)]
