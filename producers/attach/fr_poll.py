@@ -111,6 +111,7 @@ class FrStats:
     wrapper_seen: int = 0  # entries the wrapper had already recorded before "auto" switched to polling
     untracked: int = 0  # in-flight entries beyond the open-call bound
     backoffs: int = 0  # polls that stretched the interval
+    quiet: int = 0  # polls left out: no collective enqueued or completed since the last (status-only dump)
     poll_ns_total: int = 0
     unknown_names: dict[str, int] = field(default_factory=dict)
 
@@ -174,6 +175,8 @@ class FrPoller:
         self._last_rid = -1
         self._since_wall_ns: int | None = None
         self._last_poll_ns: int | None = None
+        self._status_at_poll: bytes | str | None = None  # the status-only dump read before the last full one
+        self._full_at = 0.0  # time.monotonic() of the last full poll of the thread
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._forked = False
@@ -230,6 +233,8 @@ class FrPoller:
                     return
                 if go is None:
                     continue
+            if self._quiet():
+                continue
             t0 = time.perf_counter_ns()
             self.poll_once()
             cost_s = (time.perf_counter_ns() - t0) / 1e9
@@ -237,6 +242,29 @@ class FrPoller:
             if self.max_duty > 0 and cost_s > self.max_duty * self.interval_s:
                 wait = min(max(self.interval_s, cost_s / self.max_duty), MAX_INTERVAL_S)
                 self.stats.backoffs += 1
+
+    def _quiet(self) -> bool:
+        """Whether this poll can be left out: the status-only dump (about 3 us, where a full gloo ring
+        costs tens of ms holding the GIL) is the same as before the last full poll, so no collective
+        was enqueued or completed since (each advances its group's counters) and the full dump would
+        say nothing new. Only while the wrapper has send/recv (gloo does not show them in the
+        status), and at least one full poll every MAX_INTERVAL_S anyway. While quiet, an operation
+        still open was open at this poll too: its exit window starts here."""
+        if self.p2p:
+            return False
+        try:
+            status = self.dump(False, True)
+        except Exception:  # noqa: BLE001
+            self.stats.poll_errors += 1
+            return False
+        now = time.monotonic()
+        if status == self._status_at_poll and now - self._full_at < MAX_INTERVAL_S:
+            self.stats.quiet += 1
+            if self._last_poll_ns is not None:
+                self._last_poll_ns = self.tracker.clock()
+            return True
+        self._status_at_poll, self._full_at = status, now
+        return False
 
     # ---- one poll ----
     def poll_once(self) -> None:
@@ -279,16 +307,16 @@ class FrPoller:
             if rid is None:
                 rid = -(i + 1)  # no id: never "new" twice, never matched
             present.add(rid)
-            name = self._pg_name(e)
-            pid = None if e.get("pg_id") is None else str(e.get("pg_id"))
             opened = self._open.get(rid)
-            seq = fr_int(e.get("collective_seq_id"))
             if opened is not None:
                 if _done(e, opened[2], completed.get(opened[1] or "")):
                     self._exit(rid, *self._t_exit(e, offset, now, prev, opened[0].t_enter_ns))
                 continue
-            if rid <= self._last_rid:
+            if rid <= self._last_rid:  # seen before (most of a full ring): nothing else to read
                 continue
+            name = self._pg_name(e)
+            pid = None if e.get("pg_id") is None else str(e.get("pg_id"))
+            seq = fr_int(e.get("collective_seq_id"))
             new_rids.append(rid)
             self._new(e, rid, name, pid, seq, completed, offset, now, prev, since)
         if new_rids:

@@ -365,3 +365,26 @@ def test_each_exit_says_how_far_off_it_may_be() -> None:
     tr.pump()
     got = {r.op_seq: (r.t_exit_ns, r.t_exit_err_ns) for r in rows(sink, Status.DONE)}
     assert got == {0: (1_055 * MS, 45 * MS), 1: (1_070 * MS, 0), 2: (1_200 * MS, 100 * MS)}
+
+
+def test_the_thread_leaves_out_full_polls_while_the_status_says_nothing_happened() -> None:
+    poller, _tr, _sink, _clock, src = make(interval_s=0.01)
+    src.status_text = dump([], {"0": (3, 3)})
+    poller.start()
+    time.sleep(0.2)
+    first = poller.stats.polls
+    assert first == 1 and poller.stats.quiet >= 5, poller.stats  # one full dump, then the status alone
+    src.status_text = dump([], {"0": (4, 3)})  # a collective was enqueued: the next poll reads the ring
+    time.sleep(0.1)
+    poller.stop()
+    assert poller.stats.polls >= first + 1
+    assert src.asked.count((True, True)) == poller.stats.polls
+
+
+def test_an_fr_only_poller_never_leaves_a_poll_out() -> None:
+    # gloo's send/recv do not show in the status: the poller that records them reads the ring each time
+    poller, _tr, _sink, _clock, _src = make(interval_s=0.01, p2p=True)
+    poller.start()
+    time.sleep(0.1)
+    poller.stop()
+    assert poller.stats.quiet == 0 and poller.stats.polls >= 3
