@@ -100,8 +100,9 @@ class Attachment:
         self.watching = False
         self.auto = AutoStats()
         self._switch_lock = threading.Lock()
-        #: Flight Recorder's count at attach time minus the wrapper's (collectives before attach)
+        #: Flight Recorder's count over every group at attach time (collectives before attach)
         self.baseline = 0
+        self._seq_ok = True  # the groups answer _get_sequence_number_for_group
 
     def resolve_source(self) -> str:
         """The source in use; for "auto", picked per backend once the default group exists ("" until then)."""
@@ -130,14 +131,15 @@ class Attachment:
     def _auto_seq(self, st: Any, name: str) -> int | None:
         """The wrapper's op_seq while the source is "auto": resolve it, then number as it says.
 
-        Watched: first compare the counts, under the switch lock (so the poller thread's check
-        and this call's number are one order), and leave the call to the poller once switched."""
+        Watched: first compare the group's own sequence number with the wrapper's count of the
+        group's operations, under the switch lock (so the poller thread's check and this call's
+        number are one order), and leave the call to the poller once switched."""
         mode = self.resolve_source()
         if mode == "both" and self.poller is not None:
             return None
         if self.watching:
             with self._switch_lock:
-                if self.resolved_source == "both" or self._unseen(self.hooks.issued, "before a Python collective"):
+                if self.resolved_source == "both" or self._unseen_in(st):
                     return None
                 seq = int(st.seq)
                 st.seq = seq + 1
@@ -146,29 +148,59 @@ class Attachment:
         st.seq = seq + 1
         return seq
 
-    def watch_check(self) -> bool:
-        """Switch "auto" to "both" if Flight Recorder counted collectives the wrapper never saw;
-        True once switched. The poller thread asks it every interval (a job whose unseen
-        collectives are not followed by a Python one switches there); never raises."""
-        if not self.watching:
-            return self.resolved_source == "both"
-        with self._switch_lock:
-            return self.resolved_source == "both" or self._unseen(self.hooks.issued, "on the poller's thread")
-
-    def _unseen(self, issued: int, where: str) -> bool:
-        """Under the switch lock: compare the counts; on more in Flight Recorder, switch."""
-        poller = self.poller
-        if poller is None:
+    def _unseen_in(self, st: Any) -> bool:
+        """Under the switch lock, before a Python collective on ``st``'s group: did the group run
+        operations the wrapper never issued? Its sequence number (``_get_sequence_number_for_group``,
+        about 0.4 us; it counts every operation, send/recv too, as Flight Recorder's
+        ``collective_seq_id`` does) against the wrapper's count of the group's operations."""
+        if not self._seq_ok:
             return False
         self.auto.checks += 1
         try:
-            # the wrapper counts a call before torch runs it, so when every collective comes from
-            # Python Flight Recorder never counts more, whichever thread reads it and when
-            unseen = enqueued_total(poller.dump(False, True)) - self.baseline - issued
-            if unseen <= 0:
+            pg = st.pg()
+            if pg is None:
                 return False
-            upto = {g.name: int(g.seq) for g in list(self.hooks._groups.values())}
+            unseen = int(pg._get_sequence_number_for_group()) - int(st.issued)
         except Exception:  # noqa: BLE001 - never our exception in the training code
+            self.auto.check_errors += 1
+            self._seq_ok = False  # a backend without it: the poller thread's check alone
+            log.debug("ccld attach: no sequence number for group %s", st.name, exc_info=True)
+            return False
+        return unseen > 0 and self._switch(unseen, f"before a Python collective on group {st.name}")
+
+    def watch_check(self) -> bool:
+        """Switch "auto" to "both" if Flight Recorder counted collectives the wrapper never issued;
+        True once switched. The poller thread asks it every interval (a job whose unseen
+        collectives are not followed by a Python one on their group switches here); never raises."""
+        if not self.watching:
+            return self.resolved_source == "both"
+        with self._switch_lock:
+            if self.resolved_source == "both":
+                return True
+            poller = self.poller
+            if poller is None:
+                return False
+            self.auto.checks += 1
+            try:
+                # every process group together (also those Python never called); the wrapper counts
+                # a call before torch runs it, and the status is updated at enqueue (gloo's send/recv
+                # only later): with every operation from Python it never counts more
+                unseen = enqueued_total(poller.dump(False, True)) - self.baseline - self.hooks.issued
+            except Exception:  # noqa: BLE001
+                self.auto.check_errors += 1
+                return False
+            return unseen > 0 and self._switch(unseen, "on the poller's thread")
+
+    def _switch(self, unseen: int, where: str) -> bool:
+        """Under the switch lock: collectives from now on are the poller's (for good)."""
+        poller = self.poller
+        if poller is None:
+            return False
+        try:
+            # the wrapper's operations on each group are the first ``issued`` of its sequence (every
+            # check before them passed): the poller takes the entries after them
+            upto = {g.name: int(g.issued) for g in list(self.hooks._groups.values())}
+        except Exception:  # noqa: BLE001
             self.auto.check_errors += 1
             return False
         poller.wrapper_upto = upto
@@ -302,6 +334,7 @@ def attach(
         att = Attachment(tracker, hooks, sink, poller, source)
         if source == "auto" and poller is not None:
             att.baseline = _fr_baseline(poller, hooks)
+            hooks.seq_base = _seq_base(hooks)
         if source != "fr":
             hooks.install()
         if source == "both" and poller is not None:
@@ -347,6 +380,18 @@ def _fr_baseline(poller: FrPoller, hooks: Any) -> int:
     except Exception:  # noqa: BLE001
         log.debug("ccld attach: no Flight Recorder status", exc_info=True)
         return 0
+
+
+def _seq_base(hooks: Any) -> dict[str, int]:
+    """Each existing group's sequence number at attach time (attach() after some collectives ran)."""
+    out: dict[str, int] = {}
+    try:
+        world = getattr(hooks.c10d, "_world", None)
+        for pg, name in list((getattr(world, "pg_names", None) or {}).items()):
+            out[str(name)] = int(pg._get_sequence_number_for_group())
+    except Exception:  # noqa: BLE001
+        log.debug("ccld attach: no group sequence numbers", exc_info=True)
+    return out
 
 
 def _env_int(name: str, default: int) -> int:
