@@ -54,11 +54,12 @@ p.add_argument("--pause-s", type=float, default=3.0)
 p.add_argument("--slow-from", type=int, default=-1)
 p.add_argument("--slow-factor", type=float, default=6.0)
 p.add_argument("--compile", action="store_true")
+p.add_argument("--no-ddp", action="store_true")
 a = p.parse_args()
 dist.init_process_group("gloo")
 rank = dist.get_rank()
 torch.manual_seed(0)
-model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 4))
+model = torch.nn.Linear(8, 4) if a.no_ddp else torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 4))
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
 step_fn = None
 if a.compile:
@@ -236,6 +237,14 @@ def test_h1_a_sigstopped_rank_stops_a_compiled_functional_all_reduce(
     # inductor compiles the step on each rank (a few seconds with a warm cache, about 30 s cold);
     # the peers then hang in the compiled step's functional all-reduce, before DDP's
     sigstop_case(fast, live_job, ["--compile"], 90, FUNCOL)
+
+
+def test_h1_a_sigstopped_rank_stops_a_compiled_functional_all_reduce_without_ddp_under_the_default_source(
+    fast: Settings, live_job: Callable[..., LocalJob]
+) -> None:
+    # no DDP to give it away: the compiled step's functional all-reduces (compiled code calls the
+    # C++ op, no wrapper sees it) are counted before the script's own all_reduce, which switches
+    sigstop_case(fast, live_job, ["--compile", "--no-ddp"], 90, FUNCOL, source=None)
 
 
 def test_s1_a_slow_rank_under_ddp(fast: Settings, live_job: Callable[..., LocalJob]) -> None:
