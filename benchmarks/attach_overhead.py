@@ -15,6 +15,14 @@ One gloo rank (world size 1, in process). Two parts:
   against the unattached steps, the median, p99 and longest single step, the share of
   collectives each source saw, and the poller's own cost per poll. ``TORCH_FR_BUFFER_SIZE``
   sets the ring's size (default 2,000 entries).
+- DDP (``--ddp-steps-per-block``, 0 skips it): a real ``DistributedDataParallel`` model (its
+  gradient all-reduces come from the C++ reducer only, no collective from Python), steps of
+  forward, backward and SGD, with no attachment, ``wrap`` (blind to them) and ``auto`` (the
+  default: it turns the poller on when it finds collectives the wrapper did not see), alternating
+  blocks after the ring is full: the same columns as the per-step part.
+
+``auto`` in the per-call part is the default on gloo when every collective comes from Python: the
+wrapper plus, before each collective, the comparison of Flight Recorder's count with its own.
 
 The records go to a counting sink by default (emission runs on the attachment's own thread,
 so the training thread's cost does not depend on the sink) or, with ``--bootstrap``, to a
@@ -34,7 +42,7 @@ from collections.abc import Callable
 from typing import Any
 
 TARGET_US = 20.0
-SOURCES = ("wrap", "fr", "both")
+SOURCES = ("wrap", "fr", "both", "auto")
 
 
 class CountingSink:
@@ -72,6 +80,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--coll-per-step", type=int, default=10)
     p.add_argument("--rate", type=float, default=1000.0, help="collectives per second per rank in the step part")
     p.add_argument("--fr-poll-ms", type=float, default=100.0)
+    p.add_argument("--ddp-steps-per-block", type=int, default=300, help="DDP part: steps per mode and block")
+    p.add_argument("--ddp-blocks", type=int, default=5, help="DDP part: alternating blocks per mode")
+    p.add_argument("--ddp-step-ms", type=float, default=10.0, help="DDP part: about how long a plain step lasts")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
     sources = [x for x in args.sources.split(",") if x]
@@ -109,10 +120,12 @@ def main(argv: list[str] | None = None) -> int:
             mp, ma = statistics.median(plain) / 1000, statistics.median(attached) / 1000
             results[f"{source}: {name}"] = {"plain_us": mp, "attached_us": ma, "added_us": ma - mp, "ratio": ma / mp}
     steps = step_part(args, settings, sources) if args.steps_per_block > 0 else {}
+    ddp = ddp_part(args, settings) if args.ddp_steps_per_block > 0 else {}
     dist.destroy_process_group()
     worst = max(r["added_us"] for r in results.values())
     if args.json:
-        print(json.dumps({"cases": results, "worst_added_us": worst, "records": sink_records, "steps": steps}))
+        print(json.dumps({"cases": results, "worst_added_us": worst, "records": sink_records, "steps": steps,
+                          "ddp": ddp}))  # fmt: skip
     else:
         print(f"{'source: case':<32}{'plain us':>10}{'attached us':>13}{'added us':>10}{'ratio':>8}")
         for name, r in results.items():
@@ -120,6 +133,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"worst added per call: {worst:.2f} us (target < {TARGET_US:.0f} us); records emitted: {sink_records}")
         if steps:
             print_steps(steps)
+        if ddp:
+            print_ddp(ddp)
     return 0 if worst < TARGET_US else 1
 
 
@@ -202,18 +217,115 @@ def step_part(args: argparse.Namespace, settings: Any, sources: list[str]) -> di
     return out
 
 
+def ddp_part(args: argparse.Namespace, settings: Any) -> dict[str, Any]:
+    """A real DDP model's steps with no attachment, ``wrap`` and ``auto``: step times and what was seen."""
+    import torch
+    import torch.distributed as dist
+
+    from ccld.producers.attach import attach, detach
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    layers = [torch.nn.Linear(128, 128) for _ in range(4)]
+    # a small bucket cap: about one bucket per layer, so a step issues several all-reduces, as a real model does
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Sequential(*layers), bucket_cap_mb=0.07)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-4)
+    pg = dist.distributed_c10d._get_default_group()
+    batch = 8
+
+    def step() -> None:
+        model(torch.randn(batch, 128)).pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad()
+
+    for _ in range(3):  # a batch size for about --ddp-step-ms a step
+        per_row = statistics.median(time_calls(step, 30)) / batch
+        batch = max(1, int(args.ddp_step_ms * 1e6 / per_row))
+    fill = torch.ones(16)
+    for _ in range(2100):  # the Flight Recorder ring full (2,000 entries): its steady state
+        pg.allreduce([fill]).wait()
+    modes = ["none", "wrap", "auto"]
+    before = _fr_enqueued()
+    time_calls(step, 20)
+    per_step = max(1, (_fr_enqueued() - before) // 20)  # DDP's all-reduces per step
+    times: dict[str, list[int]] = {m: [] for m in modes}
+    means: dict[str, list[float]] = {m: [] for m in modes}
+    seen: dict[str, list[float]] = {m: [] for m in modes}
+    polls: dict[str, list[float]] = {m: [] for m in modes}
+    cpu: dict[str, list[float]] = {m: [] for m in modes}  # the process's CPU time per step: other tenants' load
+    for block in range(args.ddp_blocks):  # moves wall times far more than it moves this
+        for mode in modes[block % len(modes) :] + modes[: block % len(modes)]:
+            c0 = time.process_time_ns()
+            if mode != "none":
+                attach(settings, sink=None if args.bootstrap else CountingSink(), markers=False, source=mode,
+                       fr_poll_s=args.fr_poll_ms / 1000)  # fmt: skip
+            t0 = time.perf_counter_ns()
+            block_times = time_calls(step, args.ddp_steps_per_block)
+            wall_s = (time.perf_counter_ns() - t0) / 1e9
+            times[mode] += block_times
+            means[mode].append(statistics.fmean(block_times))
+            st = detach() if mode != "none" else {}
+            cpu[mode].append((time.process_time_ns() - c0) / args.ddp_steps_per_block / 1e6)
+            if mode != "none":
+                seen[mode].append(int(st.get("calls", 0)) / (args.ddp_steps_per_block * per_step))
+                if st.get("fr_polls"):
+                    polls[mode].append(st["fr_poll_ns_total"] / st["fr_polls"] / 1e6)
+                    polls[mode].append(st["fr_polls"] / wall_s)
+    base = statistics.median(means["none"]) / 1e6
+    out: dict[str, Any] = {"batch": batch, "all_reduces_per_step": per_step, "fr_poll_ms": args.fr_poll_ms,
+                           "modes": {}}  # fmt: skip
+    for mode in modes:
+        med = statistics.median(means[mode]) / 1e6
+        ordered = sorted(times[mode])
+        row = {"step_ms": med, "added_ms": med - base, "added_pct": 100 * (med - base) / base,
+               "added_us_per_coll": 1000 * (med - base) / per_step,
+               "median_step_ms": statistics.median(ordered) / 1e6,
+               "p99_step_ms": ordered[int(0.99 * (len(ordered) - 1))] / 1e6,
+               "max_step_ms": ordered[-1] / 1e6,
+               "seen": statistics.median(seen[mode]) if seen[mode] else 0.0,
+               "cpu_ms": statistics.median(cpu[mode])}  # fmt: skip
+        if polls[mode]:
+            row["poll_ms"] = statistics.median(polls[mode][0::2])
+            row["polls_per_s"] = statistics.median(polls[mode][1::2])
+        out["modes"][mode] = row
+    return out
+
+
+def _fr_enqueued() -> int:
+    import torch
+
+    from ccld.producers.attach.fr_poll import enqueued_total
+
+    return enqueued_total(torch._C._distributed_c10d._dump_fr_trace_json(False, True))
+
+
+def print_ddp(ddp: dict[str, Any]) -> None:
+    print(
+        f"\nDDP steps ({ddp['all_reduces_per_step']} bucket all-reduces from the C++ reducer each, batch "
+        f"{ddp['batch']}; plain step {ddp['modes']['none']['step_ms']:.2f} ms), Flight Recorder polled every "
+        f"{ddp['fr_poll_ms']:.0f} ms once on"
+    )
+    print_rows(ddp["modes"])
+    print("CPU ms per step (the whole process, median over blocks): "
+          + ", ".join(f"{m} {r['cpu_ms']:.3f}" for m, r in ddp["modes"].items()))  # fmt: skip
+
+
 def print_steps(steps: dict[str, Any]) -> None:
     print(
         f"\nsteps of {steps['coll_per_step']} collectives at {steps['rate_per_s']:.0f}/s ({steps['matmuls']} "
         f"matmuls of compute; plain step {steps['modes']['none']['step_ms']:.2f} ms), Flight Recorder polled "
         f"every {steps['fr_poll_ms']:.0f} ms"
     )
+    print_rows(steps["modes"])
+
+
+def print_rows(modes: dict[str, Any]) -> None:
     print("step ms: median over blocks of the mean step; added: against 'none'; p50/p99/max: single steps")
     head = ("mode", "step ms", "added ms", "added %", "us/coll", "p50 ms", "p99 ms", "max ms", "seen", "ms/poll",
             "polls/s")  # fmt: skip
     widths = (9, 10, 9, 9, 8, 8, 8, 7, 9, 9)
     print(f"{head[0]:<8}" + "".join(f"{h:>{w}}" for h, w in zip(head[1:], widths, strict=True)))
-    for mode, r in steps["modes"].items():
+    for mode, r in modes.items():
         print(
             f"{mode:<8}{r['step_ms']:>9.3f}{r['added_ms']:>10.3f}{r['added_pct']:>9.2f}{r['added_us_per_coll']:>9.2f}"
             f"{r['median_step_ms']:>8.2f}{r['p99_step_ms']:>8.2f}{r['max_step_ms']:>8.1f}"

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import threading
 import time
 import weakref
@@ -107,8 +108,11 @@ class FrStats:
     unresolved_groups: int = 0  # entries of a group this process cannot resolve
     p2p_skipped: int = 0  # p2p entries while the wrapper records p2p
     missed: int = 0  # record ids the ring buffer dropped between two polls
+    wrapper_seen: int = 0  # entries the wrapper had already recorded before "auto" switched to polling
     untracked: int = 0  # in-flight entries beyond the open-call bound
     backoffs: int = 0  # polls that stretched the interval
+    quiet: int = 0  # polls left out: no collective enqueued or completed since the last (status-only dump)
+    tail_reads: int = 0  # polls that parsed only the entries from the oldest still of interest on
     poll_ns_total: int = 0
     unknown_names: dict[str, int] = field(default_factory=dict)
 
@@ -172,11 +176,16 @@ class FrPoller:
         self._last_rid = -1
         self._since_wall_ns: int | None = None
         self._last_poll_ns: int | None = None
+        self._status_at_poll: bytes | str | None = None  # the status-only dump read before the last full one
+        self._full_at = 0.0  # time.monotonic() of the last full poll of the thread
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._forked = False
         #: asked before each poll: True poll, None not yet (skip), False stop polling for good
         self.gate: Callable[[], bool | None] | None = None
+        #: group name -> the highest ``collective_seq_id`` the wrapper already recorded (set when
+        #: "auto" hands collectives from the wrapper to this poller): those entries are skipped
+        self.wrapper_upto: dict[str, int] = {}
 
     # ---- thread ----
     def start(self) -> None:
@@ -194,8 +203,16 @@ class FrPoller:
         if t is not None and t is not threading.current_thread():
             t.join(timeout=timeout_s)
         self._thread = None
-        if t is not None and self.stats.polls and not self._forked:
+        if t is not None and not self._forked and (self.stats.polls or self._gate_open()):
             self.poll_once()
+
+    def _gate_open(self) -> bool:
+        """Whether the gate lets a poll through now (a source switched on after the thread's last look)."""
+        try:
+            return self.gate is None or self.gate() is True
+        except Exception:  # noqa: BLE001
+            self.stats.poll_errors += 1
+            return False
 
     def after_fork_in_child(self) -> None:
         """A forked child has no poller thread and must not start one: forget everything."""
@@ -217,6 +234,8 @@ class FrPoller:
                     return
                 if go is None:
                     continue
+            if self._quiet():
+                continue
             t0 = time.perf_counter_ns()
             self.poll_once()
             cost_s = (time.perf_counter_ns() - t0) / 1e9
@@ -224,6 +243,29 @@ class FrPoller:
             if self.max_duty > 0 and cost_s > self.max_duty * self.interval_s:
                 wait = min(max(self.interval_s, cost_s / self.max_duty), MAX_INTERVAL_S)
                 self.stats.backoffs += 1
+
+    def _quiet(self) -> bool:
+        """Whether this poll can be left out: the status-only dump (about 3 us, where a full gloo ring
+        costs tens of ms holding the GIL) is the same as before the last full poll, so no collective
+        was enqueued or completed since (each advances its group's counters) and the full dump would
+        say nothing new. Only while the wrapper has send/recv (gloo does not show them in the
+        status), and at least one full poll every MAX_INTERVAL_S anyway. While quiet, an operation
+        still open was open at this poll too: its exit window starts here."""
+        if self.p2p:
+            return False
+        try:
+            status = self.dump(False, True)
+        except Exception:  # noqa: BLE001
+            self.stats.poll_errors += 1
+            return False
+        now = time.monotonic()
+        if status == self._status_at_poll and now - self._full_at < MAX_INTERVAL_S:
+            self.stats.quiet += 1
+            if self._last_poll_ns is not None:
+                self._last_poll_ns = self.tracker.clock()
+            return True
+        self._status_at_poll, self._full_at = status, now
+        return False
 
     # ---- one poll ----
     def poll_once(self) -> None:
@@ -238,10 +280,28 @@ class FrPoller:
             self.stats.polls += 1
             self.stats.poll_ns_total += time.perf_counter_ns() - t0
 
+    def _cut(self) -> int | None:
+        """The oldest record id a poll still needs (the newest seen, or an older one still open)."""
+        if self._last_rid < 0:
+            return None
+        cut = min(self._open, default=self._last_rid)
+        return min(cut, self._last_rid) if cut >= 0 else None
+
+    def _parse(self, raw: bytes | str) -> Any:
+        """The dump as JSON; only the entries from :meth:`_cut` on when that works (see :func:`parse_tail`)."""
+        text = raw.decode() if isinstance(raw, (bytes, bytearray)) else raw
+        cut = self._cut()
+        if cut is not None:
+            obj = parse_tail(text, cut)
+            if obj is not None:
+                self.stats.tail_reads += 1
+                return obj
+        return json.loads(text)
+
     def _poll(self) -> None:
         raw = self.dump(True, True)
         try:
-            obj = json.loads(raw)
+            obj = self._parse(raw)
             if not isinstance(obj, dict):
                 raise DumpError(f"a dump is a dict, got {type(obj).__name__}")
             _version, entries, _pg_config, pg_status = validate(_LIVE, obj)
@@ -266,16 +326,16 @@ class FrPoller:
             if rid is None:
                 rid = -(i + 1)  # no id: never "new" twice, never matched
             present.add(rid)
-            name = self._pg_name(e)
-            pid = None if e.get("pg_id") is None else str(e.get("pg_id"))
             opened = self._open.get(rid)
-            seq = fr_int(e.get("collective_seq_id"))
             if opened is not None:
                 if _done(e, opened[2], completed.get(opened[1] or "")):
                     self._exit(rid, *self._t_exit(e, offset, now, prev, opened[0].t_enter_ns))
                 continue
-            if rid <= self._last_rid:
+            if rid <= self._last_rid:  # seen before (most of a full ring): nothing else to read
                 continue
+            name = self._pg_name(e)
+            pid = None if e.get("pg_id") is None else str(e.get("pg_id"))
+            seq = fr_int(e.get("collective_seq_id"))
             new_rids.append(rid)
             self._new(e, rid, name, pid, seq, completed, offset, now, prev, since)
         if new_rids:
@@ -329,6 +389,9 @@ class FrPoller:
         done = _done(e, seq, completed.get(pid or ""))
         if done and created is not None and created < since:
             self.stats.preexisting += 1
+            return
+        if seq is not None and seq <= self.wrapper_upto.get(name, 0) and not e.get("is_p2p"):
+            self.stats.wrapper_seen += 1
             return
         group = self.resolve_group(name)
         if group is None:
@@ -392,6 +455,70 @@ class FrPoller:
             self._warned.add(name)
             log.warning("ccld attach: Flight Recorder operation %r has no op type; its entries are counted, not sent",
                         name)  # fmt: skip
+
+
+_DECODER = json.JSONDecoder()
+_ENTRIES = '"entries":['
+
+
+def parse_tail(text: str, cut: int) -> dict[str, Any] | None:
+    """The dump with only the entries from record id ``cut`` on, parsed; None when the text is not
+    as expected (the caller then parses it all).
+
+    A full gloo ring is about 1 MB of JSON (2,000 entries) and ``json.loads`` of it costs as much
+    as torch's dump itself (40 of 105 ms a poll here), while a poll needs only the entries newer
+    than the last one it saw and those still open. Flight Recorder lists entries oldest first, in
+    compact JSON with no object nested in an entry: the entry holding ``"record_id":cut`` is found
+    as text, each entry from there to the end of the list is decoded one by one, and the rest of
+    the dump (``pg_status``, ``version``...) is decoded with an empty list in place of them."""
+    key = f'"record_id":{cut},'
+    pos = text.find(key)
+    arr = text.find(_ENTRIES)
+    if pos < 0 or arr < 0 or pos < arr:
+        return None
+    start = text.rfind("{", arr, pos)
+    if start < 0:
+        return None
+    entries: list[Any] = []
+    i, n = start, len(text)
+    try:
+        while True:
+            e, i = _DECODER.raw_decode(text, i)
+            if not isinstance(e, dict):
+                return None
+            entries.append(e)
+            while i < n and text[i] in " \n\r\t":
+                i += 1
+            if i < n and text[i] == ",":
+                i += 1
+                while i < n and text[i] in " \n\r\t":
+                    i += 1
+                continue
+            if i < n and text[i] == "]":
+                break
+            return None
+        if not entries or fr_int(entries[0].get("record_id")) != cut:
+            return None  # the "{" found was not this entry's own
+        obj = json.loads(text[: arr + len(_ENTRIES)] + text[i:])
+    except ValueError:
+        return None
+    if not isinstance(obj, dict):
+        return None
+    obj["entries"] = entries
+    return obj
+
+
+_ENQUEUED = re.compile(rb'"last_enqueued_collective":\s*"?(-?\d+)')
+
+
+def enqueued_total(status: bytes | str) -> int:
+    """Collectives Flight Recorder has seen enqueued, over every process group, from a status-only
+    dump (``_dump_fr_trace_json(False, True)``: a few hundred bytes, about 3 us on gloo, whatever
+    the ring holds). Each group's ``last_enqueued_collective`` is its newest ``collective_seq_id``,
+    a counter that send/recv also advance on gloo. A regular expression, not ``json.loads``: this
+    runs before each Python collective while "auto" watches."""
+    raw = status.encode() if isinstance(status, str) else status
+    return sum(max(0, int(n)) for n in _ENQUEUED.findall(raw))
 
 
 # ---- the live torch process ----

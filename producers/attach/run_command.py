@@ -42,7 +42,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--source", choices=("auto", "wrap", "fr", "both"), default=None,
         help="how collectives are seen: wrap (Python calls), fr (polling Flight Recorder: DDP and "
-        "torch.compile too), both, or auto (per backend; the default)",
+        "torch.compile too), both, or auto (the default: both on NCCL; on gloo wrap, and both as soon as "
+        "the job issues collectives Python never called, as DDP, FSDP and torch.compile do)",
     )  # fmt: skip
     parser.add_argument(
         "--fr-poll-ms", dest="fr_poll_ms", type=int, default=None,

@@ -8,11 +8,12 @@ import os
 import sys
 import threading
 from collections.abc import Mapping
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from ccld.bounded import DEFAULT_INTERVAL_S, DETAIL_MODES
 from ccld.errors import ConfigError
+from ccld.producers.attach.fr_poll import enqueued_total
 from ccld.producers.attach.op_tracker import RecordSink, Tracker
 from ccld.producers.attach.outlet_spec import sink_from_spec
 from ccld.settings import Settings
@@ -30,10 +31,12 @@ ENV_DETAIL = "CCLDRUN_DETAIL"
 #: where the attachment learns of collectives: function wrapping, Flight Recorder polling, both,
 #: or "auto" (per backend, :data:`AUTO_SOURCE`, decided when the default group exists)
 SOURCES = ("auto", "wrap", "fr", "both")
-#: the source "auto" picks per backend (measurements and reasons: docs/attach.md)
-#: gloo: wrap. Its Flight Recorder dump always holds the whole ring (gloo never marks an entry
-#: completed, so onlyActive filters nothing) and torch builds it holding the GIL: 55-110 ms a
-#: poll with the default 2,000 entries, about 5 % of step time in stalls of that length.
+#: the source "auto" starts with per backend (measurements and reasons: docs/attach.md)
+#: gloo: wrap, watched. Its Flight Recorder dump always holds the whole ring (gloo never marks an
+#: entry completed, so onlyActive filters nothing) and torch builds it holding the GIL: 30-110 ms
+#: a poll with the default 2,000 entries, about 5 % of step time in stalls of that length. So
+#: "auto" polls the full ring only once the job issues collectives the wrapper cannot see (see
+#: :meth:`Attachment.watch_check`): then it switches to "both" for good.
 #: nccl: both (not measured here): its active-only dump holds only unfinished entries.
 AUTO_SOURCE = {"gloo": "wrap", "nccl": "both"}
 
@@ -49,8 +52,45 @@ def _to_poller(st: Any, name: str) -> int | None:
     return None
 
 
+@dataclass
+class AutoStats:
+    """Counters of "auto" watching a gloo job (``Attachment.stats()`` reports them ``auto_``-prefixed)."""
+
+    checks: int = 0  # status-only dumps read to compare Flight Recorder's count with the wrapper's
+    check_errors: int = 0  # a check raised (counted, never raised; the wrapper goes on numbering)
+    switched: int = 0  # 1 once collectives the wrapper cannot see turned the poller on
+    invisible: int = 0  # at the switch: collectives Flight Recorder counted beyond the wrapper's calls
+
+
 class Attachment:
-    """A live attachment: the tracker, the torch wrappers, the Flight Recorder poller and the sink."""
+    """A live attachment: the tracker, the torch wrappers, the Flight Recorder poller and the sink.
+
+    "auto" on gloo starts as "wrap", *watched*: it compares what torch counted with what the
+    wrapper issued. Before each collective called from Python: the group's own sequence number
+    (``_get_sequence_number_for_group``, about 0.4 us; it counts every operation, send/recv too,
+    as Flight Recorder's ``collective_seq_id`` does) against the wrapper's count of the group's
+    operations. Every poll interval, on the poller's otherwise idle thread: Flight Recorder's
+    status-only dump (a few hundred bytes, about 3 us whatever the ring holds: every group, those
+    Python never called too) against all the wrapper's calls. More on torch's side means
+    something the wrapper cannot see issues collectives: DDP's C++ reducer (its constructor's
+    broadcasts already count), FSDP, torch.compile's functional collectives, calls on the process
+    group object itself. Then it switches to "both" for good and the poller reads the ring: the
+    job is never blind to what it issues, and a job whose collectives all come from Python never
+    pays for a full dump. (The status dump is not read before each call: in the benchmark it cost
+    5-25 us a call, the sequence number about 1.)
+
+    Why not detect DDP by wrapping its constructor, or register a DDP communication hook: the
+    first misses FSDP, torch.compile and direct process-group calls, and every new wrapper class;
+    a comm hook can be registered only once per model (the job's own ``register_comm_hook`` would
+    then raise), runs Python in the reducer for every bucket, and replaces the built-in C++
+    all-reduce. Comparing counts sees every source of collectives and changes nothing in the job.
+
+    The switch keeps Trace IDs consistent across ranks. Checking before every Python collective
+    means the wrapper's operations on a group are the first ones of its sequence, wherever each
+    rank switched; at the switch the poller is told, per group, up to which ``collective_seq_id``
+    they go (``FrPoller.wrapper_upto``) and records everything after, in Flight Recorder's
+    numbering: nothing lost, nothing twice.
+    """
 
     def __init__(self, tracker: Tracker, hooks: Any, sink: RecordSink, poller: FrPoller | None = None,
                  source: str = "wrap") -> None:  # fmt: skip
@@ -61,6 +101,13 @@ class Attachment:
         self.source = source  # as asked ("auto" stays "auto"; resolved_source says what it became)
         self.resolved_source = "" if source == "auto" else source
         self._resolve_lock = threading.Lock()
+        #: "auto" on gloo with a poller: compare Flight Recorder's count with the wrapper's (see above)
+        self.watching = False
+        self.auto = AutoStats()
+        self._switch_lock = threading.Lock()
+        #: Flight Recorder's count over every group at attach time (collectives before attach)
+        self.baseline = 0
+        self._seq_ok = True  # the groups answer _get_sequence_number_for_group
 
     def resolve_source(self) -> str:
         """The source in use; for "auto", picked per backend once the default group exists ("" until then)."""
@@ -76,25 +123,109 @@ class Attachment:
             mode = AUTO_SOURCE["nccl"] if "nccl" in backend else AUTO_SOURCE.get(backend, AUTO_SOURCE["gloo"])
             if self.poller is None:
                 mode = "wrap"
-            self.hooks.seq_source = _to_poller if mode == "both" and self.poller is not None else None
+            self.watching = mode == "wrap" and self.poller is not None
+            if mode == "both" and self.poller is not None:
+                self.hooks.seq_source = _to_poller
+            else:  # watched: every collective's number passes the check first (_auto_seq)
+                self.hooks.seq_source = self._auto_seq if self.watching else None
             self.resolved_source = mode
-            log.info("ccld attach: backend %s, source %s", backend, mode)
+            log.info("ccld attach: backend %s, source %s%s", backend, mode,
+                     " (polling Flight Recorder once collectives come from C++)" if self.watching else "")  # fmt: skip
             return mode
 
     def _auto_seq(self, st: Any, name: str) -> int | None:
-        """The wrapper's op_seq while the source is "auto": resolve it, then number as it says."""
+        """The wrapper's op_seq while the source is "auto": resolve it, then number as it says.
+
+        Watched: first compare the group's own sequence number with the wrapper's count of the
+        group's operations, under the switch lock (so the poller thread's check and this call's
+        number are one order), and leave the call to the poller once switched."""
         mode = self.resolve_source()
         if mode == "both" and self.poller is not None:
             return None
+        if self.watching:
+            with self._switch_lock:
+                if self.resolved_source == "both" or self._unseen_in(st):
+                    return None
+                seq = int(st.seq)
+                st.seq = seq + 1
+                return seq
         seq = int(st.seq)
         st.seq = seq + 1
         return seq
 
+    def _unseen_in(self, st: Any) -> bool:
+        """Under the switch lock, before a Python collective on ``st``'s group: did the group run
+        operations the wrapper never issued? Its sequence number (``_get_sequence_number_for_group``,
+        about 0.4 us; it counts every operation, send/recv too, as Flight Recorder's
+        ``collective_seq_id`` does) against the wrapper's count of the group's operations."""
+        if not self._seq_ok:
+            return False
+        self.auto.checks += 1
+        try:
+            pg = st.pg()
+            if pg is None:
+                return False
+            unseen = int(pg._get_sequence_number_for_group()) - int(st.issued)
+        except Exception:  # noqa: BLE001 - never our exception in the training code
+            self.auto.check_errors += 1
+            self._seq_ok = False  # a backend without it: the poller thread's check alone
+            log.debug("ccld attach: no sequence number for group %s", st.name, exc_info=True)
+            return False
+        return unseen > 0 and self._switch(unseen, f"before a Python collective on group {st.name}")
+
+    def watch_check(self) -> bool:
+        """Switch "auto" to "both" if Flight Recorder counted collectives the wrapper never issued;
+        True once switched. The poller thread asks it every interval (a job whose unseen
+        collectives are not followed by a Python one on their group switches here); never raises."""
+        if not self.watching:
+            return self.resolved_source == "both"
+        with self._switch_lock:
+            if self.resolved_source == "both":
+                return True
+            poller = self.poller
+            if poller is None:
+                return False
+            self.auto.checks += 1
+            try:
+                # every process group together (also those Python never called); the wrapper counts
+                # a call before torch runs it, and the status is updated at enqueue (gloo's send/recv
+                # only later): with every operation from Python it never counts more
+                unseen = enqueued_total(poller.dump(False, True)) - self.baseline - self.hooks.issued
+            except Exception:  # noqa: BLE001
+                self.auto.check_errors += 1
+                return False
+            return unseen > 0 and self._switch(unseen, "on the poller's thread")
+
+    def _switch(self, unseen: int, where: str) -> bool:
+        """Under the switch lock: collectives from now on are the poller's (for good)."""
+        poller = self.poller
+        if poller is None:
+            return False
+        try:
+            # the wrapper's operations on each group are the first ``issued`` of its sequence (every
+            # check before them passed): the poller takes the entries after them
+            upto = {g.name: int(g.issued) for g in list(self.hooks._groups.values())}
+        except Exception:  # noqa: BLE001
+            self.auto.check_errors += 1
+            return False
+        poller.wrapper_upto = upto
+        self.hooks.seq_source = _to_poller
+        self.auto.switched = 1
+        self.auto.invisible = unseen
+        self.resolved_source = "both"
+        log.warning("ccld attach: %d collective(s) the wrapper cannot see (DDP, FSDP, torch.compile or a process "
+                    "group called directly), seen %s: polling Flight Recorder from now on (source both)",
+                    unseen, where)  # fmt: skip
+        return True
+
     def _poll_gate(self) -> bool | None:
-        """Poll once the default group exists (before, there is nothing to read), if the source says so."""
+        """Poll once the default group exists (before, there is nothing to read), if the source says so;
+        watched, only once switched (until then the thread only checks the counts)."""
         mode = self.resolve_source()
         if not mode:
             return None
+        if self.watching:
+            return True if self.watch_check() else None
         if mode not in ("fr", "both"):
             return False
         return True if self.hooks.c10d.is_initialized() else None
@@ -103,6 +234,8 @@ class Attachment:
         """Counters of the attachment (calls, records, drops, errors), of its poller and of its sink."""
         out: dict[str, Any] = asdict(self.tracker.stats)
         out["source"] = self.resolved_source or self.source
+        if self.source == "auto":
+            out.update({f"auto_{k}": v for k, v in asdict(self.auto).items()})
         if self.poller is not None:
             out.update({f"fr_{k}": v for k, v in asdict(self.poller.stats).items()})
         sink_stats = getattr(self.sink, "stats", None)
@@ -204,6 +337,9 @@ def attach(
                 log.warning("ccld attach: Flight Recorder is not available (off, or an older torch): source wrap")
                 source = "wrap"
         att = Attachment(tracker, hooks, sink, poller, source)
+        if source == "auto" and poller is not None:
+            att.baseline = _fr_baseline(poller, hooks)
+            hooks.seq_base = _seq_base(hooks)
         if source != "fr":
             hooks.install()
         if source == "both" and poller is not None:
@@ -237,6 +373,30 @@ def detach(timeout_s: float = 2.0) -> dict[str, Any]:
     except Exception:  # noqa: BLE001
         log.debug("closing the attach sink failed", exc_info=True)
     return stats
+
+
+def _fr_baseline(poller: FrPoller, hooks: Any) -> int:
+    """Collectives Flight Recorder counted before this attachment (attach() after some ran): the
+    wrapper never saw them, and they must not read as unseen ones."""
+    try:
+        if not hooks.c10d.is_initialized():
+            return 0
+        return enqueued_total(poller.dump(False, True))
+    except Exception:  # noqa: BLE001
+        log.debug("ccld attach: no Flight Recorder status", exc_info=True)
+        return 0
+
+
+def _seq_base(hooks: Any) -> dict[str, int]:
+    """Each existing group's sequence number at attach time (attach() after some collectives ran)."""
+    out: dict[str, int] = {}
+    try:
+        world = getattr(hooks.c10d, "_world", None)
+        for pg, name in list((getattr(world, "pg_names", None) or {}).items()):
+            out[str(name)] = int(pg._get_sequence_number_for_group())
+    except Exception:  # noqa: BLE001
+        log.debug("ccld attach: no group sequence numbers", exc_info=True)
+    return out
 
 
 def _env_int(name: str, default: int) -> int:

@@ -53,6 +53,11 @@ class GroupState:
     to_group: dict[int, int]
     seq: int = 0
     name: str = ""  # the group's name ("0", "1", ...: creation order), as Flight Recorder writes it
+    #: operations issued on this group through the wrappers (collectives, send/recv, the send/recv
+    #: inside monitored_barrier, gather/scatter), counted as the group's own sequence number counts
+    #: them (``_get_sequence_number_for_group``, Flight Recorder's ``collective_seq_id``), from its
+    #: number when this process attached: "auto" compares the two (session.Attachment)
+    issued: int = 0
     p2p: dict[tuple[int, int], list[int]] = field(default_factory=dict)  # (src, dst) -> [hash, seq]
 
 
@@ -146,6 +151,9 @@ COLLECTIVES: dict[str, Callable[[tuple[Any, ...], dict[str, Any]], _Ext]] = {
     "barrier": _x_barrier,
     "monitored_barrier": _x_monitored_barrier,
 }
+#: collectives with no op type of ours (no record), each one Flight Recorder collective: counted
+#: only, so that "auto" does not take them for collectives the wrapper cannot see
+COUNTED_ONLY = {"gather": 3, "scatter": 3}  # name -> position of the group argument
 P2P: dict[str, tuple[OpType, str, str, bool]] = {  # name -> (op, peer kw, group-peer kw, async)
     "send": (OpType.SEND, "dst", "group_dst", False),
     "isend": (OpType.SEND, "dst", "group_dst", True),
@@ -197,10 +205,26 @@ class TorchHooks:
         #: function of (group, name) returning the op_seq, or None to leave the call to another
         #: source (the Flight Recorder poller, see fr_poll and session)
         self.seq_source: Callable[[GroupState, str], int | None] | None = None
+        #: operations this process issued through the wrappers (collectives and p2p, counted before
+        #: torch runs them): "auto" compares it with Flight Recorder's count to find the ones it
+        #: cannot see (DDP's reducer, FSDP, torch.compile, calls on the process group itself)
+        self.issued = 0
+        #: group name -> its sequence number when this process attached (an attachment after some
+        #: collectives ran): where the group's ``issued`` starts
+        self.seq_base: dict[str, int] = {}
 
     # ---- install / uninstall ----
     def install(self) -> None:
         c10d, dist = self.c10d, self.dist
+        for name in COUNTED_ONLY:
+            orig = getattr(c10d, name, None)
+            if orig is None or getattr(orig, "__ccld_wrapped__", False):
+                continue
+            counted = self._make_counted(orig, COUNTED_ONLY[name])
+            for mod in (c10d, dist):
+                if getattr(mod, name, None) is orig:
+                    self._originals[(mod, name)] = orig
+                    setattr(mod, name, counted)
         for name in [*COLLECTIVES, *P2P, "batch_isend_irecv"]:
             orig = getattr(c10d, name, None)
             if orig is None or getattr(orig, "__ccld_wrapped__", False):
@@ -269,6 +293,7 @@ class TorchHooks:
                 self.tracker.stats.internal_errors += 1
                 log.debug("ccld attach: cannot identify %s", name, exc_info=True)
                 started = None
+            self.issued += 1  # after begin(): "auto" compares Flight Recorder with the calls before this one
             local.depth += 1
             try:
                 result = orig(*args, **kwargs)
@@ -282,6 +307,25 @@ class TorchHooks:
 
         wrapper.__ccld_wrapped__ = True  # type: ignore[attr-defined]
         return wrapper
+
+    def _make_counted(self, orig: Callable[..., Any], group_i: int) -> Callable[..., Any]:
+        """A pass-through that only counts the call (see :data:`COUNTED_ONLY`)."""
+        local = self._local
+
+        @functools.wraps(orig)
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            if not local.depth and self.enabled:
+                self.issued += 1
+                try:
+                    st = self.group_state(_a(args, kwargs, group_i, "group"))
+                    if st is not None:
+                        st.issued += 1
+                except Exception:  # noqa: BLE001 - never our exception in the training code
+                    self.tracker.stats.internal_errors += 1
+            return orig(*args, **kwargs)
+
+        counted.__ccld_wrapped__ = True  # type: ignore[attr-defined]
+        return counted
 
     def _finish(self, started: tuple[list[OpCall], bool] | None, result: Any) -> None:
         if started is None:
@@ -331,6 +375,7 @@ class TorchHooks:
                 size=int(group.size()),
                 to_group={r: i for i, r in enumerate(ranks)},
                 name=name,
+                issued=self.seq_base.get(name, 0),
             )
             self._groups[id(group)] = st
             if self.tracker.identity is None:
@@ -356,7 +401,13 @@ class TorchHooks:
             return None
         if self.seq_source is not None and ext is _x_monitored_barrier:
             # Flight Recorder has no entry for it (gloo runs it as send/recv): the other source
-            # cannot see it and it has no number in that source's sequence
+            # cannot see it and it has no number in that source's sequence. Those send/recv advance
+            # the group's collective counter (group rank 0: a recv from and a send to every other
+            # rank; the others: one of each), which "auto" compares with this wrapper's count: count
+            # them here, before they run (the call itself is counted once by the wrapper)
+            inner = 2 * (st.size - 1) if st.comm_rank == 0 else 2
+            self.issued += inner - 1
+            st.issued += inner
             self.tracker.stats.unobserved += 1
             return None
         dtype, count = _size_dtype(tensors)
@@ -369,8 +420,10 @@ class TorchHooks:
         if self.seq_source is None:
             seq = st.seq
             st.seq = st.seq + 1
+            st.issued += 1
         else:
-            sourced = self.seq_source(st, st.name)
+            sourced = self.seq_source(st, st.name)  # may compare st.issued, before this call, with torch's
+            st.issued += 1
             if sourced is None:
                 return None
             seq = sourced
@@ -402,6 +455,7 @@ class TorchHooks:
         st = self.group_state(_a(args, kwargs, 2, "group"))
         if st is None:
             return None
+        st.issued += 1
         tensor = _a(args, kwargs, 0, "tensor")
         group_peer = _a(args, kwargs, 4, group_peer_kw)
         if group_peer is None:
@@ -414,11 +468,13 @@ class TorchHooks:
 
     def _begin_batch(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[list[OpCall], bool] | None:
         ops = _a(args, kwargs, 0, "p2p_op_list") or []
+        self.issued += max(0, len(ops) - 1)  # each op is one of gloo's; the wrapper counts the call once
         calls = []
         for op in ops:
             st = self.group_state(op.group)
             if st is None:
                 continue
+            st.issued += 1
             op_type = OpType.SEND if getattr(op.op, "__name__", "") in ("isend", "send") else OpType.RECV
             calls.append(self._p2p_call(st, op_type, int(op.group_peer), op.tensor))
         return calls, True

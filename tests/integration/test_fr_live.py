@@ -54,11 +54,12 @@ p.add_argument("--pause-s", type=float, default=3.0)
 p.add_argument("--slow-from", type=int, default=-1)
 p.add_argument("--slow-factor", type=float, default=6.0)
 p.add_argument("--compile", action="store_true")
+p.add_argument("--no-ddp", action="store_true")
 a = p.parse_args()
 dist.init_process_group("gloo")
 rank = dist.get_rank()
 torch.manual_seed(0)
-model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 4))
+model = torch.nn.Linear(8, 4) if a.no_ddp else torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 4))
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
 step_fn = None
 if a.compile:
@@ -169,8 +170,9 @@ def live_job(
 ) -> Iterator[Callable[..., LocalJob]]:
     jobs: list[LocalJob] = []
 
-    def run(args: list[str], detail: str | None = None) -> LocalJob:
-        job = start(tmp_path, fast, args, source="both", detail=detail)  # gloo's default ("auto") is wrap
+    def run(args: list[str], detail: str | None = None, source: str | None = "both") -> LocalJob:
+        # source None: the default ("auto"), which on gloo polls only once the wrapper misses collectives
+        job = start(tmp_path, fast, args, source=source, detail=detail)
         jobs.append(job)
         worker_factory(fast).start()
         return job
@@ -189,9 +191,9 @@ def records(settings: Settings) -> list[KernelRecord]:
 
 
 def sigstop_case(fast: Settings, live_job: Callable[..., LocalJob], extra: list[str], ready_s: float,
-                 count: int) -> None:  # fmt: skip
+                 count: int, source: str | None = "both") -> None:  # fmt: skip
     at = 15
-    job = live_job(["--culprit", str(CULPRIT), "--pause-at", str(at), "--compute-ms", "20", *extra])
+    job = live_job(["--culprit", str(CULPRIT), "--pause-at", str(at), "--compute-ms", "20", *extra], source=source)
     assert job.wait_for_line(CULPRIT, f"pauses before step {at}", ready_s), job_logs(job)
     os.kill(job.pid(CULPRIT), signal.SIGSTOP)
     v = first_verdict(fast, AnomalyKind.H1, 40, job)
@@ -218,12 +220,31 @@ def test_h1_a_sigstopped_rank_stops_ddps_all_reduce(fast: Settings, live_job: Ca
     assert time.monotonic() - t0 < 60
 
 
+def test_h1_a_sigstopped_rank_stops_ddps_all_reduce_under_the_default_source(
+    fast: Settings, live_job: Callable[..., LocalJob]
+) -> None:
+    # issue 16: the default ("auto") on gloo was the wrapper alone, blind to DDP (0 records of the
+    # hung all-reduce, no verdict). Now DDP's constructor broadcasts, unseen by the wrapper, turn the
+    # Flight Recorder poller on before the first Python collective after them.
+    t0 = time.monotonic()
+    sigstop_case(fast, live_job, [], 40, BUCKET, source=None)
+    assert time.monotonic() - t0 < 60
+
+
 def test_h1_a_sigstopped_rank_stops_a_compiled_functional_all_reduce(
     fast: Settings, live_job: Callable[..., LocalJob]
 ) -> None:
     # inductor compiles the step on each rank (a few seconds with a warm cache, about 30 s cold);
     # the peers then hang in the compiled step's functional all-reduce, before DDP's
     sigstop_case(fast, live_job, ["--compile"], 90, FUNCOL)
+
+
+def test_h1_a_sigstopped_rank_stops_a_compiled_functional_all_reduce_without_ddp_under_the_default_source(
+    fast: Settings, live_job: Callable[..., LocalJob]
+) -> None:
+    # no DDP to give it away: the compiled step's functional all-reduces (compiled code calls the
+    # C++ op, no wrapper sees it) are counted before the script's own all_reduce, which switches
+    sigstop_case(fast, live_job, ["--compile", "--no-ddp"], 90, FUNCOL, source=None)
 
 
 def test_s1_a_slow_rank_under_ddp(fast: Settings, live_job: Callable[..., LocalJob]) -> None:

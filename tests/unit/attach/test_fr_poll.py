@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from ccld.identity import P2P_RECEIVER, P2P_SENDER, comm_hash, p2p_hash
-from ccld.producers.attach.fr_poll import FrPoller
+from ccld.producers.attach.fr_poll import FrPoller, parse_tail
 from ccld.producers.attach.op_tracker import Identity, Tracker
 from ccld.producers.attach.outlets import ListSink
 from ccld.records import DType, KernelRecord, OpType, Status
@@ -365,3 +365,65 @@ def test_each_exit_says_how_far_off_it_may_be() -> None:
     tr.pump()
     got = {r.op_seq: (r.t_exit_ns, r.t_exit_err_ns) for r in rows(sink, Status.DONE)}
     assert got == {0: (1_055 * MS, 45 * MS), 1: (1_070 * MS, 0), 2: (1_200 * MS, 100 * MS)}
+
+
+def test_the_thread_leaves_out_full_polls_while_the_status_says_nothing_happened() -> None:
+    poller, _tr, _sink, _clock, src = make(interval_s=0.01)
+    src.status_text = dump([], {"0": (3, 3)})
+    poller.start()
+    time.sleep(0.2)
+    first = poller.stats.polls
+    assert first == 1 and poller.stats.quiet >= 5, poller.stats  # one full dump, then the status alone
+    src.status_text = dump([], {"0": (4, 3)})  # a collective was enqueued: the next poll reads the ring
+    time.sleep(0.1)
+    poller.stop()
+    assert poller.stats.polls >= first + 1
+    assert src.asked.count((True, True)) == poller.stats.polls
+
+
+def test_an_fr_only_poller_never_leaves_a_poll_out() -> None:
+    # gloo's send/recv do not show in the status: the poller that records them reads the ring each time
+    poller, _tr, _sink, _clock, _src = make(interval_s=0.01, p2p=True)
+    poller.start()
+    time.sleep(0.1)
+    poller.stop()
+    assert poller.stats.quiet == 0 and poller.stats.polls >= 3
+
+
+def compact(text: str) -> str:
+    """As torch writes the dump: no spaces."""
+    return json.dumps(json.loads(text), separators=(",", ":"))
+
+
+def test_parse_tail_reads_the_entries_from_the_cut_on_and_the_rest_of_the_dump() -> None:
+    text = compact(dump([entry(i, i + 1, created_ms=1_000 + i) for i in range(6)], {"0": (6, 5)}))
+    obj = parse_tail(text, 3)
+    assert obj is not None
+    full = json.loads(text)
+    assert obj["entries"] == full["entries"][3:]
+    assert {k: v for k, v in obj.items() if k != "entries"} == {k: v for k, v in full.items() if k != "entries"}
+    assert parse_tail(text, 9) is None  # scrolled out, or not there yet: the caller parses it all
+    assert parse_tail(text.replace('"record_id":3,', '"record_id": 3,'), 3) is None
+    assert parse_tail(text[:-30], 3) is None  # cut short
+
+
+def test_later_polls_parse_only_the_tail_and_record_the_same() -> None:
+    made = [make(), make()]
+    for n, (poller, tr, _sink, clock, src) in enumerate(made):
+        clock.t = 1_100 * MS
+        done = [entry(i, i + 1, created_ms=1_000 + i, retired=True) for i in range(4)]
+        src.text = dump([*done, entry(4, 5, created_ms=1_004)])  # the last one still open
+        if n:
+            src.text = compact(str(src.text))
+        poller.poll_once()
+        clock.t = 1_200 * MS
+        src.text = dump([entry(i, i + 1, created_ms=1_000 + i, retired=True) for i in range(8)],
+                        {"0": (8, 8)})  # fmt: skip
+        if n:
+            src.text = compact(str(src.text))
+        poller.poll_once()
+        tr.pump()
+    (p0, _, s0, _, _), (p1, _, s1, _, _) = made
+    assert p0.stats.tail_reads == 0 and p1.stats.tail_reads == 1  # the first poll has no cut yet
+    key = lambda r: (r.status, r.op_seq, r.t_enter_ns, r.t_exit_ns)  # noqa: E731
+    assert sorted(map(key, s0.records)) == sorted(map(key, s1.records)) and len(rows(s1, Status.DONE)) == 8
