@@ -116,6 +116,21 @@ WIDE = Profile(**{  # type: ignore[arg-type]
 })
 
 
+#: Faults present from the job's first step (issue 16): no healthy history exists, so only the peers can
+#: show them. The analyzer's peer rules need a clear fault: a rank computing at least 1.5x its peers'
+#: time (``peer_gap_ratio``), a link at most half the speed of the sibling communicators' links
+#: (``peer_link_factor``); these suites draw from inside those bounds, with margin.
+FROM_START = Profile(**{  # type: ignore[arg-type]
+    **_MEGATRON, "s1": (1.6, 4.0), "s2": (0.1, 0.45), "s3_compute": (1.6, 3.0), "s3_link": (0.15, 0.45),
+    "onset_s": (0.0, 0.0),
+})
+#: Held out: WIDE's jobs (layouts, noise, channels, step shapes) with faults from the first step.
+FROM_START_WIDE = Profile(**{  # type: ignore[arg-type]
+    **WIDE.__dict__, "s1": (1.6, 5.0), "s2": (0.1, 0.45), "s3_compute": (1.6, 3.0), "s3_link": (0.15, 0.45),
+    "intermittent": 0.0, "onset_s": (0.0, 0.0),
+})
+
+
 class Maker:
     """Builds scenarios from one seeded random stream."""
 
@@ -408,6 +423,21 @@ def build_megatron(seed: int, check: bool, profile: Profile, scale: float = 1.0)
     return m.out
 
 
+def build_from_start(seed: int, check: bool = True, profile: Profile = FROM_START) -> list[dict[str, Any]]:
+    """Every class present from the job's first step (big jobs: within its first 6 s), healthy jobs
+    beside them, 8 to 2,048 ranks."""
+    m = Maker(seed, check, profile)
+    sizes, weights = [8, 16, 32, 64, 128, 256], [16, 22, 24, 18, 12, 8]
+    for kind in ALL_KINDS:
+        for _ in range(8):
+            m.single(kind, m.rng.choices(sizes, weights)[0])
+    for _ in range(8):
+        m.healthy(m.rng.choices(sizes, weights)[0])
+    for kind, ranks in (("S1", 1024), ("S2", 1024), ("S3", 2048), ("H1", 2048)):
+        m.single(kind, ranks)
+    return m.out
+
+
 def build(seed: int = 20261130, check: bool = True) -> list[dict[str, Any]]:
     """The standard suite: the Megatron-style workload with ``STANDARD`` ranges (tuned on)."""
     return build_megatron(seed, check, STANDARD)
@@ -427,6 +457,10 @@ SUITES = {
     "heldout-3": (build_wide, 77013, OUT.with_name("heldout-3.jsonl")),
     "regression-v1": (build_v1, 20260101, OUT.with_name("regression-v1.jsonl")),
     "heldout-v1": (build_wide_v1, 77003, OUT.with_name("heldout-v1.jsonl")),
+    # faults from the first step (tuned on), and a held-out draw of them from WIDE's jobs (scored once)
+    "from-start": (build_from_start, 20261202, OUT.with_name("from-start.jsonl")),
+    "from-start-heldout": (lambda seed, check=True: build_from_start(seed, check, FROM_START_WIDE), 77021,
+                           OUT.with_name("from-start-heldout.jsonl")),
 }
 
 

@@ -152,6 +152,11 @@ def _mismatch(
     )
     if int(u[ref]) == expected and int((cnt == cnt[ref]).sum()) > 1:
         note += f" (no majority: the communicator's learned cadence expects {op_name(int(ops[i_ref]))} at #{k})"
+    elif int((score == score[ref]).sum()) > 1:
+        # no majority, no cadence, no earlier use (a 2-rank group at its first ops): either side may be
+        # the one that called the wrong op; naming one would be a coin toss, so both are named
+        culprits = granks[score[inv] == score[ref]]
+        note += " (no majority, and no learned cadence or earlier op of this communicator tells which is the odd one)"
     return CommDiag(
         cid, k, int(ops[i_ref]), AnomalyKind.H2, waiting, np.zeros(0, dtype=np.int64), culprits,
         mismatch_field=field_name, wait_own_s=wait_own, frozen_own_s=frozen_own, note=note,

@@ -241,7 +241,7 @@ class SlowDetector:
             # groups run the same op on the same kind of links): a link slow from the start is slow
             # against them, though its own baseline learned it
             ref = self.b_sib[bi]
-            sib = (self.b_sibn[bi] >= 3) & (
+            sib = (self.b_sibn[bi] >= 2) & (
                 (tmin - ops.terr[i]) > np.maximum(s.peer_link_factor * ref, ref + thr_min))
             slow = hist | peer | sib
             l_slow = l_slow | peer
@@ -296,7 +296,7 @@ class SlowDetector:
         ok = (self.b_n >= self.s.baseline_min_ops) & ~np.isin(self.b_sig >> 60 & 0xF, _P2P)
         self.b_sibn[:] = 0
         idx = np.flatnonzero(ok)
-        if idx.size < 3:
+        if idx.size < 2:
             return
         size = js.c_size[self.b_cid[idx]]
         o = np.lexsort((self.b_min[idx], size, self.b_sig[idx]))
@@ -309,6 +309,11 @@ class SlowDetector:
         vals = self.b_min[idx]
         med = 0.5 * (vals[first + (cnt - 1) // 2] + vals[first + cnt // 2])
         self.b_sib[idx] = med[grp]
+        # two siblings (two tensor-parallel groups of an 8-GPU job): each is judged against the other
+        # (their mean would sit halfway to the slow one)
+        two = cnt[grp] == 2
+        other = np.where(start, np.arange(idx.size) + 1, np.arange(idx.size) - 1)
+        self.b_sib[idx[two]] = vals[other[two]]
         self.b_sibn[idx] = cnt[grp]
 
     def _relearn(self, lb: I64) -> None:
@@ -506,7 +511,7 @@ class SlowDetector:
             peer_only=sum(bool(self.w_peer[bi, j]) for j in idx) * 2 > len(idx),
             late_gap_s=_median([float(self.w_lgap[bi, j]) for j in idx]),
             peer_gap_s=_median([float(self.w_ogap[bi, j]) for j in idx]),
-            sibling_s=float(self.b_sib[bi]) if self.b_sibn[bi] >= 3 else 0.0,
+            sibling_s=float(self.b_sib[bi]) if self.b_sibn[bi] >= 2 else 0.0,
         )
 
     def resolved(self, bi: int) -> bool:
