@@ -81,7 +81,7 @@ class JobStage:
             v.last_now = max(v.last_now, rep.now)
             v.data_seen = max(v.data_seen, rep.seen)
         verdicts: list[Verdict] = []
-        for c in merge_nic(best_slow(c for _, rep in reports for c in rep.slow)):
+        for c in best_slow(merge_nic([c for _, rep in reports for c in rep.slow])):
             verdicts.extend(self.book.report(c, now))
         alive = [sh for sh in v.seen if live is None or sh in live]
         if len(v.seen) >= need and alive:
