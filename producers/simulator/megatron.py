@@ -216,6 +216,7 @@ class MegatronSim(FaultBook):
         # (a link fault names the sources of its links: a NIC's are many)
         self.fault_ranks = np.asarray(sorted({f.rank for f in sc.faults if f.rank >= 0}
                                              | {src for f in sc.faults for _, src, _ in f.links}), dtype=np.int64)
+        self.stopped: list[tuple[str, int, int]] = []  # links an H3 stopped (family, src, dst), for scenario authors
         self.pp_links = any(fam == "pp" for f in self.link_faults for fam, _, _ in f.links)
         self._clean: dict[tuple[Any, ...], bool] = {}
         self._layouts: dict[tuple[Any, ...], _Layout] = {}
@@ -353,6 +354,8 @@ class MegatronSim(FaultBook):
                 self.pending_h3.remove(f)  # every link of the fault (a NIC's) that this op uses stops now
                 for pos in on:
                     g = pos // size
+                    nxt = g * size + (pos % size + 1) % size
+                    self.stopped.append((family, int(lay.ranks[pos]), int(lay.ranks[nxt])))
                     frac = (f.onset_s - start_g[g]) / dur_g[g] if start_g[g] < f.onset_s else self.rng.uniform(0.2, 0.8)
                     hang_g = np.zeros(groups, dtype=bool) if hang_g is None else hang_g
                     hang_g[g] = True
@@ -395,6 +398,7 @@ class MegatronSim(FaultBook):
                     continue
                 self.pending_h3.remove(f)
                 for i in on:
+                    self.stopped.append(("pp", int(src[i]), int(dst[i])))
                     frac = (f.onset_s - start[i]) / dur[i] if start[i] < f.onset_s else self.rng.uniform(0.2, 0.8)
                     hang = np.zeros(m, dtype=bool) if hang is None else hang
                     hang[i] = True
