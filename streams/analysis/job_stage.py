@@ -206,18 +206,19 @@ def merge_nic(cands: list[Candidate]) -> list[Candidate]:
     leave one host (``details["nic"]``) become one candidate naming each link's source rank, the
     host, and the links (``details["nic_links"]``); the most specific class of them is its class. A
     hang NIC is matched as the host's incident (``details["host"]``); a slow one keeps the key of its
-    first link, and the incident book folds links found later into it. One link alone stays a link's.
+    first link, and the incident book folds links found later into it. One link alone (however many
+    findings name it) stays a link's.
     """
     groups: dict[tuple[str, str], list[Candidate]] = {}
     for c in cands:
         nic = c.details.get(NIC)
         if c.kind in (AnomalyKind.H3, AnomalyKind.S2, AnomalyKind.S3) and c.link is not None and nic:
             groups.setdefault((c.family, nic), []).append(c)
-    merged = {id(c) for g in groups.values() if len(g) > 1 for c in g}
+    # one link seen twice (two signatures of one ring: its reduce-scatter and its all-gather) is a link, not a NIC
+    groups = {k: g for k, g in groups.items() if len({c.link for c in g}) > 1}
+    merged = {id(c) for g in groups.values() for c in g}
     out = [c for c in cands if id(c) not in merged]
     for (family, host), g in sorted(groups.items()):
-        if len(g) < 2:
-            continue
         g.sort(key=lambda c: (c.onset_time, c.communicator, c.op_seq))
         first = g[0]
         links = list(dict.fromkeys(c.link for c in g if c.link is not None))

@@ -7,6 +7,7 @@ is one incident naming the host and listing its links, and one fault is one inci
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from ccld.producers.simulator.scenario import Scenario
@@ -102,3 +103,15 @@ def test_links_of_one_nic_found_one_by_one_fold_into_the_incident_of_the_first()
     (res,) = again.resolve(_s2(5, 13, "node-0001", "c2").match_key, 5.0, "back to baseline")
     assert res.state == VerdictState.RESOLVED and res.incident_id == first.incident_id
     assert len(again.open) == 1  # node-0002's
+
+
+def test_one_link_found_in_two_findings_is_a_link_not_a_nic_and_joins_its_rank_s1_as_s3() -> None:
+    # a data-parallel ring's reduce-scatter and all-gather are two baselines: both name the slow link
+    from ccld.streams.analysis.job_stage import best_slow, merge_nic
+
+    rs, ag = _s2(329, 361, "node-0041", "dp"), replace(_s2(329, 361, "node-0041", "dp"), op_seq=7)
+    merged = merge_nic([rs, ag])
+    assert all(NIC_LINKS not in c.details for c in merged)
+    s1 = replace(rs, kind=AnomalyKind.S1, communicator="tp", root_cause_ranks=(329,), link=None, details={})
+    (s3,) = best_slow([s1, *merged])
+    assert s3.kind == AnomalyKind.S3 and s3.link == Link(329, 361) and s3.root_cause_ranks[0] == 329
