@@ -328,6 +328,8 @@ def _cand_dict(c: Candidate) -> dict[str, Any]:
         "mismatch_field": c.mismatch_field, "resolve_key": list(c.resolve_key),
         # what the match key reads (a host's incident), not the free-text details
         **({"host": c.details["host"]} if "host" in c.details else {}),
+        # and the NIC its link leaves, with the links found through it (later links fold into it)
+        **({"nic": {k: c.details[k] for k in (NIC, NIC_LINKS) if k in c.details}} if NIC in c.details else {}),
     }
 
 
@@ -345,5 +347,6 @@ def _cand_from(d: Mapping[str, Any]) -> Candidate:
         channel=None if d.get("channel") is None else int(d["channel"]),
         p=None if d.get("p") is None else float(d["p"]), mismatch_field=d.get("mismatch_field"),
         resolve_key=(str(rk[0]), int(rk[1])),
-        details={"host": str(d["host"])} if d.get("host") else {},
+        details={**({"host": str(d["host"])} if d.get("host") else {}),
+                 **{str(k): str(v) for k, v in (d.get("nic") or {}).items()}},
     )

@@ -100,6 +100,8 @@ def test_links_of_one_nic_found_one_by_one_fold_into_the_incident_of_the_first()
     again = IncidentBook(100, 10.0, 0.0)
     again.load(book.state_dict())
     assert again.report(_s2(5, 13, "node-0001", "c2"), 4.0) == []
+    (more,) = again.report(_s2(6, 14, "node-0001", "c4"), 4.0)  # a third link after the restart: folded in
+    assert more.incident_id == first.incident_id and more.details[NIC_LINKS] == "4>12,5>13,6>14"
     (res,) = again.resolve(_s2(5, 13, "node-0001", "c2").match_key, 5.0, "back to baseline")
     assert res.state == VerdictState.RESOLVED and res.incident_id == first.incident_id
     assert len(again.open) == 1  # node-0002's
