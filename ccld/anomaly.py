@@ -80,6 +80,9 @@ class AnomalyClass:
 
 
 _SLOW_PHASES = {"on_s": None, "off_s": 0.0}
+#: where a link fault sits: the communicator family of the link ``rank -> peer`` (tp, dp, pp), or a
+#: whole host's network interface (``nic``: every network link leaving that host; then no rank/peer)
+_LINK_TARGET = {"comm": "tp", "nic": None}
 
 #: Every class, in the order of the enum.
 CLASSES: Mapping[AnomalyKind, AnomalyClass] = MappingProxyType({
@@ -98,7 +101,7 @@ CLASSES: Mapping[AnomalyKind, AnomalyClass] = MappingProxyType({
     AnomalyKind.H3: AnomalyClass(
         AnomalyKind.H3, "hardware-fault hang", Family.HANG, 1,
         "the rank (and link) where the send/recv counter chain breaks",
-        Effect.LINK_STOP, {"rank": None, "peer": None, "onset_s": 60.0}, "h3_min_s",
+        Effect.LINK_STOP, {"rank": None, "peer": None, **_LINK_TARGET, "onset_s": 60.0}, "h3_min_s",
         "the named link: NIC and port counters (ibstat, ethtool -S, perfquery), the cable and switch port; "
         "NVLink errors (nvidia-smi nvlink -e) inside a node; the GPU's Xid errors in the kernel log",
         names_link=True),
@@ -111,7 +114,8 @@ CLASSES: Mapping[AnomalyKind, AnomalyClass] = MappingProxyType({
     AnomalyKind.S2: AnomalyClass(
         AnomalyKind.S2, "comm-slow", Family.SLOW, 1,
         "the link where the send backlog builds (its source rank), when counters show it",
-        Effect.LINK, {"rank": None, "peer": None, "onset_s": 60.0, "factor": 0.25, **_SLOW_PHASES}, None,
+        Effect.LINK, {"rank": None, "peer": None, **_LINK_TARGET, "onset_s": 60.0, "factor": 0.25, **_SLOW_PHASES},
+        None,
         "the named link's NIC and cable: error and retransmit counters (ethtool -S, ibstat, perfquery), "
         "link speed and width, congestion on the switch port",
         names_link=True),
@@ -119,7 +123,8 @@ CLASSES: Mapping[AnomalyKind, AnomalyClass] = MappingProxyType({
         AnomalyKind.S3, "mixed-slow", Family.SLOW, 2,
         "the rank that computes slowly and whose outgoing link is slow, and that link",
         Effect.COMPUTE | Effect.LINK,
-        {"rank": None, "peer": None, "onset_s": 60.0, "compute_factor": 1.3, "link_factor": 0.25, **_SLOW_PHASES},
+        {"rank": None, "peer": None, "comm": "tp", "onset_s": 60.0, "compute_factor": 1.3, "link_factor": 0.25,
+         **_SLOW_PHASES},
         None,
         "both: the named rank's GPU clocks and thermals, and its outgoing link's NIC counters",
         names_link=True),

@@ -21,7 +21,7 @@ from typing import Any
 from ccld.anomaly import CLASSES, Family, kinds_of
 from ccld.producers.simulator.engine import COMPUTE_SHARE, TP_SHARE
 from ccld.producers.simulator.scenario import Scenario
-from ccld.producers.simulator.sim import manifested
+from ccld.producers.simulator.sim import manifested, stopped_links
 
 OUT = Path(__file__).with_name("standard.jsonl")
 
@@ -245,6 +245,45 @@ class Maker:
             raise RuntimeError(f"{sc['id']}: the fault does not take effect")
         self.add(sc)
 
+    def network(self, kind: str, target: str, ranks: int) -> None:
+        """A link fault on the network: a link of ``target`` (dp ring, pp pair) between two nodes, or
+        every network link of one node (``target`` "nic"); 4 or 8 GPUs per node."""
+        r = self.rng
+        for _ in range(50):
+            sc = self.base(f"net-{kind}-{target}", ranks)
+            tp = sc["layout"]["tp"]
+            sc["gpus_per_node"] = r.choice([g for g in (4, 8) if g % tp == 0])
+            shape = Scenario.from_dict({**sc, "duration_s": 1.0})
+            on = self.onset(sc)
+            if target == "nic":
+                nodes = [n for n in range(shape.nodes) if shape.nic_links(n)]
+                if not nodes or kind == "S3":
+                    continue
+                node = r.choice(nodes)
+                f = {k: v for k, v in self.fault(sc, kind, 0, on).items() if k not in ("rank", "peer")}
+                f["nic"] = node
+                rank = min(src for _, src, _ in shape.nic_links(node))
+            else:
+                links = [(a, b) for a in range(ranks) for b in shape.link_peers(target, a)
+                         if shape.node_of(a) != shape.node_of(b)]
+                if not links:
+                    continue
+                rank, peer = r.choice(links)
+                f = {**self.fault(sc, kind, rank, on), "comm": target, "peer": peer}
+            sc["faults"] = [f]
+            sc["expect"] = [{"kind": kind, "rank": rank}]
+            sc["duration_s"] = on + (self.p.hang_tail_s if kind == "H3" else self.p.slow_tail_s)
+            if kind == "H3":
+                # a dead link shows only once an op uses it; a dead NIC stops the first op of each
+                # communicator through it, and the job then waits on those: their sources are the roots
+                stopped = stopped_links(Scenario.from_dict(sc))
+                if not stopped:
+                    continue
+                sc["expect"][0]["rank"] = min(src for _, src, _ in stopped)
+            self.add(sc)
+            return
+        raise RuntimeError(f"no {target} network link for {kind} at {ranks} ranks")
+
     def healthy(self, ranks: int) -> None:
         sc = self.base("healthy", ranks)
         sc["duration_s"] = self.p.healthy_s if ranks < 1024 else min(self.p.healthy_s, 110.0)
@@ -438,9 +477,46 @@ def build_from_start(seed: int, check: bool = True, profile: Profile = FROM_STAR
     return m.out
 
 
+#: the network link family: a class on a data-parallel ring's link, a pipeline pair, or a host's NIC
+NETWORK = (("S2", "dp"), ("S2", "pp"), ("S2", "nic"), ("S3", "dp"), ("S3", "pp"), ("H3", "dp"), ("H3", "pp"),
+           ("H3", "nic"))
+
+
+def build_network(seed: int, check: bool, profile: Profile, per: int,
+                  large: tuple[tuple[str, str, int], ...]) -> list[dict[str, Any]]:
+    """Link faults on network links and NICs (``NETWORK``), ``per`` of each at 8 to 256 ranks and the
+    ``large`` ones, and healthy jobs of the same shapes (4 or 8 GPUs per node)."""
+    m = Maker(seed, check, profile)
+    sizes, weights = [8, 16, 32, 64, 128, 256], [16, 22, 24, 18, 12, 8]
+    for _ in range(per):
+        for kind, target in NETWORK:
+            m.network(kind, target, m.rng.choices(sizes, weights)[0])
+    for kind, target, ranks in large:
+        m.network(kind, target, ranks)
+    for _ in range(max(2, per // 2)):
+        sc = m.base("net-healthy", m.rng.choices(sizes, weights)[0])
+        sc["gpus_per_node"] = m.rng.choice([g for g in (4, 8) if g % sc["layout"]["tp"] == 0])
+        sc["duration_s"] = profile.healthy_s
+        m.add(sc)
+    return m.out
+
+
+def build_std_network(seed: int = 20261131, check: bool = True) -> list[dict[str, Any]]:
+    """The network link family of the standard suite (its tail): ``STANDARD`` ranges, 8 to 4,096 ranks."""
+    return build_network(seed, check, STANDARD, 6, (("S2", "nic", 512), ("H3", "dp", 1024), ("S2", "pp", 2048),
+                                                    ("S2", "nic", 4096)))
+
+
 def build(seed: int = 20261130, check: bool = True) -> list[dict[str, Any]]:
-    """The standard suite: the Megatron-style workload with ``STANDARD`` ranges (tuned on)."""
-    return build_megatron(seed, check, STANDARD)
+    """The standard suite: the Megatron-style workload with ``STANDARD`` ranges (tuned on), then the
+    network link family (its own stream, so the scenarios before it stay as they were)."""
+    return build_megatron(seed, check, STANDARD) + build_std_network(seed + 1, check)
+
+
+def build_wide_network(seed: int = 77021, check: bool = True) -> list[dict[str, Any]]:
+    """Held out: the network link family from ``WIDE`` ranges, drawn once its rules were final."""
+    return build_network(seed, check, WIDE, 5, (("S2", "nic", 1024), ("S3", "dp", 1024), ("H3", "nic", 2048),
+                                                ("S2", "dp", 4096)))
 
 
 def build_wide(seed: int = 77011, check: bool = True) -> list[dict[str, Any]]:
@@ -455,11 +531,14 @@ SUITES = {
     "heldout-2": (build_wide, 77012, OUT.with_name("heldout-2.jsonl")),
     # a third draw, made after the per-kernel peak backlog (probe v2) rules were final and run once, blind
     "heldout-3": (build_wide, 77013, OUT.with_name("heldout-3.jsonl")),
+    # the network link family alone (also the tail of standard), and its held-out draw (WIDE ranges)
+    "network": (build_std_network, 20261131, OUT.with_name("network.jsonl")),
+    "heldout-net": (build_wide_network, 77021, OUT.with_name("heldout-net.jsonl")),
     "regression-v1": (build_v1, 20260101, OUT.with_name("regression-v1.jsonl")),
     "heldout-v1": (build_wide_v1, 77003, OUT.with_name("heldout-v1.jsonl")),
     # faults from the first step (tuned on), and a held-out draw of them from WIDE's jobs (scored once)
     "from-start": (build_from_start, 20261202, OUT.with_name("from-start.jsonl")),
-    "from-start-heldout": (lambda seed, check=True: build_from_start(seed, check, FROM_START_WIDE), 77021,
+    "from-start-heldout": (lambda seed, check=True: build_from_start(seed, check, FROM_START_WIDE), 77031,
                            OUT.with_name("from-start-heldout.jsonl")),
 }
 

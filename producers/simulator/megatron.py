@@ -213,7 +213,11 @@ class MegatronSim(FaultBook):
         self._ubuf, self._upos = np.zeros(0), 0
         self.any_h1 = bool(np.isfinite(self.h1_onset).any())
         # ranks a fault names: ops whose ranks include none of them take the batched path (_chain)
-        self.fault_ranks = np.asarray(sorted({f.rank for f in sc.faults if f.rank >= 0}), dtype=np.int64)
+        # (a link fault names the sources of its links: a NIC's are many)
+        self.fault_ranks = np.asarray(sorted({f.rank for f in sc.faults if f.rank >= 0}
+                                             | {src for f in sc.faults for _, src, _ in f.links}), dtype=np.int64)
+        self.stopped: list[tuple[str, int, int]] = []  # links an H3 stopped (family, src, dst), for scenario authors
+        self.pp_links = any(fam == "pp" for f in self.link_faults for fam, _, _ in f.links)
         self._clean: dict[tuple[Any, ...], bool] = {}
         self._layouts: dict[tuple[Any, ...], _Layout] = {}
         self.sizes = np.diff(np.append(self.c.off, nm))
@@ -286,37 +290,8 @@ class MegatronSim(FaultBook):
         nn = ranks.shape[0]
         special: dict[str, npt.NDArray[Any]] = {}  # per-rank arrays a fault changes (else the defaults)
         hang_g = None
-        if family == "tp" and self.link_faults:
-            first = grid[:, 0]
-            for f in self.link_faults:
-                row = np.flatnonzero(first == (f.rank // size) * size)
-                if row.size == 0:
-                    continue
-                g = int(row[0])
-                if not math.isfinite(start_g[g]):
-                    continue
-                pos, nxt = g * size + f.rank % size, g * size + (f.rank + 1) % size
-                if f.kind == "H3":
-                    if f not in self.pending_h3 or start_g[g] + dur_g[g] <= f.onset_s:
-                        continue
-                    self.pending_h3.remove(f)
-                    frac = (f.onset_s - start_g[g]) / dur_g[g] if start_g[g] < f.onset_s else self.rng.uniform(0.2, 0.8)
-                    hang_g = np.zeros(groups, dtype=bool) if hang_g is None else hang_g
-                    hang_g[g] = True
-                    special.setdefault("freeze", np.ones(nn))[g * size : (g + 1) * size] = frac
-                elif bool(f.active(np.asarray(start_g[g]))):
-                    dur_g[g] /= f.factor if f.kind == "S2" else f.link_factor
-                else:
-                    continue
-                # data piles up behind the bad link: everyone but its two ends runs IN_FLIGHT slots ahead
-                sl_ = special.setdefault("send_lead", np.zeros(nn, np.int64))
-                rl_ = special.setdefault("recv_lead", np.zeros(nn, np.int64))
-                sl_[g * size : (g + 1) * size] = IN_FLIGHT
-                rl_[g * size : (g + 1) * size] = IN_FLIGHT
-                sl_[pos] = 0
-                rl_[nxt] = 0
-                factor = 0.0 if f.kind == "H3" else f.factor if f.kind == "S2" else f.link_factor
-                special.setdefault("peak_lead", np.zeros(nn, np.int64))[pos] = source_peak(_slots(nominal_s), factor)
+        if self.link_faults and family in ("tp", "dp"):
+            hang_g = self._ring_links(lay, family, size, start_g, dur_g, nominal_s, special, hang_g)
         for f in list(self.pending_h2):
             want = ("dp", OpType.REDUCE_SCATTER) if f.mismatch == "order" or self.topo.tp < 2 else ("tp", op)
             if want != (family, op):
@@ -355,6 +330,88 @@ class MegatronSim(FaultBook):
             fin = np.isfinite(exit_)
             self.last_exit[ranks[fin]] = exit_[fin]
         return exit_
+
+    def _ring_links(self, lay: _Layout, family: str, size: int, start_g: F64, dur_g: F64, nominal_s: float,
+                    special: dict[str, npt.NDArray[Any]], hang_g: npt.NDArray[np.bool_] | None
+                    ) -> npt.NDArray[np.bool_] | None:
+        """Apply the link faults on rings of ``family`` to one collective (in place: ``dur_g``, ``special``):
+        a slow link stretches its group's op, a dead one (H3) freezes it; returns the hung groups."""
+        pos_of = lay.cache.get("pos")
+        if pos_of is None:
+            pos_of = lay.cache["pos"] = {r: i for i, r in enumerate(lay.ranks.tolist())}
+        nn, groups = lay.ranks.shape[0], lay.cid_g.shape[0]
+        for f in self.link_faults:
+            on = [pos_of[src] for fam, src, _ in f.links if fam == family and src in pos_of]
+            on = [pos for pos in on if math.isfinite(start_g[pos // size])]
+            if not on:
+                continue
+            if f.kind == "H3":
+                if f not in self.pending_h3:
+                    continue
+                on = [pos for pos in on if start_g[pos // size] + dur_g[pos // size] > f.onset_s]
+                if not on:
+                    continue
+                self.pending_h3.remove(f)  # every link of the fault (a NIC's) that this op uses stops now
+                for pos in on:
+                    g = pos // size
+                    nxt = g * size + (pos % size + 1) % size
+                    self.stopped.append((family, int(lay.ranks[pos]), int(lay.ranks[nxt])))
+                    frac = (f.onset_s - start_g[g]) / dur_g[g] if start_g[g] < f.onset_s else self.rng.uniform(0.2, 0.8)
+                    hang_g = np.zeros(groups, dtype=bool) if hang_g is None else hang_g
+                    hang_g[g] = True
+                    special.setdefault("freeze", np.ones(nn))[g * size : (g + 1) * size] = frac
+            else:
+                on = [pos for pos in on if bool(f.active(np.asarray(start_g[pos // size])))]
+                for pos in on:
+                    dur_g[pos // size] /= f.factor if f.kind == "S2" else f.link_factor
+            for pos in on:
+                g = pos // size
+                nxt = g * size + (pos % size + 1) % size
+                # data piles up behind the bad link: everyone but its two ends runs IN_FLIGHT slots ahead
+                sl_ = special.setdefault("send_lead", np.zeros(nn, np.int64))
+                rl_ = special.setdefault("recv_lead", np.zeros(nn, np.int64))
+                sl_[g * size : (g + 1) * size] = IN_FLIGHT
+                rl_[g * size : (g + 1) * size] = IN_FLIGHT
+                sl_[pos] = 0
+                rl_[nxt] = 0
+                factor = 0.0 if f.kind == "H3" else f.factor if f.kind == "S2" else f.link_factor
+                special.setdefault("peak_lead", np.zeros(nn, np.int64))[pos] = source_peak(_slots(nominal_s), factor)
+        return hang_g
+
+    def _p2p_links(self, src: I64, dst: I64, start: F64, dur: F64, nominal_s: float
+                   ) -> tuple[dict[str, npt.NDArray[Any]], npt.NDArray[np.bool_] | None]:
+        """Apply the pipeline link faults to one send/recv of each pair (``dur`` in place): the
+        members' fault marks (sender first, then receiver) and which pairs hang."""
+        m = src.shape[0]
+        special: dict[str, npt.NDArray[Any]] = {}
+        hang: npt.NDArray[np.bool_] | None = None
+        for f in self.link_faults:
+            on = [int(i) for fam, s, d in f.links if fam == "pp" for i in np.flatnonzero((src == s) & (dst == d))]
+            on = [i for i in on if math.isfinite(start[i])]
+            if not on:
+                continue
+            if f.kind == "H3":
+                if f not in self.pending_h3:
+                    continue
+                on = [i for i in on if start[i] + dur[i] > f.onset_s]
+                if not on:
+                    continue
+                self.pending_h3.remove(f)
+                for i in on:
+                    self.stopped.append(("pp", int(src[i]), int(dst[i])))
+                    frac = (f.onset_s - start[i]) / dur[i] if start[i] < f.onset_s else self.rng.uniform(0.2, 0.8)
+                    hang = np.zeros(m, dtype=bool) if hang is None else hang
+                    hang[i] = True
+                    fr = special.setdefault("freeze", np.ones(2 * m))
+                    fr[i] = fr[m + i] = frac
+            else:
+                on = [i for i in on if bool(f.active(np.asarray(start[i])))]
+                for i in on:
+                    dur[i] /= f.factor if f.kind == "S2" else f.link_factor
+            factor = 0.0 if f.kind == "H3" else f.factor if f.kind == "S2" else f.link_factor
+            for i in on:
+                special.setdefault("peak_lead", np.zeros(2 * m, np.int64))[i] = source_peak(_slots(nominal_s), factor)
+        return special, hang
 
     def _chain(
         self, grid: I64, comm_of: I64, crank_of: I64, begin: F64, ops: list[OpType], nominal_s: float, count: int,
@@ -477,14 +534,17 @@ class MegatronSim(FaultBook):
             enter_src, enter_dst = self._stop(src, enter_src), self._stop(dst, enter_dst)
         start = np.maximum(enter_src, enter_dst)
         dur = nominal_s * (1.0 + self.sc.jitter / 2 * np.abs(self._t4(m)))
+        special, hang = self._p2p_links(src, dst, start, dur, nominal_s) if self.pp_links else ({}, None)
         xs = start + dur * (1.0 + 0.01 * self._u(m))
         xd = start + dur * (1.0 + 0.01 * self._u(m))
+        if hang is not None:
+            xs, xd = np.where(hang, INF, xs), np.where(hang, INF, xd)
         slots = _slots(nominal_s)
         send_t = self._tmpl((int(OpType.SEND), BF16, self.w.act_elems, 1, slots, slots, 0))
         recv_t = self._tmpl((int(OpType.RECV), BF16, self.w.act_elems, 0, slots, 0, slots))
         tmpl = np.concatenate([np.full(m, send_t), np.full(m, recv_t)]).astype(np.int64)
         self._record(lay, np.concatenate([enter_src, enter_dst]), np.concatenate([xs, xd]),
-                     np.concatenate([start, start]), np.concatenate([dur, dur]), tmpl, {})
+                     np.concatenate([start, start]), np.concatenate([dur, dur]), tmpl, special)
         fin = np.isfinite(xd)
         self.last_exit[dst[fin]] = xd[fin]
         return xs, xd

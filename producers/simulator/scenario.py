@@ -14,8 +14,15 @@ faults [], expect []. Fault kinds and the defaults of their fields are in ``FAUL
 ``onset_s`` defaults to 60 s. Slowdowns (S1, S2, S3) may be intermittent: ``on_s`` seconds on,
 ``off_s`` off, repeating from the onset (default: on until the end). ``channels`` is 1 to 64
 hardware channels per communicator; the records carry at most 8, more fold onto ``c % 8``.
-``peer`` (H3, S2, S3) must be the next rank of the same tensor-parallel group (wrapping) and
-defaults to it. ``expect`` is ground truth for scoring only:
+A link fault (H3, S2, S3) sits on one directed link ``rank -> peer`` of one communicator family,
+``comm``: ``tp`` (the default: ``peer`` the next rank of the tensor-parallel ring, NVLink inside a
+node), ``dp`` (the next rank of the data-parallel ring, ``rank + tp*pp`` wrapping: a network link
+when it crosses nodes) or ``pp`` (the pipeline send/recv pair to the adjacent stage, ``rank + tp``
+forward or ``rank - tp`` backward; default forward, backward on the last stage). Or, H3 and S2
+only, on a whole host's network interface: ``{"kind": "S2", "nic": 3}`` (or ``"node-0003"``) and
+no rank or peer slows (stops) every network link leaving node 3 (its ring successors and pipeline
+partners on other nodes: ``Fault.links``). Links other than ``tp`` need the Megatron-style
+workload. ``expect`` is ground truth for scoring only:
 the simulator never hands it (or the faults) to the analyzer.
 """
 
@@ -42,6 +49,7 @@ SLOW_KINDS = kinds_of(Family.SLOW)
 BENIGN_KINDS = ("transient", "checkpoint", "restart", "recreate")
 RECREATE_FAMILIES = ("tp", "dp", "pp")
 MISMATCH_FIELDS = ("op", "dtype", "count", "order")
+LINK_COMMS = ("tp", "dp", "pp")  # communicator families a link fault may sit on
 #: NCCL runs up to 32 channels per communicator on current GPUs (more on newer versions); the
 #: probe folds channel c onto frame slot c % 8, and so does the simulator.
 MAX_HW_CHANNELS = 64
@@ -97,6 +105,10 @@ class Fault:
     family: str = ""
     on_s: float | None = None  # intermittent slowdown: on for on_s ...
     off_s: float = 0.0  # ... then off for off_s, repeating (None: on from onset to the end)
+    comm: str = ""  # a link fault: the family of its communicator (tp, dp, pp)
+    nic: int = -1  # a NIC fault: the node whose network links it slows or stops
+    #: a link fault's links (family, src, dst): one, or every network link leaving the NIC's node
+    links: tuple[tuple[str, int, int], ...] = ()
 
     @property
     def is_benign(self) -> bool:
@@ -158,6 +170,32 @@ class Scenario:
         """The next rank of ``rank``'s tensor-parallel ring (wrapping)."""
         tp = self.layout.tp
         return (rank // tp) * tp + (rank % tp + 1) % tp
+
+    def node_of(self, rank: int) -> int:
+        return rank // self.gpus_per_node
+
+    @property
+    def nodes(self) -> int:
+        return (self.ranks - 1) // self.gpus_per_node + 1
+
+    def link_peers(self, comm: str, rank: int) -> tuple[int, ...]:
+        """The ranks ``rank`` sends to in its ``comm`` family (ring successor, pipeline partners)."""
+        lay = self.layout
+        if comm == "tp":
+            return (self.tp_next(rank),) if lay.tp > 1 else ()
+        if comm == "dp":
+            stride = lay.tp * lay.pp
+            return ((rank + stride) % self.ranks,) if lay.dp > 1 else ()
+        stage = (rank // lay.tp) % lay.pp  # pp: forward to the next stage, backward to the previous
+        return tuple(p for p, ok in ((rank + lay.tp, stage < lay.pp - 1), (rank - lay.tp, stage > 0)) if ok)
+
+    def nic_links(self, node: int) -> tuple[tuple[str, int, int], ...]:
+        """Every network link leaving ``node``: (family, src, dst) with src on it and dst on another node."""
+        out = []
+        for r in range(node * self.gpus_per_node, min((node + 1) * self.gpus_per_node, self.ranks)):
+            for comm in LINK_COMMS:
+                out += [(comm, r, d) for d in self.link_peers(comm, r) if self.node_of(d) != node]
+        return tuple(out)
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Scenario:
@@ -269,18 +307,10 @@ def _fault(raw: Any, sc: Scenario, i: int) -> Fault:
     f["onset_s"] = _float(vals, "onset_s", 60.0, sc.id, lo=0.0)
     if f["onset_s"] >= sc.duration_s:
         raise ScenarioError(f"{where}: onset_s {f['onset_s']} is not before duration_s {sc.duration_s}")
-    if "rank" in spec:
-        f["rank"] = _int(vals, "rank", None, sc.id, lo=0, hi=sc.ranks - 1)
     if "peer" in spec:
-        want = sc.tp_next(f["rank"])
-        peer = want if vals["peer"] is None else _int(vals, "peer", None, sc.id, lo=0)
-        if sc.layout.tp < 2 or peer != want:
-            raise ScenarioError(
-                f"{where}: link {f['rank']}->{peer} does not exist; a link fault needs peer = the next rank of "
-                f"the same tensor-parallel group (tp={sc.layout.tp}{', no links' if sc.layout.tp < 2 else ''}"
-                f"{'' if sc.layout.tp < 2 else f', so peer {want}'})"
-            )
-        f["peer"] = peer
+        f.update(_link_target(raw, vals, sc, where, kind))
+    elif "rank" in spec:
+        f["rank"] = _int(vals, "rank", None, sc.id, lo=0, hi=sc.ranks - 1)
     if kind == "H2":
         if vals["mismatch"] not in MISMATCH_FIELDS:
             raise ScenarioError(f"{where}: mismatch must be one of {MISMATCH_FIELDS}, got {vals['mismatch']!r}")
@@ -315,6 +345,53 @@ def _fault(raw: Any, sc: Scenario, i: int) -> Fault:
         if vals["every_s"] is not None:
             f["every_s"] = _float(vals, "every_s", None, sc.id, lo=sc.step_time_s)
     return Fault(**f)
+
+
+def _link_target(raw: Mapping[str, Any], vals: Mapping[str, Any], sc: Scenario, where: str, kind: str
+                 ) -> dict[str, Any]:
+    """rank, peer, comm, nic and links of a link fault (one link of a family, or a host's NIC)."""
+    if vals.get("nic") is not None:
+        extra = sorted({"rank", "peer", "comm"} & set(raw))
+        if extra:
+            raise ScenarioError(f"{where}: a NIC fault names its node only ('nic'), not {extra}")
+        node = _node(vals["nic"], sc, where)
+        if sc.workload is None:
+            raise ScenarioError(f"{where}: a NIC fault needs the Megatron-style workload (a 'workload' object)")
+        links = sc.nic_links(node)
+        if not links:
+            raise ScenarioError(f"{where}: node {node} has no network link (every peer of its ranks is on it)")
+        return {"rank": min(src for _, src, _ in links), "peer": -1, "comm": "", "nic": node, "links": links}
+    rank = _int(vals, "rank", None, sc.id, lo=0, hi=sc.ranks - 1)
+    comm = vals["comm"]
+    if comm not in LINK_COMMS:
+        raise ScenarioError(f"{where}: comm must be one of {LINK_COMMS}, got {comm!r}")
+    if comm != "tp" and sc.workload is None:
+        raise ScenarioError(f"{where}: a link of comm {comm!r} needs the Megatron-style workload (a 'workload' object)")
+    peers = sc.link_peers(comm, rank)
+    peer = (peers[0] if peers else -1) if vals["peer"] is None else _int(vals, "peer", None, sc.id, lo=0)
+    if peer not in peers:
+        size = {"tp": sc.layout.tp, "dp": sc.layout.dp, "pp": sc.layout.pp}[comm]
+        if comm == "tp":
+            rule = "the next rank of the same tensor-parallel group"
+        elif comm == "dp":
+            rule = "the next rank of the same data-parallel ring (rank + tp*pp, wrapping)"
+        else:
+            rule = "the rank of the adjacent pipeline stage (rank + tp forward, rank - tp backward)"
+        raise ScenarioError(
+            f"{where}: link {rank}->{peer} does not exist; a {comm} link fault needs peer = {rule} "
+            f"({comm}={size}{', no links' if not peers else ', so peer ' + ' or '.join(map(str, peers))})"
+        )
+    return {"rank": rank, "peer": peer, "comm": comm, "links": ((comm, rank, peer),)}
+
+
+def _node(v: Any, sc: Scenario, where: str) -> int:
+    """A node index from ``3`` or ``"node-0003"``."""
+    node = v
+    if isinstance(v, str) and v.startswith("node-") and v[5:].isdigit():
+        node = int(v[5:])
+    if isinstance(node, bool) or not isinstance(node, int) or not 0 <= node < sc.nodes:
+        raise ScenarioError(f"{where}: nic must be a node index 0..{sc.nodes - 1} or 'node-NNNN', got {v!r}")
+    return node
 
 
 def _expectation(raw: Any, sc: Scenario, i: int) -> Expectation:

@@ -45,6 +45,19 @@ def simulate(scenario: Scenario, *, job: str | None = None) -> Iterator[tuple[fl
     )
 
 
+def stopped_links(scenario: Scenario) -> list[tuple[str, int, int]]:
+    """The links (family, src, dst) the scenario's H3 faults stop, in order (Megatron-style workload).
+
+    A dead NIC stops the first op after its onset of each communicator through it; the job then waits
+    on those, so which links stop depends on the schedule. For scenario authors, not for the analyzer.
+    """
+    topo = Topology.build(scenario)
+    sim = MegatronSim(scenario, topo, job=scenario.id, producer="", skew_s=np.zeros(len(topo.hosts)))
+    for _ in sim.run(horizon_s=max((f.onset_s for f in scenario.faults), default=0.0) + 2.0):
+        pass
+    return sim.stopped
+
+
 def manifested(scenario: Scenario) -> list[bool]:
     """Per fault, whether it takes effect in this run (one hang can keep another from happening).
 

@@ -19,6 +19,10 @@ from ccld.records import FINDING_FIELDS, AnomalyKind, Finding, Link, Verdict, Ve
 
 #: ``details["link"]`` of a slow verdict whose link no counter poll has caught yet.
 LINK_NOT_OBSERVED = "not observed"
+#: ``details["nic"]``: the host whose network interface a slow link leaves (set by the job stage on
+#: a link between two hosts); ``details["nic_links"]``: a NIC incident's slow links, ``src>dst,...``
+NIC = "nic"
+NIC_LINKS = "nic_links"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -104,7 +108,9 @@ class IncidentBook:
     def report(self, c: Candidate, now: float) -> list[Verdict]:
         """Feed one detection; returns the OPEN or UPDATE verdict it causes, if any."""
         self._adopt_blind(c)
-        inc = self.open.get(c.match_key)
+        inc = self.open.get(c.match_key) or self._same_nic(c)
+        if inc is not None and inc.quiet_since is None and _nic_of(c) and _nic_of(c) == _nic_of(inc.last):
+            return self._nic_update(inc, c, now)
         if inc is not None and inc.quiet_since is not None:
             # the same root cause again within reopen_s: one more episode of this incident, not a new one
             inc.quiet_since = None
@@ -126,6 +132,9 @@ class IncidentBook:
             # elsewhere in the communicator, the late rank computes slowly and that is all (S1)
             better = better or (c.kind == AnomalyKind.S1 and inc.last.kind == AnomalyKind.S3
                                 and inc.last.details.get("link") == LINK_NOT_OBSERVED)
+            mixed = mixed_slow(inc.last, c)
+            if mixed is not None:  # its compute (one communicator) and its own link (another): S3
+                c, better = mixed, True
             if better or (grew and c.kind.info.precedence == inc.last.kind.info.precedence
                           and now - inc.last_report >= self.update_min_interval_s):
                 upd = replace(
@@ -157,6 +166,52 @@ class IncidentBook:
         if inc is not None and inc.first.communicator == c.communicator:
             self.open[c.match_key] = self.open.pop(blind)
 
+    def _same_nic(self, c: Candidate) -> Incident | None:
+        """The open incident of the same job and family whose link leaves the same host as ``c``'s (a NIC):
+        ``c``'s key becomes another key of that incident, so a slow (or dead) NIC is one incident, not
+        one per link."""
+        nic = _nic_of(c)
+        if not nic:
+            return None
+        for inc in self.open.values():
+            if (inc.quiet_since is None and inc.first.family == c.family and _nic_of(inc.last) == nic
+                    and (inc.first.job, inc.first.incarnation) == (c.job, c.incarnation)):
+                self.open[c.match_key] = inc
+                return inc
+        return None
+
+    def _nic_update(self, inc: Incident, c: Candidate, now: float) -> list[Verdict]:
+        """A slow link through the NIC of an open incident's link: the incident names the host's NIC and
+        lists its links (an UPDATE each time one more is found), or takes a more specific class."""
+        links = nic_links(inc.last)
+        found = [lk for lk in nic_links(c) if lk not in links]
+        if not found:
+            if c.kind.info.precedence <= inc.last.kind.info.precedence:
+                return []
+            upd = replace(inc.last, kind=c.kind, p=c.p)
+        else:
+            links += found
+            nic = _nic_of(c)
+            roots = tuple(sorted({lk.src for lk in links}))
+            kind = max(inc.last.kind, c.kind, key=lambda k: k.info.precedence)
+            what = "data stopped on" if c.family == "hang" else "slow:"
+            ev = (f"the network interface of {nic}: {what} {len(links)} links that leave it ({show_links(links)}), "
+                  f"in communicators that share nothing but this host; first: {inc.first.evidence}")
+            affected = tuple(sorted(set(inc.last.affected_ranks) | set(c.affected_ranks) - set(roots)))
+            upd = replace(inc.last, kind=kind, root_cause_ranks=roots, root_cause_hosts=(nic,),
+                          affected_ranks=affected, evidence=ev, confidence=max(inc.last.confidence, c.confidence),
+                          details={**inc.last.details, NIC: nic,
+                                   NIC_LINKS: ",".join(f"{lk.src}>{lk.dst}" for lk in links)})
+        upd = replace(upd, communicator=inc.first.communicator, op_seq=inc.first.op_seq,
+                      onset_time=inc.first.onset_time, resolve_key=inc.first.resolve_key)
+        inc.last, inc.last_report, inc.affected_n = upd, now, len(upd.affected_ranks)
+        return [upd.verdict(inc.incident_id, VerdictState.UPDATE, now)]
+
+    def _drop(self, inc: Incident) -> None:
+        """Remove an incident from the open ones under every key it has (a NIC's links each add one)."""
+        for k in [k for k, v in self.open.items() if v is inc]:
+            del self.open[k]
+
     def resolve(self, match_key: str, now: float, evidence: str, *, hold: bool = True) -> list[Verdict]:
         """The fault of an incident ended: RESOLVED at once, or (``hold`` with ``reopen_s``) once it has
         stayed away ``reopen_s`` (``expire``); ``hold=False`` for an end that is final (a restart)."""
@@ -167,7 +222,7 @@ class IncidentBook:
             if inc.quiet_since is None:
                 inc.quiet_since, inc.quiet_evidence = now, evidence
             return []
-        del self.open[match_key]
+        self._drop(inc)
         self._remember(inc.incident_id, "resolved")
         c = replace(inc.last, evidence=evidence, confidence=1.0,
                     details={**inc.last.details, **inc.episode_details()})
@@ -189,7 +244,7 @@ class IncidentBook:
             return []
         if inc.quiet_since is not None:  # its fault had ended already: that is how it ends
             return self.resolve(match_key, now, inc.quiet_evidence, hold=False)
-        del self.open[match_key]
+        self._drop(inc)
         self._remember(inc.incident_id, "resolved")  # ended either way: a replay never opens it again
         c = replace(inc.last, details={**inc.last.details, "closed": reason})
         return [c.verdict(inc.incident_id, VerdictState.CLOSED, now)]
@@ -205,13 +260,15 @@ class IncidentBook:
 
     # -- persistence -----------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
+        incs = list({id(inc): inc for inc in self.open.values()}.values())  # a NIC's incident has many keys
         return {
             "emitted": [[k, v] for k, v in self.emitted.items()],
             "open": [
                 {"id": inc.incident_id, "first": _cand_dict(inc.first), "last": _cand_dict(inc.last),
                  "last_report": inc.last_report, "quiet_since": inc.quiet_since, "quiet_evidence": inc.quiet_evidence,
-                 "episodes": inc.episodes, "ends_on": None if inc.ends_on is None else list(inc.ends_on)}
-                for inc in self.open.values()
+                 "episodes": inc.episodes, "ends_on": None if inc.ends_on is None else list(inc.ends_on),
+                 **({"keys": keys} if len(keys := [k for k, v in self.open.items() if v is inc]) > 1 else {})}
+                for inc in incs
             ],
         }
 
@@ -221,10 +278,44 @@ class IncidentBook:
             first, last = _cand_from(o["first"]), _cand_from(o["last"])
             n = int(o["last"].get("affected", 0))
             quiet = o.get("quiet_since")
-            self.open[first.match_key] = Incident(
+            inc = self.open[first.match_key] = Incident(
                 str(o["id"]), first, last, float(o["last_report"]), n, None if quiet is None else float(quiet),
                 str(o.get("quiet_evidence", "")), [float(t) for t in o.get("episodes", [])],
                 None if not o.get("ends_on") else (str(o["ends_on"][0]), str(o["ends_on"][1]), int(o["ends_on"][2])))
+            for k in o.get("keys", []):
+                self.open[str(k)] = inc
+
+
+def _nic_of(c: Candidate) -> str:
+    return c.details.get(NIC, "") if c.link is not None else ""
+
+
+def show_links(links: list[Link], limit: int = 8) -> str:
+    head = ", ".join(f"{lk.src}->{lk.dst}" for lk in links[:limit])
+    return head + (f" and {len(links) - limit} more" if len(links) > limit else "")
+
+
+def nic_links(c: Finding) -> list[Link]:
+    """The slow links a (NIC) finding names: ``details["nic_links"]``, else its one link."""
+    raw = c.details.get(NIC_LINKS, "")
+    if raw:
+        return [Link(int(a), int(b)) for a, b in (x.split(">") for x in raw.split(","))]
+    return [] if c.link is None else [c.link]
+
+
+def mixed_slow(a: Candidate, b: Candidate) -> Candidate | None:
+    """S1 on a rank (its compute, seen in one communicator) and S2 on that rank's own outgoing link
+    (seen in another: a network link of the data-parallel ring or the pipeline): one rank that computes
+    slowly and whose link is slow, S3 naming both; None for any other pair."""
+    kinds = {a.kind, b.kind}
+    if kinds != {AnomalyKind.S1, AnomalyKind.S2}:
+        return None
+    s1, s2 = (a, b) if a.kind == AnomalyKind.S1 else (b, a)
+    if s2.link is None or not s1.root_cause_ranks or s2.link.src != s1.root_cause_ranks[0] or s2.details.get(NIC_LINKS):
+        return None
+    return replace(s2, kind=AnomalyKind.S3,
+                   evidence=f"{s1.evidence}; and its own link is slow: {s2.evidence}",
+                   details={**s1.details, **s2.details, "compute_in": s1.communicator})
 
 
 def _cand_dict(c: Candidate) -> dict[str, Any]:
@@ -237,6 +328,8 @@ def _cand_dict(c: Candidate) -> dict[str, Any]:
         "mismatch_field": c.mismatch_field, "resolve_key": list(c.resolve_key),
         # what the match key reads (a host's incident), not the free-text details
         **({"host": c.details["host"]} if "host" in c.details else {}),
+        # and the NIC its link leaves, with the links found through it (later links fold into it)
+        **({"nic": {k: c.details[k] for k in (NIC, NIC_LINKS) if k in c.details}} if NIC in c.details else {}),
     }
 
 
@@ -254,5 +347,6 @@ def _cand_from(d: Mapping[str, Any]) -> Candidate:
         channel=None if d.get("channel") is None else int(d["channel"]),
         p=None if d.get("p") is None else float(d["p"]), mismatch_field=d.get("mismatch_field"),
         resolve_key=(str(rk[0]), int(rk[1])),
-        details={"host": str(d["host"])} if d.get("host") else {},
+        details={**({"host": str(d["host"])} if d.get("host") else {}),
+                 **{str(k): str(v) for k, v in (d.get("nic") or {}).items()}},
     )

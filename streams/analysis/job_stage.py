@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 
 from ccld.records import AnomalyKind, Link, Verdict
 from ccld.streams.analysis.hangs import CommDiag
-from ccld.streams.analysis.incidents import Candidate, IncidentBook
+from ccld.streams.analysis.incidents import NIC, NIC_LINKS, Candidate, IncidentBook, mixed_slow, show_links
 from ccld.streams.analysis.settings import AnalyzerSettings
 from ccld.streams.analysis.shard import ShardReport, Stall
 from ccld.streams.analysis.waitfor import HangRoot, resolve
@@ -85,7 +85,7 @@ class JobStage:
                 held = v.lost.get(r, (0, at))
                 v.lost[r] = (max(held[0], n), max(held[1], at))
         verdicts: list[Verdict] = []
-        for c in best_slow(c for _, rep in reports for c in rep.slow):
+        for c in best_slow(merge_nic([c for _, rep in reports for c in rep.slow])):
             verdicts.extend(self.book.report(c, now))
         alive = [sh for sh in v.seen if live is None or sh in live]
         if len(v.seen) >= need and alive:
@@ -136,8 +136,18 @@ class JobStage:
                 continue
             c = hang_candidate(root, cur, self._hosts(v, root.roots), job, inc, lost=v.lost)
             if c is not None:
-                out.append(c)
-        return merge_by_host(out)
+                out.append(self._network(v, c))
+        return merge_by_host(merge_nic(out))
+
+    def _network(self, v: _JobView, c: Candidate) -> Candidate:
+        """A hang whose link joins two hosts names the host it leaves (``details["nic"]``, as a slow
+        finding's does, ``jobview.slow_candidate``): the links of one host's NIC are one incident."""
+        if c.link is None:
+            return c
+        src, dst = self._hosts(v, (c.link.src,)), self._hosts(v, (c.link.dst,))
+        if not src or not dst or src == dst:
+            return c
+        return replace(c, details={**c.details, NIC: src[0]})
 
     def _track_victims(self, v: _JobView, mark: float) -> None:
         """Remember when each rank stopped waiting on a hang root (``_JobView.freed``)."""
@@ -191,6 +201,45 @@ def merge_by_host(cands: list[Candidate]) -> list[Candidate]:
     return out
 
 
+def merge_nic(cands: list[Candidate]) -> list[Candidate]:
+    """Link faults found together on links that leave one host are one incident: the host's NIC.
+
+    A network interface that slows or stops data does so on every communicator that crosses it (the
+    data-parallel rings of its ranks, the pipeline pairs to other hosts); one verdict per link would
+    page once per communicator for one fault. Per family, the link findings (H3; S2 and S3) that
+    leave one host (``details["nic"]``) become one candidate naming each link's source rank, the
+    host, and the links (``details["nic_links"]``); the most specific class of them is its class. A
+    hang NIC is matched as the host's incident (``details["host"]``); a slow one keeps the key of its
+    first link, and the incident book folds links found later into it. One link alone (however many
+    findings name it) stays a link's.
+    """
+    groups: dict[tuple[str, str], list[Candidate]] = {}
+    for c in cands:
+        nic = c.details.get(NIC)
+        if c.kind in (AnomalyKind.H3, AnomalyKind.S2, AnomalyKind.S3) and c.link is not None and nic:
+            groups.setdefault((c.family, nic), []).append(c)
+    # one link seen twice (two signatures of one ring: its reduce-scatter and its all-gather) is a link, not a NIC
+    groups = {k: g for k, g in groups.items() if len({c.link for c in g}) > 1}
+    merged = {id(c) for g in groups.values() for c in g}
+    out = [c for c in cands if id(c) not in merged]
+    for (family, host), g in sorted(groups.items()):
+        g.sort(key=lambda c: (c.onset_time, c.communicator, c.op_seq))
+        first = g[0]
+        links = list(dict.fromkeys(c.link for c in g if c.link is not None))
+        roots = tuple(sorted({lk.src for lk in links}))
+        affected = tuple(sorted({r for c in g for r in c.affected_ranks} - set(roots)))
+        what = "data stopped on" if family == "hang" else "slow:"
+        ev = (f"the network interface of {host}: {what} {len(links)} links that leave it ({show_links(links)}), in "
+              f"{len({c.communicator for c in g})} communicators that share nothing but this host; "
+              f"first: {first.evidence}")
+        kind = max((c.kind for c in g), key=lambda k: k.info.precedence)
+        out.append(replace(first, kind=kind, root_cause_ranks=roots, root_cause_hosts=(host,),
+                           affected_ranks=affected, evidence=ev, confidence=max(c.confidence for c in g),
+                           details={**first.details, **({"host": host} if family == "hang" else {}),
+                                    NIC_LINKS: ",".join(f"{lk.src}>{lk.dst}" for lk in links)}))
+    return out
+
+
 def best_slow(cands: Iterable[Candidate]) -> list[Candidate]:
     """Per incident (match key), the most specific slow class found (S3 over S2 over S1).
 
@@ -200,7 +249,10 @@ def best_slow(cands: Iterable[Candidate]) -> list[Candidate]:
     best: dict[str, Candidate] = {}
     for c in sorted(cands, key=lambda c: (c.communicator, c.op_seq)):
         held = best.get(c.match_key)
-        if held is None or c.kind.info.precedence > held.kind.info.precedence:
+        mixed = None if held is None else mixed_slow(held, c)
+        if mixed is not None:  # its compute in one communicator, its own link in another: S3
+            best[c.match_key] = mixed
+        elif held is None or c.kind.info.precedence > held.kind.info.precedence:
             best[c.match_key] = c
     return list(best.values())
 

@@ -16,7 +16,7 @@ import numpy as np
 from ccld.records import AnomalyKind, Link, OpType
 from ccld.streams.analysis.cadence import Cadence
 from ccld.streams.analysis.hangs import CommDiag
-from ccld.streams.analysis.incidents import LINK_NOT_OBSERVED, Candidate
+from ccld.streams.analysis.incidents import LINK_NOT_OBSERVED, NIC, Candidate
 from ccld.streams.analysis.ops import OpTable
 from ccld.streams.analysis.settings import AnalyzerSettings
 from ccld.streams.analysis.slow import SlowDetector, SlowFinding
@@ -164,6 +164,15 @@ def _no_link(f: SlowFinding) -> str:
     return "this source reports no per-channel send/recv counters, so the slow link cannot be named"
 
 
+def _nic(ja: JobAnalysis, f: SlowFinding) -> dict[str, str]:
+    """``{"nic": host}`` when the finding's link joins two hosts (a network link leaving ``host``)."""
+    if f.link is None:
+        return {}
+    hm = ja.host_map(list(f.link))
+    src, dst = hm.get(f.link[0]), hm.get(f.link[1])
+    return {NIC: src} if src and dst and src != dst else {}
+
+
 def slow_candidate(ja: JobAnalysis, f: SlowFinding) -> Candidate:
     js = ja.js
     op = OpType(f.op_type).name.lower() if f.op_type in OpType._value2member_map_ else f"op{f.op_type}"
@@ -228,6 +237,6 @@ def slow_candidate(ja: JobAnalysis, f: SlowFinding) -> Candidate:
         p=f.p,
         details={"slow_ops": str(f.n_slow), "culprit_share": f"{f.share:.2f}",
                  **({"judged_against": "peers"} if f.peer_only else {}),
-                 **({"link": LINK_NOT_OBSERVED} if f.link_unobserved else {})},
+                 **({"link": LINK_NOT_OBSERVED} if f.link_unobserved else {}), **_nic(ja, f)},
         resolve_key=("slow", int(ja.slow.b_sig[f.bidx])),
     )

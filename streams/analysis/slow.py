@@ -422,7 +422,12 @@ class SlowDetector:
         link_src: int | None = None  # comm rank whose send backlog builds (-1: not observable)
         link_share = 1.0
         unobserved = False  # a counter source that never caught the backlog (else: no counters at all)
-        if comm:
+        sender = self._p2p_sender(js, cid) if comm else None
+        if sender is not None:
+            # a send/recv pair has one link, and data flows from the sender: the receiver's counters run
+            # ahead of its (zero) SendCount whatever the link does, so the backlog cannot name the source
+            link_src = sender
+        elif comm:
             votes = [int(self.w_lagr[bi, j]) for j in idx if self.w_lagr[bi, j] >= 0]
             if votes:
                 cr = max(set(votes), key=lambda v: (votes.count(v), -v))
@@ -454,6 +459,17 @@ class SlowDetector:
         if link_src is not None:
             out.append(mk(AnomalyKind.S2, link_src, link_share, link=True))
         return out
+
+    @staticmethod
+    def _p2p_sender(js: JobState, cid: int) -> int | None:
+        """The comm rank that sends, when ``cid`` is a two-rank send/recv pair (one sender); else None."""
+        sl = js.members_of(cid)
+        if sl.stop - sl.start != 2:
+            return None
+        ops = js.m_op[sl].tolist()
+        if sorted(ops) != sorted(P2P_OPS):
+            return None
+        return ops.index(int(OpType.SEND))
 
     @staticmethod
     def _backlog_rank(js: JobState, cid: int) -> tuple[int, float] | None:

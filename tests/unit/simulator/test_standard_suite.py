@@ -82,3 +82,19 @@ def test_simulate_cli_rejects_a_bad_link(capsys: pytest.CaptureFixture[str]) -> 
     rc = main(["simulate", '{"id": "c", "ranks": 8, "faults": [{"kind": "H3", "rank": 0, "peer": 5}]}', "--dry-run"])
     assert rc == 2
     assert "link 0->5 does not exist" in capsys.readouterr().err
+
+
+def test_standard_suite_has_the_network_link_family() -> None:
+    scs = load_scenarios(SUITE)
+    net = [s for s in scs if s.id.startswith("net-")]
+    assert [s.to_dict() for s in net] == [s.to_dict() for s in load_scenarios(SUITES / "network.jsonl")]
+    faults = [f for s in net for f in s.faults]
+    targets = Counter((f.kind, "nic" if f.nic >= 0 else f.comm) for f in faults)
+    for target in (("S2", "dp"), ("S2", "pp"), ("S2", "nic"), ("S3", "dp"), ("S3", "pp"), ("H3", "dp"), ("H3", "pp"),
+                   ("H3", "nic")):
+        assert targets[target] >= 6, target
+    for s in net:  # every link of the family crosses nodes
+        for f in s.faults:
+            assert all(s.node_of(a) != s.node_of(b) for _, a, b in f.links), s.id
+    assert max(s.ranks for s in net) == 4096 and min(s.ranks for s in net) == 8
+    assert sum(1 for s in net if not s.faults) >= 3
