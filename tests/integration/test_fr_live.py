@@ -262,3 +262,18 @@ def test_s1_a_slow_rank_under_ddp(fast: Settings, live_job: Callable[..., LocalJ
     # the late arrival shows in DDP's all-reduce, the first collective after the slow compute
     ops = {(r.op_type, r.count) for r in records(fast) if r.op_seq == v.op_seq and comm_of(r) == v.communicator}
     assert ops == {(OpType.ALL_REDUCE, BUCKET)}, (ops, v.describe())
+
+
+def test_s1_a_rank_slow_from_the_first_step_under_ddp_and_the_default_source(
+    fast: Settings, live_job: Callable[..., LocalJob]
+) -> None:
+    # issue 16: slow from its first step, the culprit's lateness was learned as the job's normal and
+    # never reported; against its peers (who compute a sixth as long before DDP's all-reduce) it is
+    # slow from the start. The default source sees DDP's all-reduce (the poller switches on).
+    t0 = time.time()
+    job = live_job(["--culprit", str(CULPRIT), "--slow-from", "0", "--slow-factor", "6", "--compute-ms", "30",
+                    "--duration-s", "45"], detail="all", source=None)  # fmt: skip
+    v = first_verdict(fast, AnomalyKind.S1, 60, job)
+    assert v.root_cause_ranks == (CULPRIT,), v.describe()
+    assert v.details.get("judged_against") == "peers", v.describe()
+    assert v.detected_time - t0 <= 45.0, v.describe()  # torch's import and DDP's set-up included
