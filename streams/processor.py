@@ -21,6 +21,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from ccld.errors import SchemaError
 from ccld.records import COMM_COLUMN, DeadLetter, KernelBatch, Verdict, comm_group, job_partition
 from ccld.schemas.codec import DEAD_LETTER_RAW_MAX, decode_metrics, encode_dead_letter, make_dead_letter
@@ -34,6 +36,8 @@ log = logging.getLogger(__name__)
 
 #: Search the analyzer's step patterns for a snapshot at most this often (s of wall time).
 CADENCE_SEARCH_EVERY_S = 1.0
+#: A rank clock this far (s) from its message's timestamp is broken, not skewed (counted, said once).
+FAR_CLOCK_S = 86_400.0
 
 
 @dataclass
@@ -86,6 +90,7 @@ class PartitionProcessor(Outbox):
         self._cadence_searched = -math.inf  # monotonic time of the last snapshot that searched step patterns
         self._init_outbox(state)
         self._misrouted: set[str] = set()  # jobs already reported as misrouted (one error line each)
+        self._far_said: set[str] = set()  # producers whose far-off rank clock was already logged
         self.lag_s = 0.0  # how far behind the latest message was read (JobClock.lag_s), at wall time lag_recv
         self.lag_recv = -math.inf
         # Shard mode (jobs spread over several partitions): reports for the job stage, no verdicts here.
@@ -155,6 +160,9 @@ class PartitionProcessor(Outbox):
                                                      topic=topic, offset=offset))
             return out
         self._check_route(batch, topic, offset)
+        self._check_clocks(batch, timestamp_s)
+        if batch.lost_records:
+            self.counters["upstream_lost_records"] = self.counters.get("upstream_lost_records", 0) + batch.lost_records
         job = self.jobs.pop(batch.job, None) or self._new_job()
         self.jobs[batch.job] = job  # re-inserted last: the least recently fed job comes first
         producer = batch.producer or f"job:{batch.job}/{batch.incarnation}"
@@ -198,6 +206,30 @@ class PartitionProcessor(Outbox):
                           "CCLD_ANALYSIS_GROUPS (or partition count) differs from the workers' (%d groups, %d "
                           "partitions); verdicts of this job may name victims as roots", self.partition, topic,
                           offset, bad, batch.job, g, p)
+
+    def _check_clocks(self, batch: KernelBatch, timestamp_s: float | None) -> None:
+        """Count rows whose rank clock is more than ``FAR_CLOCK_S`` from the message's timestamp.
+
+        The analyzer uses only durations on each rank's own clock, so such rows are analysed, not
+        dropped; but a rank clock years off is a broken host clock an operator should hear of: counted
+        (``far_clock_records``) and said once per producer.
+        """
+        if timestamp_s is None or batch.n == 0:
+            return
+        cols = batch.columns
+        t = np.maximum(np.maximum(cols["t_sample_ns"], cols["t_enter_ns"]), cols["t_exit_ns"])
+        far = (t >= 0) & (np.abs(t * 1e-9 - timestamp_s) > FAR_CLOCK_S)
+        n = int(far.sum())
+        if not n:
+            return
+        self.counters["far_clock_records"] = self.counters.get("far_clock_records", 0) + n
+        who = batch.producer or batch.job
+        if who not in self._far_said and len(self._far_said) < 1024:
+            self._far_said.add(who)
+            rank = int(batch.columns["rank"][far][0])
+            log.warning("partition %d: %s's rank %d clock is %.0f days from its message's timestamp (%d records "
+                        "so far); analysed on its own clock, but check that host's time", self.partition, who, rank,
+                        abs(float(t[far][0]) * 1e-9 - timestamp_s) / 86400, n)
 
     def dead_letter(self, raw: bytes | None, reason: str, detail: str, *, topic: str,
                     offset: int) -> tuple[DeadLetter, bytes]:

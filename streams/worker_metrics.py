@@ -37,6 +37,11 @@ COUNTERS = (
     ("ccld_worker_analyzer_errors_total", "analyzer_errors", "Evaluations of a job that raised (logged)."),
     ("ccld_worker_misrouted_rows_total", "misrouted_rows",
      "Rows on a partition their job and communicator group do not map to (analysis_groups differs)."),
+    ("ccld_worker_upstream_lost_records_total", "upstream_lost_records",
+     "ENTERED/DONE records producers and aggregators said they lost on the way (KernelBatch lost_records)."),
+    ("ccld_worker_far_clock_records_total", "far_clock_records",
+     "Records whose rank clock is more than a day from their message's timestamp (analysed: only durations "
+     "on a rank's own clock are used, but the clock is wrong)."),
 )
 #: the same for gauges
 GAUGES = (

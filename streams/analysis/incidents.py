@@ -43,6 +43,10 @@ class Candidate(Finding):
             # a host's incident (job_stage.merge_by_host): the host, however many of its ranks are named yet
             return f"{self.job}|{self.incarnation}|{self.family}|host:{host}"
         roots = self.root_cause_ranks
+        if self.family == "slow" and not roots:
+            # a slow communicator whose link cannot be named (yet): that communicator's incident; slow
+            # sends of two pipeline pairs are two findings, not one incident switching between them
+            return f"{self.job}|{self.incarnation}|{self.family}|comm:{self.communicator}"
         if self.family == "slow" and roots:
             # a slowdown is matched by its first root: the late arriver (S1), the rank whose link is
             # slow (S2) or both at once (S3), so S1 or S2 found to be S3 stays one incident

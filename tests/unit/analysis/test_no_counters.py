@@ -8,7 +8,7 @@ import numpy as np
 
 from ccld.producers.simulator.scenario import Scenario
 from ccld.producers.simulator.sim import simulate
-from ccld.records import AnomalyKind, KernelBatch
+from ccld.records import AnomalyKind, KernelBatch, VerdictState
 from ccld.streams.analysis.replay import analyze_batches
 
 S2 = Scenario.from_dict({
@@ -37,3 +37,27 @@ def test_with_counters_the_link_is_named_as_before() -> None:
     verdicts = analyze_batches(simulate(S2))
     slow = [v for v in verdicts if v.kind is AnomalyKind.S2]
     assert slow and slow[0].link is not None and 3 in slow[0].root_cause_ranks
+
+
+def test_two_communicators_slow_with_no_link_to_name_are_two_incidents() -> None:
+    """A source without counters cannot name a slow link: each slow communicator is its own incident,
+    never one incident whose evidence switches between them (a 30-minute gloo job showed it)."""
+    from ccld.records import Link
+    from ccld.streams.analysis.incidents import Candidate, IncidentBook
+
+    book = IncidentBook(64, 10.0)
+    seen = []
+    for comm, op in (("00000000000000a1", "send"), ("00000000000000b2", "all_reduce")):
+        c = Candidate(kind=AnomalyKind.S2, job="j", incarnation=0, communicator=comm, op_seq=5, op_type=op,
+                      root_cause_ranks=(), affected_ranks=(0, 1), confidence=0.5, evidence=op, onset_time=1.0,
+                      resolve_key=("slow", 1))
+        seen += book.report(c, 2.0)
+    assert [(x.state, x.communicator, x.op_type) for x in seen] == [
+        (VerdictState.OPEN, "00000000000000a1", "send"), (VerdictState.OPEN, "00000000000000b2", "all_reduce")]
+    assert seen[0].incident_id != seen[1].incident_id
+    # and a link named later in the first one still takes over its blind incident
+    named = Candidate(kind=AnomalyKind.S2, job=seen[0].job, incarnation=0, communicator="00000000000000a1",
+                      op_seq=5, op_type="send", root_cause_ranks=(3, 4), affected_ranks=(0,), confidence=0.9,
+                      evidence="x", onset_time=1.0, link=Link(3, 4), resolve_key=("slow", 1))
+    (upd,) = book.report(named, 3.0)
+    assert upd.state == VerdictState.UPDATE and upd.incident_id == seen[0].incident_id

@@ -100,3 +100,25 @@ def test_a_hang_resting_on_lost_records_says_so_with_less_confidence(lost_rank: 
         assert "3 ENTERED/DONE records of rank 2 were lost on the way" in v.evidence
     else:
         assert v.confidence == pytest.approx(0.95) and "lost_records" not in v.details
+
+
+def test_the_worker_counts_lost_records_and_rank_clocks_years_off() -> None:
+    from ccld.settings import AnalyzerSettings
+    from ccld.streams.processor import PartitionProcessor
+
+    now = 1_800_000_000.0
+    ns = int(now * 1e9)
+    rows = [make_kernel_record(rank=r, comm_rank=r, t_enter_ns=ns, t_sample_ns=ns, t_exit_ns=ns + 1000)
+            for r in range(3)]
+    ten_years = ns + 10 * 365 * 86_400 * 10**9
+    ahead = [make_kernel_record(rank=3, comm_rank=3, t_enter_ns=ten_years, t_sample_ns=ten_years,
+                                t_exit_ns=ten_years + 1000)]
+    proc = PartitionProcessor(0, AnalyzerSettings())
+    b = dataclasses.replace(KernelBatch.from_records(rows + ahead, producer="p", batch_seq=0),
+                            lost_records=4, lost_ranks=(2,))
+    out = proc.handle(encode_batch(b), topic="m", offset=0, timestamp_s=now, recv_s=now)
+    assert not out.dead_letters  # analysed: only durations on a rank's own clock are used
+    assert proc.counters["far_clock_records"] == 1 and proc.counters["upstream_lost_records"] == 4
+    proc.handle(encode_batch(KernelBatch.from_records(rows, producer="p", batch_seq=1)), topic="m", offset=1,
+                timestamp_s=now, recv_s=now)
+    assert proc.counters["far_clock_records"] == 1 and proc.counters["upstream_lost_records"] == 4
