@@ -116,14 +116,18 @@ class Scraper:
     def __init__(self, url: str, interval_s: float) -> None:
         self.url, self.interval_s = url, interval_s
         self.ok = self.failed = 0
+        self.seconds: list[float] = []  # each answered GET, request to last byte
+        self.bytes = 0
         self.stopped = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
         while not self.stopped.wait(self.interval_s):
             try:
+                t0 = time.perf_counter()
                 with urllib.request.urlopen(self.url, timeout=5) as resp:
-                    resp.read()
+                    self.bytes = len(resp.read())
+                self.seconds.append(time.perf_counter() - t0)
                 self.ok += 1
             except OSError:
                 self.failed += 1
@@ -138,7 +142,7 @@ class Scraper:
 
 
 def worker_rate(settings: Settings, per_part: dict[int, int], records: int, log: Path,
-                scrape_s: float = 0.0) -> float:
+                scrape_s: float = 0.0, scrapes: list[Scraper] | None = None) -> float:
     """Records/s of a real worker from "Worker ready" until its commits reach the end; ``scrape_s`` > 0:
     its ``/metrics`` is scraped that often meanwhile (``settings.worker_web_port`` must be set)."""
     app_id = f"bench-{uuid.uuid4().hex[:8]}"
@@ -168,6 +172,8 @@ def worker_rate(settings: Settings, per_part: dict[int, int], records: int, log:
             scraper.__exit__()
             if scraper.ok == 0 or scraper.failed:
                 raise SystemExit(f"scraping {scraper.url}: {scraper.ok} answered, {scraper.failed} failed")
+            if scrapes is not None:
+                scrapes.append(scraper)
         return records / elapsed
     finally:
         proc.terminate()
@@ -225,6 +231,7 @@ def main() -> int:
 def metrics_cost(args: argparse.Namespace, batches: list[tuple[float, KernelBatch]], n_records: int) -> int:
     """``--repeat`` pairs of worker runs on the same published records, unscraped and scraped, order alternating."""
     quiet, scraped, ratios = [], [], []
+    scrapers: list[Scraper] = []
     with EmbeddedBroker(0) as broker:
         s = Settings.load({}, bootstrap=broker.bootstrap, topic_prefix=f"mcost-{uuid.uuid4().hex[:4]}.",
                           metrics_partitions=1)
@@ -235,20 +242,25 @@ def metrics_cost(args: argparse.Namespace, batches: list[tuple[float, KernelBatc
             for scrape in ((False, True) if i % 2 == 0 else (True, False)):
                 run = s.replace(worker_web_port=free_port())
                 log = Path(f"/tmp/ccld-bench-mcost-{i}-{'scraped' if scrape else 'quiet'}.log")
-                got[scrape] = worker_rate(run, per_part, n_records, log, args.scrape_interval_s if scrape else 0.0)
+                got[scrape] = worker_rate(run, per_part, n_records, log, args.scrape_interval_s if scrape else 0.0,
+                                          scrapers)
             quiet.append(got[False])
             scraped.append(got[True])
             ratios.append(got[True] / got[False])
             print(f"pair {i + 1}: not scraped {got[False]:,.0f} records/s; scraped every "
                   f"{args.scrape_interval_s:g} s {got[True]:,.0f} records/s ({ratios[-1]:.1%})", flush=True)
     q_m, s_m, r_m = statistics.median(quiet), statistics.median(scraped), statistics.median(ratios)
+    gets = [x for sc in scrapers for x in sc.seconds]
     result = {"mode": "metrics-cost", "grouping": args.messages, "ranks": args.ranks, "seconds": args.seconds,
               "messages": len(batches), "records": n_records, "scrape_interval_s": args.scrape_interval_s,
               "date": time.strftime("%Y-%m-%d", time.gmtime()),
               "unscraped_records_per_s": quiet, "scraped_records_per_s": scraped, "ratios": ratios,
-              "unscraped_median": q_m, "scraped_median": s_m, "ratio_median": r_m}
+              "unscraped_median": q_m, "scraped_median": s_m, "ratio_median": r_m,
+              "scrapes": len(gets), "scrape_ms_median": 1000 * statistics.median(gets),
+              "scrape_ms_max": 1000 * max(gets), "scrape_bytes": scrapers[-1].bytes}
     print(f"median: not scraped {q_m:,.0f} records/s, scraped {s_m:,.0f} records/s; "
-          f"median ratio scraped/not {r_m:.1%}")
+          f"median ratio scraped/not {r_m:.1%}; {len(gets)} scrapes of {scrapers[-1].bytes:,} bytes, "
+          f"median {1000 * statistics.median(gets):.1f} ms, max {1000 * max(gets):.1f} ms")
     if args.out:
         args.out.write_text(json.dumps(result, indent=2) + "\n")
     return 0
