@@ -8,12 +8,8 @@ The webhook is a small ``http.server`` in a thread that answers what each test s
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
 import threading
 import time
-import urllib.parse
-import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -27,7 +23,7 @@ from ccld.anomaly import CLASSES, AnomalyKind
 from ccld.records import Verdict, VerdictState
 from ccld.schemas.codec import encode_verdict
 from ccld.settings import Settings
-from ccld.stack.broker import free_port
+from ccld.stack.alertmanager import LocalAlertmanager, alertmanager_binary, list_alerts
 from factories import make_verdict
 from harness import WorkerProcess
 
@@ -93,44 +89,15 @@ def alert_process(settings: Settings, tmp_path: Path, name: str = "alert") -> Wo
 @pytest.fixture(scope="module")
 def alertmanager(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """Base URL of a real Alertmanager on a free loopback port (no cluster gossip, a receiver that drops)."""
-    binary = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
-    if binary is None:
+    if alertmanager_binary() is None:
         pytest.skip("Alertmanager is not installed: apt-get install prometheus-alertmanager (.ci/run does)")
-    d = tmp_path_factory.mktemp("alertmanager")
-    config = d / "alertmanager.yml"
-    # "null" quoted: a bare null is YAML's null, and Alertmanager wants a receiver name
-    config.write_text('route:\n  receiver: "null"\nreceivers:\n  - name: "null"\n')
-    port = free_port()
-    with open(d / "alertmanager.log", "wb") as out:
-        proc = subprocess.Popen([binary, f"--config.file={config}", f"--storage.path={d / 'data'}",
-                                 f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address="],
-                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-
-    def ready() -> bool:
-        try:
-            with urllib.request.urlopen(f"{url}/-/ready", timeout=2) as resp:
-                return bool(resp.status == 200)
-        except OSError:
-            return proc.poll() is not None  # exited: stop waiting, fail below
-
-    try:
-        assert wait_for(ready, 30) and proc.poll() is None, (d / "alertmanager.log").read_text()
-        yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    with LocalAlertmanager(tmp_path_factory.mktemp("alertmanager")) as am:
+        yield am.url
 
 
 def am_alerts(url: str, incident_id: str) -> list[dict[str, Any]]:
     """The alerts Alertmanager lists for one incident (resolved ones it does not list)."""
-    query = urllib.parse.urlencode({"filter": f'incident_id="{incident_id}"'})
-    with urllib.request.urlopen(f"{url}/api/v2/alerts?{query}", timeout=5) as resp:
-        return list(json.loads(resp.read()))
+    return list_alerts(url, incident_id)
 
 
 def test_incident_fires_keeps_firing_and_resolves_in_alertmanager(
