@@ -87,7 +87,8 @@ def init_process_group(dist: Any, incarnation: int, timeout: timedelta) -> None:
     torchrun (2.13) hands a restarted group the agent's store as it was: with plain ``env://`` the new
     ranks read the gloo addresses the first group published there and fail to connect to the dead ones
     ("Gloo connectFullMesh failed ... Connection refused"). A prefix per restart count keeps each
-    group's keys apart."""
+    group's keys apart (the shared rendezvous store and restarts: pytorch/pytorch#135712, where
+    ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` is the other way out)."""
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
     store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world,
@@ -131,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     metric = torch.zeros(1)
     peer = rank + 1 if rank % 2 == 0 else rank - 1
     act = torch.empty(args.batch, w)
-    out = open(log_dir / f"steps-rank{rank}.tsv", "a", buffering=1 << 16)  # noqa: SIM115 - closed below
+    out = open(log_dir / f"steps-rank{rank}.tsv", "a", buffering=1)  # noqa: SIM115 - line-buffered: a killed rank keeps its lines
     sleep_s = args.compute_ms / 1000.0
     try:
         while True:
