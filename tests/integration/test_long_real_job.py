@@ -1,0 +1,50 @@
+"""The long real job's short version: ``benchmarks/long_real_job.py`` for two minutes, as CI can afford.
+
+The whole chain a user runs (``ccld up``, ``ccld run -- torchrun``, ``ccld verdicts``) with a real gloo
+DDP job that evaluates, pauses for a checkpoint and loses a rank to SIGKILL (torchrun restarts the
+group): no verdict about the job (see the known gap below), records handled, and the worker saw the
+restarted group's incarnation. The
+30-minute run is the benchmark's own (benchmarks/RESULTS.md); CI never runs it.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch", reason="torch is not installed (pip install 'ccl-d[torch]')")
+
+pytestmark = [pytest.mark.integration, pytest.mark.torch]
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "long_real_job.py"
+
+
+def test_a_healthy_job_with_evaluation_checkpoint_and_a_restart_gets_no_verdict(tmp_path: Path) -> None:
+    out = tmp_path / "result.json"
+    cmd = [sys.executable, str(SCRIPT), "--minutes", "2", "--baseline-minutes", "0", "--ckpt-pause-s", "8",
+           "--drain-s", "25", "--work-dir", str(tmp_path / "work"), "--out", str(out)]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=420)
+    assert out.exists(), res.stderr[-4000:]
+    result = json.loads(out.read_text())
+    assert result["worker"]["records"] > 0 and result["worker"]["dead_letters"] == 0, result["worker"]
+    restart = result["restart"]
+    assert restart["kill"] and restart["kill"]["done"], restart
+    assert set(restart["incarnations_seen_by_worker"]) == {"0", "1"}, restart
+    assert restart["incarnations_in_step_logs"] == [0, 1] and restart["torchrun_exit_code"] == 0, restart
+    phases = result["steps"]["attached"]["phases"]
+    assert phases.get("ckpt") == 1 and phases.get("eval", 0) >= 3 and phases.get("train", 0) > 100, phases
+    # last: everything above held, so a verdict here is about the analyzer, not a broken run
+    verdicts = result["verdicts"]
+    # Known gap (issue 19, benchmarks/RESULTS.md "A real job, for 30 minutes"): on a 2-core machine
+    # whose cores other processes hold, gloo's send/recv and all-reduce really take several times
+    # their healthy time for seconds, and the analyzer calls that comm-slow (S2) with no rank or link
+    # to name (gloo has no counters). Such a verdict is charged to the machine, not to the job, and
+    # tolerated here so CI stays a signal; a hang, or any verdict that names a culprit rank or link,
+    # is a false alarm about the job and fails.
+    blamed = [v for v in verdicts["all"] if v.get("kind") != "S2" or v.get("root_cause_ranks") or v.get("link")]
+    assert not blamed, json.dumps(verdicts["all"], indent=1)[:6000]
+    assert res.returncode == 0, res.stderr[-4000:]
