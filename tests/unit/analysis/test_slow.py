@@ -232,8 +232,9 @@ def test_a_pipeline_sender_late_because_its_tensor_peer_paused_is_not_blamed() -
     which waits in the pair after a short op of its own: rank 2 is always the pair's late arriver and
     always "computed longer" than rank 0. When rank 3 pauses, rank 2 waits in the all-reduce and
     its send comes late too: rank 3 is the slow rank (found in the all-reduce), rank 2 computed no
-    longer than usual and is its victim. (A one-micro-batch pipeline gave 13 such false S1 in
-    ``benchmarks/false_alarms.py``.)"""
+    longer than usual and is its victim. (Written for the 13 false S1 of a one-micro-batch pipeline
+    in ``benchmarks/false_alarms.py``; those still come in the simulator, whose sender's compute gap
+    itself grows there: see benchmarks/RESULTS.md.)"""
     probe = Probe()
     a = Comm(0x61, (0, 1))  # stage 0's tensor pair
     t = Comm(0x62, (2, 3))  # stage 1's tensor pair
