@@ -183,6 +183,8 @@ def slow_candidate(ja: JobAnalysis, f: SlowFinding) -> Candidate:
     )
     where = f"link {f.link[0]}->{f.link[1]}" if f.link else f"rank {f.culprit}"
     backlog = f"send backlog builds at {where}{'' if f.channel is None else f' channel {f.channel}'}"
+    if f.pair_link and f.channel is None:  # no counter said so: the pair has one link, from its sender
+        backlog = f"a send/recv pair has one link, {where}, from its sender"
     comm = (
         f"its own kernel time, which holds no waiting, took {dur(f.tmin_s)} against {dur(f.base_min_s)} healthy"
     )

