@@ -383,6 +383,12 @@ class SlowDetector:
         n_slow = len(idx)
         if n_slow == 0:
             return []
+        # slow only against the peers (no baseline says so): a noisy machine makes one rank late in a
+        # burst of ops (a descheduled process), so such a window must hold twice as long, and below
+        # the culprit's excess must hold over its median op too, not only op by op
+        peer_only = sum(bool(self.w_peer[bi, j]) for j in idx) * 2 > n_slow
+        if peer_only and self.alarmed_for(bi) < 2 * s.slow_confirm_s:
+            return []
         p = _median([float(self.w_p[bi, j]) for j in idx])
         need = (n_slow + 1) // 2
         comm = sum(bool(self.w_cslow[bi, j]) for j in idx) >= need
@@ -418,6 +424,10 @@ class SlowDetector:
                     # ... by a clear share of what its peers computed: a rank that computed 8 % longer than
                     # its peers is jitter, whatever the lateness it caused on a us-scale op
                     ok = extra >= max(s.culprit_gap_share * lateness, s.culprit_gap_ratio * ogap, s.slow_min_excess_s)
+                if peer_only:
+                    lg = _median([float(self.w_lgap[bi, j]) for j in idx])
+                    og = _median([float(self.w_ogap[bi, j]) for j in idx])
+                    ok = ok and lg - og >= max(s.peer_gap_ratio * og, s.peer_min_excess_s)
                 if late_share >= s.culprit_share and ok:  # (nan, no baseline of its own yet: not ok)
                     late = cr
         link_src: int | None = None  # comm rank whose send backlog builds (-1: not observable)

@@ -205,7 +205,7 @@ def test_a_rank_slow_from_its_first_step_is_named_against_its_peers() -> None:
     vs = opens(recs)
     assert [(v.kind, v.root_cause_ranks) for v in vs] == [(AnomalyKind.S1, (6,))]
     v = vs[0]
-    assert v.detected_time <= 15.0  # the job's first op is at t = 1 s
+    assert v.detected_time <= 20.0  # the job's first op is at t = 1 s; peer-only windows hold 2 x slow_confirm_s
     assert v.onset_time <= v.detected_time - 3.0  # when the evidence starts, not when the rule fired
     assert v.details.get("judged_against") == "peers" and "first ops" in v.evidence
 
