@@ -49,6 +49,9 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from harness import descendants  # noqa: E402 - the tests' process-tree walk (torchrun's workers sit in their own sessions)
+
 HERE = Path(__file__).resolve().parent
 JOB_SCRIPT = HERE / "long_job.py"
 
@@ -172,19 +175,6 @@ def step_stats(rows: list[dict[str, Any]]) -> dict[str, Any]:
             "busy_ms_median": statistics.median(busy), "busy_ms_p90": busy[int(0.9 * (len(busy) - 1))],
             "phases": dict(Counter(r["phase"] for r in rows if r["rank"] == 0)),
             "incarnations": sorted({r["incarnation"] for r in rows})}
-
-
-def descendants(pid: int) -> list[int]:
-    kids: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError, IndexError, ValueError):
-            kids.setdefault(int(stat.read_text().rsplit(")", 1)[1].split()[1]), []).append(int(stat.parent.name))
-    out, todo = [], [pid]
-    while todo:
-        for k in kids.get(todo.pop(), []):
-            out.append(k)
-            todo.append(k)
-    return out
 
 
 def cpu_seconds(pid: int) -> float:

@@ -29,6 +29,37 @@ class BatcherStats:
     batches: int = 0
 
 
+class LostRecords:
+    """ENTERED/DONE/IDLE records lost per (job, incarnation) since the job's last batch, and their
+    ranks: the job's next batch says so (``KernelBatch.lost_records``/``lost_ranks``), so that the
+    analyzer does not take their absence for a rank's silence. Bounded: jobs that never send again
+    are forgotten, oldest first."""
+
+    def __init__(self, jobs_max: int = 64) -> None:
+        self.jobs_max = jobs_max
+        self._held: dict[_Key, tuple[int, set[int]]] = {}
+
+    def note(self, key: _Key, ranks: Iterable[int], records: int) -> None:
+        n, held = self._held.get(key, (0, set()))
+        held.update(ranks)
+        self._held[key] = (n + records, held)
+        if len(self._held) > self.jobs_max:
+            del self._held[next(iter(self._held))]
+
+    def note_batch(self, batch: KernelBatch) -> None:
+        """Every ENTERED/DONE/IDLE row of ``batch`` was lost (a PROGRESS sample's loss says nothing)."""
+        critical = batch.columns["status"] != int(Status.PROGRESS)
+        self.note((batch.job, batch.incarnation), batch.columns["rank"][critical].tolist(), int(critical.sum()))
+
+    def stamp(self, key: _Key, batch: KernelBatch) -> KernelBatch:
+        """``batch`` saying what its job lost (added to what it says already); forgotten here."""
+        lost = self._held.pop(key, None)
+        if lost is None:
+            return batch
+        return dataclasses.replace(batch, lost_records=batch.lost_records + lost[0],
+                                   lost_ranks=tuple(sorted(lost[1].union(batch.lost_ranks))))
+
+
 @dataclass
 class _Pending:
     records: deque[tuple[int, KernelRecord]] = field(default_factory=deque)  # (arrival id, record)
@@ -55,8 +86,7 @@ class RecordBatcher:
         self._size = 0
         self._ids = itertools.count()
         self._seq = itertools.count()
-        # ENTERED/DONE/IDLE records lost since the job's last batch: (count, ranks), sent with its next one
-        self._lost: dict[_Key, tuple[int, set[int]]] = {}
+        self.lost = LostRecords()  # ENTERED/DONE/IDLE records lost, said with the job's next batch
 
     def __len__(self) -> int:
         return self._size
@@ -67,7 +97,7 @@ class RecordBatcher:
             if record.status is Status.PROGRESS or self._size >= 2 * self.queue_max:
                 self._count_drop(record.status)
                 if record.status is not Status.PROGRESS:
-                    self.note_lost(record.job, record.incarnation, (record.rank,), 1)
+                    self.lost.note((record.job, record.incarnation), (record.rank,), 1)
                 return False
         key = (record.job, record.incarnation)
         pending = self._pending.get(key)
@@ -81,16 +111,6 @@ class RecordBatcher:
         self._size += 1
         self.stats.accepted += 1
         return True
-
-    def note_lost(self, job: str, incarnation: int, ranks: Iterable[int], records: int) -> None:
-        """``records`` ENTERED/DONE/IDLE records of ``ranks`` were lost (here or on the way): the job's
-        next batch says so, so that the analyzer does not take their absence for a rank's silence."""
-        key = (job, incarnation)
-        n, held = self._lost.get(key, (0, set()))
-        held.update(ranks)
-        self._lost[key] = (n + records, held)
-        if len(self._lost) > 64:  # jobs that never send again: keep the newest
-            del self._lost[next(iter(self._lost))]
 
     def _count_drop(self, status: Status) -> None:
         if status is Status.PROGRESS:
@@ -141,11 +161,8 @@ class RecordBatcher:
         if not take:
             return []
         self.stats.batches += 1
-        batch = KernelBatch.from_records(take, producer=self.producer_id, batch_seq=next(self._seq))
-        lost = self._lost.pop(key, None)
-        if lost is not None:
-            batch = dataclasses.replace(batch, lost_records=lost[0], lost_ranks=tuple(sorted(lost[1])))
-        return [batch]
+        return [self.lost.stamp(key, KernelBatch.from_records(take, producer=self.producer_id,
+                                                             batch_seq=next(self._seq)))]
 
     def next_batch_seq(self) -> int:
         """A sequence number for a batch built elsewhere (the simulator builds its own batches)."""

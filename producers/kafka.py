@@ -24,14 +24,13 @@ import time
 import uuid
 from typing import Any
 
-import numpy as np
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from ccld.errors import BrokerError
 from ccld.producers.batcher import RecordBatcher
 from ccld.producers.spool import SpooledMessage
 from ccld.producers.spool_replay import SpoolReplay
-from ccld.records import KernelBatch, KernelRecord, Status, comm_hex, metrics_partition
+from ccld.records import KernelBatch, KernelRecord, comm_hex, metrics_partition
 from ccld.schemas.codec import decode_metrics, encode_batch
 from ccld.security import kafka_config
 from ccld.settings import Settings
@@ -339,10 +338,8 @@ class MetricsProducer:
         if value:
             try:
                 batch = decode_metrics(value, check_values=False)
-                critical = batch.columns["status"] != int(Status.PROGRESS)
                 with self._lock:
-                    self._batcher.note_lost(batch.job, batch.incarnation,
-                                            np.unique(batch.columns["rank"][critical]).tolist(), int(critical.sum()))
+                    self._batcher.lost.note_batch(batch)
             except Exception:  # noqa: BLE001 - a loss we cannot attribute is still counted above
                 self._counters["produce_errors"] += 1
 

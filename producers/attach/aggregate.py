@@ -15,7 +15,6 @@ side ever blocks or raises into the training job.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import errno
 import itertools
 import logging
@@ -29,7 +28,8 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ccld.producers.attach.outlets import KafkaSink
-from ccld.records import KernelBatch, KernelRecord, Status
+from ccld.producers.batcher import LostRecords
+from ccld.records import KernelBatch, KernelRecord
 from ccld.schemas.codec import decode_metrics, encode_batch
 from ccld.settings import Settings
 
@@ -107,7 +107,7 @@ class HostAggregator:
         self._own_dir: str | None = None
         self._sock: socket.socket | None = None
         self._buf: dict[tuple[str, int], list[KernelBatch]] = {}
-        self._lost: dict[tuple[str, int], tuple[int, set[int]]] = {}  # dropped here, said with the next flush
+        self._lost = LostRecords()  # rank batches dropped here, said with the job's next flush
         self._rows = 0
         self._lock = threading.Lock()  # guards the buffer (receiver appends, flusher swaps)
         self._send_lock = threading.Lock()  # one flush at a time: batch numbers go out in order
@@ -237,12 +237,7 @@ class HostAggregator:
             if self._rows + batch.n > self.max_rows:
                 self.stats.dropped += batch.n
                 self.stats.dropped_messages += 1
-                # the job's next merged batch says whose ENTERED/DONE records went, so their absence
-                # is not taken for those ranks' silence
-                critical = batch.columns["status"] != int(Status.PROGRESS)
-                n, ranks = self._lost.get((batch.job, batch.incarnation), (0, set()))
-                ranks.update(batch.columns["rank"][critical].tolist())
-                self._lost[(batch.job, batch.incarnation)] = (n + int(critical.sum()), ranks)
+                self._lost.note_batch(batch)  # the job's next merged batch says whose records went
                 return
             self._buf.setdefault((batch.job, batch.incarnation), []).append(batch)
             self._rows += batch.n
@@ -270,15 +265,12 @@ class HostAggregator:
         with self._send_lock:
             with self._lock:
                 held, self._buf, self._rows = self._buf, {}, 0
-                lost, self._lost = self._lost, {}
             sent = 0
             for key, batches in held.items():
                 try:
                     merged = KernelBatch.concat(batches, producer=self.producer_id, batch_seq=next(self._seq))
-                    if key in lost:
-                        n, ranks = lost.pop(key)
-                        merged = dataclasses.replace(merged, lost_records=merged.lost_records + n,
-                                                     lost_ranks=tuple(sorted(ranks.union(merged.lost_ranks))))
+                    with self._lock:  # losses of jobs with nothing held now wait for their next flush
+                        merged = self._lost.stamp(key, merged)
                     ok = self.sink.submit_batch(merged)
                 except Exception:  # noqa: BLE001 - never out of the flusher thread
                     ok = False
@@ -292,11 +284,6 @@ class HostAggregator:
                     self.stats.merged_messages += len(batches)
                 else:
                     self.stats.send_failures += 1
-            if lost:  # jobs with nothing held now: their next flush says it
-                with self._lock:
-                    for key, (n, ranks) in lost.items():
-                        m, held_ranks = self._lost.get(key, (0, set()))
-                        self._lost[key] = (m + n, held_ranks | ranks)
             return sent
 
 

@@ -163,11 +163,14 @@ def test_the_buffer_bound_drops_and_counts() -> None:
         wait_for(lambda: agg.stats.received + agg.stats.dropped_messages == 3)
         assert (agg.stats.dropped, agg.stats.dropped_messages) == (6, 1)
         assert agg.flush() == 1 and sink.batches[0].n == 10
+        # the job's next merged batch says whose ENTERED/DONE records were dropped here, once
+        assert (sink.batches[0].lost_records, sink.batches[0].lost_ranks) == (6, (1,))
         rank.submit_batch(rank_batch(1, range(6)))  # room again after the flush
         wait_for(lambda: agg.stats.received == 3)
     finally:
         agg.close(1.0)
     assert agg.stats.dropped == 6 and sum(b.n for b in sink.batches) == 16
+    assert [(b.lost_records, b.lost_ranks) for b in sink.batches[1:]] == [(0, ())]
     assert "dropped 6 rows" in agg.stats_line()
 
 
