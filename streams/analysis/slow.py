@@ -427,7 +427,7 @@ class SlowDetector:
                 if peer_only:
                     lg = _median([float(self.w_lgap[bi, j]) for j in idx])
                     og = _median([float(self.w_ogap[bi, j]) for j in idx])
-                    ok = ok and lg - og >= max(s.peer_gap_ratio * og, s.peer_min_excess_s)
+                    ok = ok and bool(_computed_clearly_longer(lg - og, og, s))
                 if late_share >= s.culprit_share and ok:  # (nan, no baseline of its own yet: not ok)
                     late = cr
         link_src: int | None = None  # comm rank whose send backlog builds (-1: not observable)
@@ -561,8 +561,13 @@ def _peer_late(
     """
     extra = late_gap - peer_gap
     coll = ~np.isin(op_type, _P2P) & (cnt >= 2)
-    return coll & (extra >= np.maximum(s.peer_gap_ratio * peer_gap, s.peer_min_excess_s)) & (
-        spread >= s.culprit_gap_share * extra)
+    return coll & _computed_clearly_longer(extra, peer_gap, s) & (spread >= s.culprit_gap_share * extra)
+
+
+def _computed_clearly_longer(extra: A | float, peer_gap: A | float, s: AnalyzerSettings) -> Any:
+    """The peer test itself: ``extra`` compute beyond the peers' ``peer_gap`` is at least
+    ``peer_gap_ratio`` of it and ``peer_min_excess_s`` (per op, or over a window's medians)."""
+    return extra >= np.maximum(s.peer_gap_ratio * peer_gap, s.peer_min_excess_s)
 
 
 def _quantile(sorted_rows: F64, k: I64, q: float) -> F64:
