@@ -74,6 +74,9 @@ class Archiver:
         self._last: dict[tuple[str, int], int] = {}  # partition -> last offset taken since it was assigned
         self._unwritable: str | None = None  # what was said when the archive folder could not be written
         self._blocked_until: float | None = None  # a file could not be written: fetching paused, retry then
+        # the partitions whose files could not be written: only they pause, so a folder that cannot be
+        # written (one topic's) does not hold back the others' files
+        self._blocked_parts: set[tuple[str, int]] = set()
         self._unreachable_said = False
         self.on_file: Callable[[Path, int], None] | None = None
         self.assigned = threading.Event()  # set once the group gave us partitions
@@ -108,10 +111,12 @@ class Archiver:
                         heartbeat.touch()
                     except OSError as exc:  # said once; files that cannot be written pause the fetching
                         self._cannot_write(exc)
-                if self._blocked_until is not None:
-                    # Nothing more is fetched while buffered files cannot be written: memory stays bounded,
-                    # and what is fetched later resumes right after them. (Paused again after a rebalance.)
-                    consumer.pause(consumer.assignment())
+                if self._blocked_parts:
+                    # Nothing more is fetched for a partition whose buffered file cannot be written: memory
+                    # stays bounded, and what is fetched later resumes right after it. (Paused again after a
+                    # rebalance.)
+                    consumer.pause([tp for tp in consumer.assignment()
+                                    if (tp.topic, tp.partition) in self._blocked_parts])
                 msgs = consumer.consume(num_messages=500, timeout=0.2)
                 for msg in msgs:
                     err = msg.error()
@@ -210,14 +215,15 @@ class Archiver:
 
     def _flush_all(self, consumer: Consumer, *, force: bool) -> None:
         now = time.monotonic()
-        if self._blocked_until is not None and now < self._blocked_until and not force:
-            return  # the archive folder could not be written a moment ago
+        # a file that could not be written a moment ago waits for its retry; the other partitions' go on
+        waiting = self._blocked_until is not None and now < self._blocked_until and not force
         full, age = self.settings.sink_max_rows, self.settings.sink_max_age_s
         due = [key for key, buf in self._buffers.items()
-               if force or self._blocked_until is not None or buf.rows >= full or now - buf.first_seen >= age]
+               if not (waiting and key in self._blocked_parts)
+               and (force or key in self._blocked_parts or buf.rows >= full or now - buf.first_seen >= age)]
         if not due:
-            if self._blocked_until is not None:  # what could not be written was dropped (revoked): fetch again
-                self._unblock(consumer)
+            if self._blocked_until is not None and not self._blocked_parts & self._buffers.keys():
+                self._unblock(consumer)  # what could not be written was dropped (revoked): fetch again
             return
         topics = sorted({topic for topic, _ in due})
         # With no broker listening, a commit waits about 7 s to fail (and a stop with it): the files are
@@ -229,6 +235,7 @@ class Archiver:
         current = self._ids.labels(topics, ID_TIMEOUT_S) if reachable else {}
         if reachable and not force and len(current) < len(topics):
             reachable = self._reachable()
+        failed = False
         for key in due:
             buf = self._buffers[key]
             topic, partition = key
@@ -253,11 +260,19 @@ class Archiver:
             except OSError as exc:
                 self.counters["write_failures"] += 1
                 self._cannot_write(exc)
-                self._blocked_until = time.monotonic() + RETRY_WRITE_S
+                failed = True
                 if force:  # stopping or revoked: not committed, so read again by the next owner
-                    self._buffers.clear()
-                return  # this file and the others stay buffered, uncommitted; tried again in a while
+                    del self._buffers[key]
+                else:  # stays buffered, uncommitted; tried again in a while
+                    self._blocked_parts.add(key)
+                continue
             del self._buffers[key]
+            self._blocked_parts.discard(key)
+        if failed:
+            self._blocked_until = time.monotonic() + RETRY_WRITE_S
+            return
+        if self._blocked_parts & self._buffers.keys():
+            return  # written what was due; a blocked partition's file waits for its retry
         if self._blocked_until is not None:
             self._unblock(consumer)
         if self._unwritable is not None:
@@ -266,6 +281,7 @@ class Archiver:
 
     def _unblock(self, consumer: Consumer) -> None:
         self._blocked_until = None
+        self._blocked_parts.clear()
         consumer.resume(consumer.assignment())
 
     def _reachable(self) -> bool:
