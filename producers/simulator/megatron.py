@@ -69,6 +69,8 @@ _BATCH_ROWS = (
     ("host_idx", _R_LHOST), ("t_enter_ns", _R_ENTER), ("t_exit_ns", _R_EXIT), ("t_sample_ns", _R_SAMPLE),
     ("t_prev_exit_ns", _R_PREV), ("t_exit_err_ns", _R_ZERO), (COMM_COLUMN, _R_HASH),
 )
+_BATCH_NAMES = tuple(k for k, _ in _BATCH_ROWS)
+_BATCH_ROW_IX = tuple(r for _, r in _BATCH_ROWS)
 # an op template: what every member of a call shares (op, dtype, count, peer, slots, total send, total recv)
 Template = tuple[int, int, int, int, int, int, int]
 
@@ -769,14 +771,20 @@ class MegatronSim(FaultBook):
         inc_l = blk[_R_INC][firsts].tolist()
         hash_l = blk[_R_HASH][firsts].tolist()
         hosts, job, producer, world = self.c.hosts, self.job, self.producer, self.topo.n
+        # a batch's columns are slices of the block's rows (1-D slicing is the cheapest view numpy makes);
+        # every rule KernelBatch checks holds by construction, so they are not checked again per batch
+        rows = [blk[r] for r in _BATCH_ROW_IX]
+        seq0 = self.batch_seq
+        dur_s = self.sc.duration_s
+        make = KernelBatch.prebuilt
         for i, (a, b) in enumerate(zip(firsts, bounds[1:], strict=True)):
-            batch = KernelBatch(
-                job=job, incarnation=inc_l[i], comm_hash=hash_l[i], world_size=world,
-                hosts=hosts[cid_l[i]], columns={k: blk[r, a:b] for k, r in _BATCH_ROWS}, send=send2[a:b],
-                recv=recv2[a:b], producer=producer, batch_seq=self.batch_seq, peak_lag=peak[a:b],
+            batch = make(
+                job=job, incarnation=inc_l[i], comm_hash=hash_l[i], world_size=world, hosts=hosts[cid_l[i]],
+                columns=dict(zip(_BATCH_NAMES, [row[a:b] for row in rows], strict=True)), send=send2[a:b],
+                recv=recv2[a:b], producer=producer, batch_seq=seq0 + i, peak_lag=peak[a:b],
             )
-            self.batch_seq += 1
-            yield min((win_l[i] + 1) * dt, self.sc.duration_s) + DELIVERY_LATENCY_S, batch
+            self.batch_seq = seq0 + i + 1
+            yield min((win_l[i] + 1) * dt, dur_s) + DELIVERY_LATENCY_S, batch
         self.window = last
 
     # -- the schedule -------------------------------------------------------------------------------
