@@ -195,7 +195,9 @@ class MegatronSim(FaultBook):
         self.one_in = np.ones(n_c, dtype=np.int64)
         self.hash_arr = np.asarray(self.c.hashes, dtype=np.int64)
         # queued records, each call's (int block, sampling times, peaks); see _R_* for the block's rows
-        self.pending: list[tuple[I64, F64, I64]] = []
+        # each with the first and last delivery window of its rows, so a flush takes or keeps whole blocks
+        self.pending: list[tuple[I64, F64, I64, int, int]] = []
+        self.recreated = False  # a communicator got a new hash: batches are cut on the hash too
         self._done: list[tuple[Any, ...]] = []  # DONE records noted in this step (see _rows_of)
         self.window = 0
         self.batch_seq = 0
@@ -731,7 +733,11 @@ class MegatronSim(FaultBook):
         # DONE carries the peak backlog each kernel kept per channel (probe v2); other rows: unknown
         if peak is None:
             peak = np.full((n, min(self.sc.channels, MAX_CHANNELS)), -1, dtype=np.int64)
-        self.pending.append((blk, np.broadcast_to(t, (n,)), peak))
+        tt = np.broadcast_to(t, (n,))
+        # the window of the earliest and latest row (floor of a monotonic expression: the min and max windows)
+        w_lo = int(math.floor(float(tt.min()) / self.dt + 1e-9))
+        w_hi = int(math.floor(float(tt.max()) / self.dt + 1e-9))
+        self.pending.append((blk, tt, peak, w_lo, w_hi))
 
     # -- windows out ----------------------------------------------------------------------------
     def _flush(self, upto: float) -> Iterator[tuple[float, KernelBatch]]:
@@ -741,26 +747,46 @@ class MegatronSim(FaultBook):
         if last <= self.window or not self.pending:
             self.window = max(self.window, min(last, self.n_inst))
             return
-        if len(self.pending) == 1:
-            blk, t, peak = self.pending[0]
+        # most blocks lie wholly before ``last`` or wholly after it (state samples queued ahead): only
+        # the rows that go out are copied, blocks that stay are kept as they are, in their order, so
+        # the rows go out in the order one concatenation of all of them would give
+        out_p: list[tuple[I64, F64, I64, int, int]] = []
+        kept: list[tuple[I64, F64, I64, int, int]] = []
+        for p in self.pending:
+            if p[4] < last:
+                out_p.append(p)
+            elif p[3] >= last:
+                kept.append(p)
+            else:
+                o = np.floor(p[1] / dt + 1e-9) < last
+                out_p.append((p[0][:, o], p[1][o], p[2][o], p[3], last - 1))
+                kept.append((p[0][:, ~o], p[1][~o], p[2][~o], last, p[4]))
+        self.pending = kept
+        if not out_p:
+            self.window = last
+            return
+        if len(out_p) == 1:
+            blk, t, peak = out_p[0][:3]
         else:
-            blk = np.concatenate([p[0] for p in self.pending], axis=1)
-            t = np.concatenate([p[1] for p in self.pending])
-            peak = np.concatenate([p[2] for p in self.pending])
+            blk = np.concatenate([p[0] for p in out_p], axis=1)
+            t = np.concatenate([p[1] for p in out_p])
+            peak = np.concatenate([p[2] for p in out_p])
         win = np.floor(t / dt + 1e-9).astype(np.int64)
-        out = win < last
-        if out.all():
-            self.pending = []
+        # one batch per window, incarnation and communicator (a communicator may be created again under
+        # a new hash, a job may restart as a new incarnation, inside one window), rows in time order: the
+        # three keys packed in one integer (each below its range), so the stable sort has two passes, not
+        # four; the hash only splits a communicator once one was created again
+        n_c = self.hash_arr.shape[0]
+        inc = blk[_R_INC]
+        key = (win * (int(inc.max()) + 1) + inc) * n_c + blk[_R_CID] if win.shape[0] else win
+        if self.recreated:
+            order = np.lexsort((t, blk[_R_HASH], key))
         else:
-            keep = ~out
-            self.pending = [(blk[:, keep], t[keep], peak[keep])] if keep.any() else []
-            blk, t, peak, win = blk[:, out], t[out], peak[out], win[out]
-        # one batch per window, communicator and incarnation (a communicator may be created again
-        # under a new hash, a job may restart as a new incarnation, inside one window)
-        order = np.lexsort((t, blk[_R_HASH], blk[_R_CID], blk[_R_INC], win))
-        blk, peak, win = blk[:, order], peak[order], win[order]
-        change = (np.diff(win) != 0) | (np.diff(blk[_R_CID]) != 0) | (np.diff(blk[_R_INC]) != 0) | (
-            np.diff(blk[_R_HASH]) != 0)
+            order = np.lexsort((t, key))
+        blk, peak, win, key = blk[:, order], peak[order], win[order], key[order]
+        change = np.diff(key) != 0
+        if self.recreated:
+            change |= np.diff(blk[_R_HASH]) != 0
         cuts = np.flatnonzero(change) + 1
         bounds = np.concatenate([[0], cuts, [win.shape[0]]]).tolist()
         send2 = blk[_R_SEND][:, None] * self.slot_mult
@@ -955,6 +981,7 @@ class MegatronSim(FaultBook):
             self._last_word(np.arange(sl.start, sl.stop))
             self.c.hashes[c] = h
             self.hash_arr[c] = h
+            self.recreated = True
             self._forget(np.arange(sl.start, sl.stop))
         self.cseq[cids] = 0
 
