@@ -441,26 +441,49 @@ class MegatronSim(FaultBook):
             return t
         lay = self._layout(key, ranks, comm_of[ranks], crank_of[ranks], groups)
         k, nn = len(ops), ranks.shape[0]
-        # the noise, drawn in the order the op-by-op model draws it (compute, op duration, exits)
-        c_noise, d_noise, u_noise = [], [], []
-        for _ in range(k):
+        # the noise, drawn in the order the op-by-op model draws it (compute, op duration, exits); when
+        # neither bulk buffer runs out inside the chain, op by op would take consecutive slices of them,
+        # so the chain takes them as one slice each, shaped by op
+        per_t = groups + (nn if compute is not None else 0)
+        c_all: F64 | None = None
+        if self._tpos + k * per_t <= self._tbuf.shape[0] and self._upos + k * nn <= self._ubuf.shape[0]:
+            tb = self._tbuf[self._tpos : self._tpos + k * per_t].reshape(k, per_t)
+            self._tpos += k * per_t
+            d_all = tb[:, nn:] if compute is not None else tb
             if compute is not None:
-                c_noise.append(self._t4(nn))
-            d_noise.append(self._t4(groups))
-            u_noise.append(self._u(nn))
+                c_all = tb[:, :nn]
+            u_all = self._ubuf[self._upos : self._upos + k * nn].reshape(k, nn)
+            self._upos += k * nn
+        else:
+            c_noise, d_noise, u_noise = [], [], []
+            for _ in range(k):
+                if compute is not None:
+                    c_noise.append(self._t4(nn))
+                d_noise.append(self._t4(groups))
+                u_noise.append(self._u(nn))
+            d_all, u_all = np.stack(d_noise), np.stack(u_noise)
+            if compute is not None:
+                c_all = np.stack(c_noise)
         jit = self.sc.jitter
         enter, exit_ = np.empty((k, nn)), np.empty((k, nn))
-        start_g, dur_g = np.empty((k, groups)), np.empty((k, groups))
+        start_g = np.empty((k, groups))
+        # written as _compute and coll write them, element by element, so every float is the same; what
+        # does not depend on the previous op is computed for all k ops at once, the rest per op
+        dur_g = nominal_s * (1.0 + jit / 2 * np.abs(d_all))
+        spread = (1.0 + 0.01 * u_all).reshape(k, groups, size)
+        if compute is not None and c_all is not None:
+            base_s, step_factor = compute
+            comp = np.maximum(base_s * step_factor * (1.0 + jit / 4 * c_all), 0.2 * base_s)
         t = begin
-        for j in range(k):  # written as _compute and coll write it, so every float is the same
+        for j in range(k):
             if compute is not None:
-                base_s, step_factor = compute
-                c = base_s * step_factor * (1.0 + jit / 4 * c_noise[j])
-                t = t + np.maximum(c, 0.2 * base_s)
+                t = t + comp[j]
             enter[j] = t
             sg = start_g[j] = t.reshape(groups, size).max(axis=1)
-            dg = dur_g[j] = nominal_s * (1.0 + jit / 2 * np.abs(d_noise[j]))
-            t = exit_[j] = np.repeat(sg, size) + np.repeat(dg, size) * (1.0 + 0.01 * u_noise[j])
+            ex = exit_[j].reshape(groups, size)  # a view: the op's exits, group by group
+            np.multiply(dur_g[j][:, None], spread[j], out=ex)
+            ex += sg[:, None]  # start + duration x spread, as coll adds them
+            t = exit_[j]
         slots = _slots(nominal_s)
         tmpls = [self._tmpl((int(op), BF16, count, -1, slots, slots, slots)) for op in ops]
         if not self._record_chain(lay, enter, exit_, start_g, dur_g, tmpls):
@@ -530,9 +553,11 @@ class MegatronSim(FaultBook):
             key: tuple[Any, ...]) -> tuple[F64, F64]:
         """``src[i]`` sends one tensor to ``dst[i]`` on ``comm[i]`` (comm rank 0 sends); the receiver waits."""
         m = src.shape[0]
-        ranks = np.concatenate([src, dst])
-        cr = np.concatenate([np.zeros(m, np.int64), np.ones(m, np.int64)])
-        lay = self._layout(key, ranks, np.concatenate([comm, comm]), cr, m)
+        lay = self._layouts.get(key)  # the same pairs meet under a key every step: built once
+        if lay is None:
+            ranks = np.concatenate([src, dst])
+            cr = np.concatenate([np.zeros(m, np.int64), np.ones(m, np.int64)])
+            lay = self._layout(key, ranks, np.concatenate([comm, comm]), cr, m)
         enter_src = np.maximum(enter_src, self.mf[lay.gi[:m], _F_EXIT])  # in order on its communicator
         if self.any_h1:
             enter_src, enter_dst = self._stop(src, enter_src), self._stop(dst, enter_dst)
@@ -546,7 +571,11 @@ class MegatronSim(FaultBook):
         slots = _slots(nominal_s)
         send_t = self._tmpl((int(OpType.SEND), BF16, self.w.act_elems, 1, slots, slots, 0))
         recv_t = self._tmpl((int(OpType.RECV), BF16, self.w.act_elems, 0, slots, 0, slots))
-        tmpl = np.concatenate([np.full(m, send_t), np.full(m, recv_t)]).astype(np.int64)
+        cached = lay.cache.get("p2p_tmpl")
+        if cached is None or cached[:2] != (send_t, recv_t):
+            both = np.concatenate([np.full(m, send_t, dtype=np.int64), np.full(m, recv_t, dtype=np.int64)])
+            cached = lay.cache["p2p_tmpl"] = (send_t, recv_t, both)
+        tmpl = cached[2]
         self._record(lay, np.concatenate([enter_src, enter_dst]), np.concatenate([xs, xd]),
                      np.concatenate([start, start]), np.concatenate([dur, dur]), tmpl, special)
         fin = np.isfinite(xd)
