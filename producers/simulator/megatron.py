@@ -282,7 +282,9 @@ class MegatronSim(FaultBook):
         """
         groups, size = grid.shape
         ranks = grid.ravel()
-        lay = self._layout(key, ranks, comm_of[ranks], crank_of[ranks], groups)
+        lay = self._layouts.get(key)  # built on first use only: the two gathers are not free per op
+        if lay is None:
+            lay = self._layout(key, ranks, comm_of[ranks], crank_of[ranks], groups)
         if not blocking:
             # a communicator runs its ops in order (one stream): an op issued while the previous one
             # is still running (gradient buckets) starts on the GPU when that one ends, never before
@@ -439,7 +441,9 @@ class MegatronSim(FaultBook):
                     t = self._compute(ranks, t, compute[0], compute[1])
                 t = self.coll(grid, comm_of, crank_of, t, op, nominal_s, count, family=family, key=key)
             return t
-        lay = self._layout(key, ranks, comm_of[ranks], crank_of[ranks], groups)
+        lay = self._layouts.get(key)  # built on first use only: the two gathers are not free per op
+        if lay is None:
+            lay = self._layout(key, ranks, comm_of[ranks], crank_of[ranks], groups)
         k, nn = len(ops), ranks.shape[0]
         # the noise, drawn in the order the op-by-op model draws it (compute, op duration, exits); when
         # neither bulk buffer runs out inside the chain, op by op would take consecutive slices of them,
@@ -842,14 +846,14 @@ class MegatronSim(FaultBook):
         hosts, job, producer, world = self.c.hosts, self.job, self.producer, self.topo.n
         # a batch's columns are slices of the block's rows (1-D slicing is the cheapest view numpy makes);
         # every rule KernelBatch checks holds by construction, so they are not checked again per batch
-        rows = [blk[r] for r in _BATCH_ROW_IX]
+        rows = [(k, blk[r]) for k, r in zip(_BATCH_NAMES, _BATCH_ROW_IX, strict=True)]
         seq0 = self.batch_seq
         dur_s = self.sc.duration_s
         make = KernelBatch.prebuilt
         for i, (a, b) in enumerate(zip(firsts, bounds[1:], strict=True)):
             batch = make(
                 job=job, incarnation=inc_l[i], comm_hash=hash_l[i], world_size=world, hosts=hosts[cid_l[i]],
-                columns=dict(zip(_BATCH_NAMES, [row[a:b] for row in rows], strict=True)), send=send2[a:b],
+                columns={k: row[a:b] for k, row in rows}, send=send2[a:b],
                 recv=recv2[a:b], producer=producer, batch_seq=seq0 + i, peak_lag=peak[a:b],
             )
             self.batch_seq = seq0 + i + 1
