@@ -69,6 +69,8 @@ _BATCH_ROWS = (
     ("host_idx", _R_LHOST), ("t_enter_ns", _R_ENTER), ("t_exit_ns", _R_EXIT), ("t_sample_ns", _R_SAMPLE),
     ("t_prev_exit_ns", _R_PREV), ("t_exit_err_ns", _R_ZERO), (COMM_COLUMN, _R_HASH),
 )
+_BATCH_NAMES = tuple(k for k, _ in _BATCH_ROWS)
+_BATCH_ROW_IX = tuple(r for _, r in _BATCH_ROWS)
 # an op template: what every member of a call shares (op, dtype, count, peer, slots, total send, total recv)
 Template = tuple[int, int, int, int, int, int, int]
 
@@ -193,7 +195,9 @@ class MegatronSim(FaultBook):
         self.one_in = np.ones(n_c, dtype=np.int64)
         self.hash_arr = np.asarray(self.c.hashes, dtype=np.int64)
         # queued records, each call's (int block, sampling times, peaks); see _R_* for the block's rows
-        self.pending: list[tuple[I64, F64, I64]] = []
+        # each with the first and last delivery window of its rows, so a flush takes or keeps whole blocks
+        self.pending: list[tuple[I64, F64, I64, int, int]] = []
+        self.recreated = False  # a communicator got a new hash: batches are cut on the hash too
         self._done: list[tuple[Any, ...]] = []  # DONE records noted in this step (see _rows_of)
         self.window = 0
         self.batch_seq = 0
@@ -278,7 +282,9 @@ class MegatronSim(FaultBook):
         """
         groups, size = grid.shape
         ranks = grid.ravel()
-        lay = self._layout(key, ranks, comm_of[ranks], crank_of[ranks], groups)
+        lay = self._layouts.get(key)  # built on first use only: the two gathers are not free per op
+        if lay is None:
+            lay = self._layout(key, ranks, comm_of[ranks], crank_of[ranks], groups)
         if not blocking:
             # a communicator runs its ops in order (one stream): an op issued while the previous one
             # is still running (gradient buckets) starts on the GPU when that one ends, never before
@@ -435,28 +441,53 @@ class MegatronSim(FaultBook):
                     t = self._compute(ranks, t, compute[0], compute[1])
                 t = self.coll(grid, comm_of, crank_of, t, op, nominal_s, count, family=family, key=key)
             return t
-        lay = self._layout(key, ranks, comm_of[ranks], crank_of[ranks], groups)
+        lay = self._layouts.get(key)  # built on first use only: the two gathers are not free per op
+        if lay is None:
+            lay = self._layout(key, ranks, comm_of[ranks], crank_of[ranks], groups)
         k, nn = len(ops), ranks.shape[0]
-        # the noise, drawn in the order the op-by-op model draws it (compute, op duration, exits)
-        c_noise, d_noise, u_noise = [], [], []
-        for _ in range(k):
+        # the noise, drawn in the order the op-by-op model draws it (compute, op duration, exits); when
+        # neither bulk buffer runs out inside the chain, op by op would take consecutive slices of them,
+        # so the chain takes them as one slice each, shaped by op
+        per_t = groups + (nn if compute is not None else 0)
+        c_all: F64 | None = None
+        if self._tpos + k * per_t <= self._tbuf.shape[0] and self._upos + k * nn <= self._ubuf.shape[0]:
+            tb = self._tbuf[self._tpos : self._tpos + k * per_t].reshape(k, per_t)
+            self._tpos += k * per_t
+            d_all = tb[:, nn:] if compute is not None else tb
             if compute is not None:
-                c_noise.append(self._t4(nn))
-            d_noise.append(self._t4(groups))
-            u_noise.append(self._u(nn))
+                c_all = tb[:, :nn]
+            u_all = self._ubuf[self._upos : self._upos + k * nn].reshape(k, nn)
+            self._upos += k * nn
+        else:
+            c_noise, d_noise, u_noise = [], [], []
+            for _ in range(k):
+                if compute is not None:
+                    c_noise.append(self._t4(nn))
+                d_noise.append(self._t4(groups))
+                u_noise.append(self._u(nn))
+            d_all, u_all = np.stack(d_noise), np.stack(u_noise)
+            if compute is not None:
+                c_all = np.stack(c_noise)
         jit = self.sc.jitter
         enter, exit_ = np.empty((k, nn)), np.empty((k, nn))
-        start_g, dur_g = np.empty((k, groups)), np.empty((k, groups))
+        start_g = np.empty((k, groups))
+        # written as _compute and coll write them, element by element, so every float is the same; what
+        # does not depend on the previous op is computed for all k ops at once, the rest per op
+        dur_g = nominal_s * (1.0 + jit / 2 * np.abs(d_all))
+        spread = (1.0 + 0.01 * u_all).reshape(k, groups, size)
+        if compute is not None and c_all is not None:
+            base_s, step_factor = compute
+            comp = np.maximum(base_s * step_factor * (1.0 + jit / 4 * c_all), 0.2 * base_s)
         t = begin
-        for j in range(k):  # written as _compute and coll write it, so every float is the same
+        for j in range(k):
             if compute is not None:
-                base_s, step_factor = compute
-                c = base_s * step_factor * (1.0 + jit / 4 * c_noise[j])
-                t = t + np.maximum(c, 0.2 * base_s)
+                t = t + comp[j]
             enter[j] = t
             sg = start_g[j] = t.reshape(groups, size).max(axis=1)
-            dg = dur_g[j] = nominal_s * (1.0 + jit / 2 * np.abs(d_noise[j]))
-            t = exit_[j] = np.repeat(sg, size) + np.repeat(dg, size) * (1.0 + 0.01 * u_noise[j])
+            ex = exit_[j].reshape(groups, size)  # a view: the op's exits, group by group
+            np.multiply(dur_g[j][:, None], spread[j], out=ex)
+            ex += sg[:, None]  # start + duration x spread, as coll adds them
+            t = exit_[j]
         slots = _slots(nominal_s)
         tmpls = [self._tmpl((int(op), BF16, count, -1, slots, slots, slots)) for op in ops]
         if not self._record_chain(lay, enter, exit_, start_g, dur_g, tmpls):
@@ -494,14 +525,15 @@ class MegatronSim(FaultBook):
         self.last_exit[lay.ranks] = exit_[-1]
         seqs = np.arange(seq0, seq0 + k, dtype=np.int64)
         tmpl = np.asarray(tmpls, dtype=np.int64)
-        sampled = np.stack([self._sampled(lay, np.full(groups, seq0 + j, dtype=np.int64)) for j in range(k)])
+        sampled = self._sampled_run(lay, seq0, k)
         done = np.repeat(sampled, size, axis=1) & (exit_ <= dur_s)
         first_g = np.ceil(start_g / POLL_S + 1e-9) * POLL_S
         maybe = first_g < start_g + dur_g * 1.02
         if not maybe.any():  # no poll catches any of them in flight: the DONE records, in op order
             if done.any():
                 oj, om = np.nonzero(done)  # op-major, members in order: the order op by op
-                self._rows_of(lay.gi[om], exit_[oj, om], fb[oj, om], seqs[oj], tmpl[oj], final=True)
+                self._rows_of(lay.gi[om], exit_[oj, om], fb.reshape(k * nn, 5).take(oj * nn + om, axis=0), seqs[oj],
+                              tmpl[oj], final=True)
             return True
         for j in range(k):  # as _record does it, op by op: the in-flight sample, then the DONE records
             if maybe[j].any():
@@ -514,11 +546,11 @@ class MegatronSim(FaultBook):
                     if new.any():
                         hn = h[new]
                         self.m_probewin[lay.gi[hn]] = win[new]
-                        self._rows_of(lay.gi[hn], first[hn], fb[j, hn], np.full(hn.shape[0], seqs[j]),
+                        self._rows_of(lay.gi[hn], first[hn], fb[j].take(hn, axis=0), np.full(hn.shape[0], seqs[j]),
                                       np.full(hn.shape[0], tmpl[j]), final=False)
             m = np.flatnonzero(done[j])
             if m.size:
-                self._rows_of(lay.gi[m], exit_[j, m], fb[j, m], np.full(m.shape[0], seqs[j]),
+                self._rows_of(lay.gi[m], exit_[j, m], fb[j].take(m, axis=0), np.full(m.shape[0], seqs[j]),
                               np.full(m.shape[0], tmpl[j]), final=True)
         return True
 
@@ -526,9 +558,11 @@ class MegatronSim(FaultBook):
             key: tuple[Any, ...]) -> tuple[F64, F64]:
         """``src[i]`` sends one tensor to ``dst[i]`` on ``comm[i]`` (comm rank 0 sends); the receiver waits."""
         m = src.shape[0]
-        ranks = np.concatenate([src, dst])
-        cr = np.concatenate([np.zeros(m, np.int64), np.ones(m, np.int64)])
-        lay = self._layout(key, ranks, np.concatenate([comm, comm]), cr, m)
+        lay = self._layouts.get(key)  # the same pairs meet under a key every step: built once
+        if lay is None:
+            ranks = np.concatenate([src, dst])
+            cr = np.concatenate([np.zeros(m, np.int64), np.ones(m, np.int64)])
+            lay = self._layout(key, ranks, np.concatenate([comm, comm]), cr, m)
         enter_src = np.maximum(enter_src, self.mf[lay.gi[:m], _F_EXIT])  # in order on its communicator
         if self.any_h1:
             enter_src, enter_dst = self._stop(src, enter_src), self._stop(dst, enter_dst)
@@ -542,7 +576,11 @@ class MegatronSim(FaultBook):
         slots = _slots(nominal_s)
         send_t = self._tmpl((int(OpType.SEND), BF16, self.w.act_elems, 1, slots, slots, 0))
         recv_t = self._tmpl((int(OpType.RECV), BF16, self.w.act_elems, 0, slots, 0, slots))
-        tmpl = np.concatenate([np.full(m, send_t), np.full(m, recv_t)]).astype(np.int64)
+        cached = lay.cache.get("p2p_tmpl")
+        if cached is None or cached[:2] != (send_t, recv_t):
+            both = np.concatenate([np.full(m, send_t, dtype=np.int64), np.full(m, recv_t, dtype=np.int64)])
+            cached = lay.cache["p2p_tmpl"] = (send_t, recv_t, both)
+        tmpl = cached[2]
         self._record(lay, np.concatenate([enter_src, enter_dst]), np.concatenate([xs, xd]),
                      np.concatenate([start, start]), np.concatenate([dur, dur]), tmpl, special)
         fin = np.isfinite(xd)
@@ -565,6 +603,17 @@ class MegatronSim(FaultBook):
             lay.cache["base"], lay.cache["block"] = seq, block
             base = seq
         return np.asarray(block[:, seq - base])
+
+    def _sampled_run(self, lay: _Layout, seq0: int, k: int) -> npt.NDArray[np.bool_]:
+        """``_sampled`` for the ``k`` successive ops from ``seq0`` of a layout's groups, ``(k, groups)``:
+        one slice of the cached block instead of ``k`` calls (a chain's ops are a few array operations each)."""
+        groups = lay.cid_g.shape[0]
+        if self.all_one:
+            return np.ones((k, groups), dtype=np.bool_)
+        base, block = lay.cache.get("base", -1), lay.cache.get("block")
+        if block is not None and base <= seq0 and seq0 + k <= base + _SAMPLE_BLOCK:
+            return np.ascontiguousarray(block[:, seq0 - base : seq0 - base + k].T)
+        return np.stack([self._sampled(lay, np.full(groups, seq0 + j, dtype=np.int64)) for j in range(k)])
 
     def _tmpl(self, t: Template) -> int:
         i = self.tmpl_ids.get(t)
@@ -647,8 +696,9 @@ class MegatronSim(FaultBook):
 
     def _rows(self, g: I64, t: npt.NDArray[np.floating[Any]], *, final: bool) -> None:
         """Records of members ``g`` at times ``t`` about their newest op."""
-        mi = self.mi[g]
-        self._rows_of(g, t, self.mf[g], mi[:, _I_SEQ], mi[:, _I_TMPL], final=final)
+        # take() rather than fancy indexing for row gathers from 2-D tables: several times cheaper
+        mi = self.mi.take(g, axis=0)
+        self._rows_of(g, t, self.mf.take(g, axis=0), mi[:, _I_SEQ], mi[:, _I_TMPL], final=final)
 
     def _rows_of(self, g: I64, t: npt.NDArray[np.floating[Any]], f: F64, seq: I64, tmpl: I64, *,
                  final: bool) -> None:
@@ -673,7 +723,7 @@ class MegatronSim(FaultBook):
         if not done:
             return
         cat = [np.concatenate([d[i] for d in done]) for i in range(9)] if len(done) > 1 else list(done[0][:9])
-        tp = self.tmpl[cat[4]]
+        tp = self.tmpl.take(cat[4], axis=0)
         offs = np.cumsum([0] + [d[0].shape[0] for d in done]).tolist()
 
         def draw(a: int, b: int) -> I64:
@@ -695,7 +745,7 @@ class MegatronSim(FaultBook):
                m_fr: F64, peak: I64 | None) -> None:
         """Queue the records of ``_rows_of``: state samples, or DONE records when ``peak`` is given."""
         final = peak is not None
-        tp = self.tmpl[tmpl]
+        tp = self.tmpl.take(tmpl, axis=0)
         ex = f[:, _F_EXIT]
         n = g.shape[0]
         inside = np.zeros(n, dtype=bool) if final else t < ex
@@ -709,7 +759,7 @@ class MegatronSim(FaultBook):
         blk = np.empty((_N_ROWS, n), dtype=np.int64)
         blk[_R_SEND] = np.where(started, np.minimum(tp[:, 5], level + m_sl), 0)
         blk[_R_RECV] = np.where(started, np.minimum(tp[:, 6], level + m_rl), 0)
-        st = self.m_static[:, g]
+        st = self.m_static.take(g, axis=1)
         blk[_R_CID] = st[0]
         blk[_R_HASH] = self.hash_arr[st[0]]
         blk[_R_INC] = self.inc
@@ -729,7 +779,11 @@ class MegatronSim(FaultBook):
         # DONE carries the peak backlog each kernel kept per channel (probe v2); other rows: unknown
         if peak is None:
             peak = np.full((n, min(self.sc.channels, MAX_CHANNELS)), -1, dtype=np.int64)
-        self.pending.append((blk, np.broadcast_to(t, (n,)), peak))
+        tt = np.broadcast_to(t, (n,))
+        # the window of the earliest and latest row (floor of a monotonic expression: the min and max windows)
+        w_lo = int(math.floor(float(tt.min()) / self.dt + 1e-9))
+        w_hi = int(math.floor(float(tt.max()) / self.dt + 1e-9))
+        self.pending.append((blk, tt, peak, w_lo, w_hi))
 
     # -- windows out ----------------------------------------------------------------------------
     def _flush(self, upto: float) -> Iterator[tuple[float, KernelBatch]]:
@@ -739,26 +793,47 @@ class MegatronSim(FaultBook):
         if last <= self.window or not self.pending:
             self.window = max(self.window, min(last, self.n_inst))
             return
-        if len(self.pending) == 1:
-            blk, t, peak = self.pending[0]
+        # most blocks lie wholly before ``last`` or wholly after it (state samples queued ahead): only
+        # the rows that go out are copied, blocks that stay are kept as they are, in their order, so
+        # the rows go out in the order one concatenation of all of them would give
+        out_p: list[tuple[I64, F64, I64, int, int]] = []
+        kept: list[tuple[I64, F64, I64, int, int]] = []
+        for p in self.pending:
+            if p[4] < last:
+                out_p.append(p)
+            elif p[3] >= last:
+                kept.append(p)
+            else:
+                o = np.floor(p[1] / dt + 1e-9) < last
+                out_p.append((p[0][:, o], p[1][o], p[2][o], p[3], last - 1))
+                kept.append((p[0][:, ~o], p[1][~o], p[2][~o], last, p[4]))
+        self.pending = kept
+        if not out_p:
+            self.window = last
+            return
+        if len(out_p) == 1:
+            blk, t, peak = out_p[0][:3]
         else:
-            blk = np.concatenate([p[0] for p in self.pending], axis=1)
-            t = np.concatenate([p[1] for p in self.pending])
-            peak = np.concatenate([p[2] for p in self.pending])
+            blk = np.concatenate([p[0] for p in out_p], axis=1)
+            t = np.concatenate([p[1] for p in out_p])
+            peak = np.concatenate([p[2] for p in out_p])
         win = np.floor(t / dt + 1e-9).astype(np.int64)
-        out = win < last
-        if out.all():
-            self.pending = []
+        # one batch per window, incarnation and communicator (a communicator may be created again under
+        # a new hash, a job may restart as a new incarnation, inside one window), rows in time order: the
+        # three keys packed in one integer (each below its range), so the stable sort has two passes, not
+        # four; the hash only splits a communicator once one was created again
+        n_c = self.hash_arr.shape[0]
+        inc = blk[_R_INC]
+        key = (win * (int(inc.max()) + 1) + inc) * n_c + blk[_R_CID] if win.shape[0] else win
+        if self.recreated:
+            order = np.lexsort((t, blk[_R_HASH], key))
         else:
-            keep = ~out
-            self.pending = [(blk[:, keep], t[keep], peak[keep])] if keep.any() else []
-            blk, t, peak, win = blk[:, out], t[out], peak[out], win[out]
-        # one batch per window, communicator and incarnation (a communicator may be created again
-        # under a new hash, a job may restart as a new incarnation, inside one window)
-        order = np.lexsort((t, blk[_R_HASH], blk[_R_CID], blk[_R_INC], win))
-        blk, peak, win = blk[:, order], peak[order], win[order]
-        change = (np.diff(win) != 0) | (np.diff(blk[_R_CID]) != 0) | (np.diff(blk[_R_INC]) != 0) | (
-            np.diff(blk[_R_HASH]) != 0)
+            order = np.lexsort((t, key))
+        # np.take gathers a row at a time: well over a third cheaper than fancy indexing of the block
+        blk, peak, win, key = np.take(blk, order, axis=1), np.take(peak, order, axis=0), win[order], key[order]
+        change = np.diff(key) != 0
+        if self.recreated:
+            change |= np.diff(blk[_R_HASH]) != 0
         cuts = np.flatnonzero(change) + 1
         bounds = np.concatenate([[0], cuts, [win.shape[0]]]).tolist()
         send2 = blk[_R_SEND][:, None] * self.slot_mult
@@ -769,14 +844,20 @@ class MegatronSim(FaultBook):
         inc_l = blk[_R_INC][firsts].tolist()
         hash_l = blk[_R_HASH][firsts].tolist()
         hosts, job, producer, world = self.c.hosts, self.job, self.producer, self.topo.n
+        # a batch's columns are slices of the block's rows (1-D slicing is the cheapest view numpy makes);
+        # every rule KernelBatch checks holds by construction, so they are not checked again per batch
+        rows = [(k, blk[r]) for k, r in zip(_BATCH_NAMES, _BATCH_ROW_IX, strict=True)]
+        seq0 = self.batch_seq
+        dur_s = self.sc.duration_s
+        make = KernelBatch.prebuilt
         for i, (a, b) in enumerate(zip(firsts, bounds[1:], strict=True)):
-            batch = KernelBatch(
-                job=job, incarnation=inc_l[i], comm_hash=hash_l[i], world_size=world,
-                hosts=hosts[cid_l[i]], columns={k: blk[r, a:b] for k, r in _BATCH_ROWS}, send=send2[a:b],
-                recv=recv2[a:b], producer=producer, batch_seq=self.batch_seq, peak_lag=peak[a:b],
+            batch = make(
+                job=job, incarnation=inc_l[i], comm_hash=hash_l[i], world_size=world, hosts=hosts[cid_l[i]],
+                columns={k: row[a:b] for k, row in rows}, send=send2[a:b],
+                recv=recv2[a:b], producer=producer, batch_seq=seq0 + i, peak_lag=peak[a:b],
             )
-            self.batch_seq += 1
-            yield min((win_l[i] + 1) * dt, self.sc.duration_s) + DELIVERY_LATENCY_S, batch
+            self.batch_seq = seq0 + i + 1
+            yield min((win_l[i] + 1) * dt, dur_s) + DELIVERY_LATENCY_S, batch
         self.window = last
 
     # -- the schedule -------------------------------------------------------------------------------
@@ -947,6 +1028,7 @@ class MegatronSim(FaultBook):
             self._last_word(np.arange(sl.start, sl.stop))
             self.c.hashes[c] = h
             self.hash_arr[c] = h
+            self.recreated = True
             self._forget(np.arange(sl.start, sl.stop))
         self.cseq[cids] = 0
 
