@@ -1,0 +1,124 @@
+"""A real slow network link in real jobs: ranks in network namespaces, one rank's link shaped with ``tc``.
+
+Each rank is a host of its own (its own network and UTS namespace: its veth is the host's NIC), the
+job is ``ccld.producers.attach.net_job`` with the attachment ``ccld run`` gives, and a real worker on
+the bundled broker judges it. Shaping rank ``CULPRIT``'s link slows every transfer that crosses it:
+the pipeline send/recv pairs to and from it and its data-parallel group's gradient all-reduce,
+from the first step or from the middle of the run. The verdict must name that host's NIC (or a
+link through it), and no rank may get S1: every rank computes at its usual pace.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch", reason="torch is not installed (pip install 'ccl-d[torch]')")
+
+from ccld.producers.attach.localrun import LocalJob, launch  # noqa: E402
+from ccld.producers.attach.netns import NetnsJob, netns_refusal  # noqa: E402
+from ccld.producers.attach.run_command import prepare_env  # noqa: E402
+from ccld.records import AnomalyKind, Verdict  # noqa: E402
+from ccld.settings import Settings  # noqa: E402
+from ccld.streams.analysis.incidents import NIC  # noqa: E402
+from harness import WorkerProcess, collect_verdicts, job_logs  # noqa: E402
+
+pytestmark = [pytest.mark.integration, pytest.mark.torch, pytest.mark.slow]
+
+WORLD = 4
+CULPRIT = 2
+JOB = "ccld.producers.attach.net_job"
+
+
+@pytest.fixture
+def net(fast: Settings) -> Iterator[NetnsJob]:
+    reason = netns_refusal()
+    if reason:
+        pytest.skip(reason)
+    with NetnsJob(WORLD, fast.bootstrap) as n:
+        yield n
+
+
+def run_job(tmp_path: Path, settings: Settings, net: NetnsJob, args: list[str]) -> LocalJob:
+    site = tmp_path / "site"
+    site.mkdir(exist_ok=True)
+    env = prepare_env(settings, str(site), sink="kafka", heartbeat_ms=100)
+    return launch(
+        WORLD, [JOB, *args], tmp_path / "ranks", env=env, prefix=net.prefixes(own_hosts=True),
+        rank_env=net.rank_env(), master_addr=net.addr(0),
+    )  # fmt: skip
+
+
+def watch(settings: Settings, timeout_s: float, done: Callable[[list[Verdict]], bool]) -> list[Verdict]:
+    got = collect_verdicts(settings, timeout_s, until=done)
+    for v in got:  # what a failure (and RESULTS.md) shows
+        print(f"  {v.detected_time:.1f} {v.describe()}")
+    return got
+
+
+def names_the_nic(host: str) -> Callable[[Verdict], bool]:
+    return lambda v: v.kind is AnomalyKind.S2 and v.details.get(NIC) == host and v.root_cause_ranks == (CULPRIT,)
+
+
+@pytest.mark.parametrize("when", ["middle", "start"])
+def test_pipeline_and_ddp_over_a_slow_link(
+    when: str, tmp_path: Path, fast: Settings, net: NetnsJob, worker_factory: Callable[[Settings], WorkerProcess]
+) -> None:
+    if when == "start":
+        net.throttle(CULPRIT)
+    job = run_job(tmp_path, fast, net, ["--shape", "pipe", "--duration-s", "70"])
+    try:
+        worker_factory(fast).start()
+        assert job.wait_for_line(0, "ready", 40), job_logs(job)
+        if when == "middle":
+            time.sleep(8)  # a healthy baseline first
+            net.throttle(CULPRIT)
+        t0 = time.time()
+        named = names_the_nic(net.host(CULPRIT))
+        got = watch(fast, 45, lambda vs: any(named(v) for v in vs))
+        hits = [v for v in got if named(v)]
+        print(f"RESULT pipe+ddp {when}: {len(got)} verdicts, NIC named {time.time() - t0:.1f} s after the shaping"
+              if hits else f"RESULT pipe+ddp {when}: NIC not named")
+        assert hits, [v.describe() for v in got]
+        assert not [v for v in got if v.kind is AnomalyKind.S1], [v.describe() for v in got]  # no innocent rank
+    finally:
+        job.kill()
+
+
+# ---------------------------------------------------------------- MoE: all_to_all of routed sizes
+def run_moe(tmp_path: Path, settings: Settings, args: list[str]) -> LocalJob:
+    site = tmp_path / "site"
+    site.mkdir(exist_ok=True)
+    env = prepare_env(settings, str(site), sink="kafka", heartbeat_ms=100)
+    return launch(WORLD, [JOB, "--shape", "moe", *args], tmp_path / "ranks", env=env)
+
+
+@pytest.mark.parametrize("fault", ["none", "slow-expert"])
+def test_moe_all_to_all_of_varying_sizes(
+    fault: str, tmp_path: Path, fast: Settings, worker_factory: Callable[[Settings], WorkerProcess]
+) -> None:
+    args = ["--duration-s", "35"]
+    if fault == "slow-expert":
+        args += ["--fault", "slow", "--culprit", str(CULPRIT), "--at-step", "0", "--slow-factor", "4"]
+    job = run_moe(tmp_path, fast, args)
+    try:
+        worker_factory(fast).start()
+        assert job.wait_for_line(0, "ready", 40), job_logs(job)
+        t0 = time.time()
+        if fault == "none":
+            got = watch(fast, 35, lambda vs: False)
+            assert job.wait(30) == [0] * WORLD, job_logs(job)  # the routed sizes agreed: gloo ran every step
+            print(f"RESULT moe healthy: {len(got)} verdicts")
+            assert got == [], [v.describe() for v in got]
+        else:
+            got = watch(fast, 40, lambda vs: any(v.kind is AnomalyKind.S1 for v in vs))
+            s1 = [v for v in got if v.kind is AnomalyKind.S1]
+            print("RESULT moe slow expert: " + (f"S1 {s1[0].root_cause_ranks} {time.time() - t0:.1f} s after the "
+                                                "first rank was ready" if s1 else "no S1"))
+            assert s1 and s1[0].root_cause_ranks == (CULPRIT,), [v.describe() for v in got]
+            assert not [v for v in got if v.kind is AnomalyKind.H2], [v.describe() for v in got]
+    finally:
+        job.kill()
