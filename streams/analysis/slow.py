@@ -292,9 +292,11 @@ class SlowDetector:
 
     def _siblings(self, js: JobState) -> None:
         """For each baseline, the median healthy kernel time (``b_min``) over every communicator of the
-        job with the same op signature and size, and how many there are. Not for send/recv: a pair
-        inside a node and one across nodes move the same bytes over links 10x apart."""
-        ok = (self.b_n >= self.s.baseline_min_ops) & ~np.isin(self.b_sig >> 60 & 0xF, _P2P)
+        job with the same op signature and size, and how many there are. A send/recv pair only among
+        the pairs between two hosts (network links): one inside a node moves the same bytes over a link
+        10x faster, and one whose hosts are not known yet may be either."""
+        p2p = np.isin(self.b_sig >> 60 & 0xF, _P2P)
+        ok = (self.b_n >= self.s.baseline_min_ops) & (~p2p | self._network_pairs(js, p2p))
         self.b_sibn[:] = 0
         idx = np.flatnonzero(ok)
         if idx.size < 2:
@@ -316,6 +318,21 @@ class SlowDetector:
         other = np.where(start, np.arange(idx.size) + 1, np.arange(idx.size) - 1)
         self.b_sib[idx[two]] = vals[other[two]]
         self.b_sibn[idx] = cnt[grp]
+
+    def _network_pairs(self, js: JobState, p2p: npt.NDArray[np.bool_]) -> npt.NDArray[np.bool_]:
+        """Of the baselines marked ``p2p``, those of two-rank communicators whose ranks are on two
+        different known hosts."""
+        out = np.zeros(self.nb, dtype=bool)
+        bi = np.flatnonzero(p2p)
+        if bi.size == 0:
+            return out
+        cid = self.b_cid[bi]
+        off = js.c_off[cid]
+        two = js.c_size[cid] == 2
+        h0 = js.m_host[off]
+        h1 = js.m_host[np.where(two, off + 1, off)]
+        out[bi] = two & (h0 >= 0) & (h1 >= 0) & (h0 != h1)
+        return out
 
     def _relearn(self, lb: I64) -> None:
         """Baselines of ``lb`` from their recent healthy ops: medians, and median absolute deviations.
