@@ -17,8 +17,9 @@ MASTER_ADDR, MASTER_PORT); the script knows nothing about CCL-D.
   with uneven splits (alltoallv); its list form ``all_to_all`` needs equal sizes.
 
 ``--fault slow`` makes ``--culprit`` compute ``--slow-factor`` times longer from step ``--at-step``
-(S1; in ``moe`` its expert only); a slow link is shaped from outside (``netns.NetnsJob.throttle``),
-the script is the same.
+(S1; in ``moe`` its expert only); ``--fault sleep`` (``moe``) hangs its expert before the combine
+(H1: the others wait in an all_to_all whose sizes differ from rank to rank); a slow link is shaped
+from outside (``netns.NetnsJob.throttle``), the script is the same.
 """
 
 from __future__ import annotations
@@ -42,12 +43,15 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--hidden", type=int, default=256, help="DDP model width: hidden x hidden gradients (pipe)")
     p.add_argument("--tokens", type=int, default=512, help="tokens each rank dispatches per step (moe)")
     p.add_argument("--width", type=int, default=128, help="floats per token (moe)")
-    p.add_argument("--fault", choices=("none", "slow"), default="none")
+    p.add_argument("--fault", choices=("none", "slow", "sleep"), default="none")
     p.add_argument("--culprit", type=int, default=2)
     p.add_argument("--at-step", type=int, default=0)
     p.add_argument("--slow-factor", type=float, default=5.0)
     p.add_argument("--timeout-s", type=float, default=120.0, help="gloo timeout")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.fault == "sleep" and args.shape != "moe":
+        p.error("--fault sleep hangs an expert: --shape moe only")
+    return args
 
 
 def pipe_step(dist: Any, torch: Any, args: argparse.Namespace, rank: int, world: int, ddp: Any,
@@ -92,6 +96,10 @@ def moe_step(dist: Any, torch: Any, args: argparse.Namespace, rank: int, world: 
     tokens = torch.ones(args.tokens * w)
     got = torch.empty(sum(recv) * w)
     dist.all_to_all_single(got, tokens, [n * w for n in recv], [n * w for n in send])
+    if expert_factor == float("inf"):  # a hung expert: its peers wait in the combine, each with its own size
+        print(f"rank {rank} sleeps forever before the combine of step {step}", flush=True)
+        while True:
+            time.sleep(3600)
     time.sleep(compute_s * expert_factor * sum(recv) / args.tokens)  # the expert, on what it was sent
     back = torch.empty(args.tokens * w)
     dist.all_to_all_single(back, got, [n * w for n in send], [n * w for n in recv])
@@ -121,7 +129,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"rank {rank}/{world} pid {os.getpid()} ready", flush=True)
     step = 0
     while True:  # ends only where every rank agrees (below): ranks that stopped apart would hang
-        factor = args.slow_factor if args.fault == "slow" and rank == args.culprit and step >= args.at_step else 1.0
+        faulty = args.fault != "none" and rank == args.culprit and step >= args.at_step
+        factor = (args.slow_factor if args.fault == "slow" else float("inf")) if faulty else 1.0
         if args.shape == "pipe":
             pipe_step(dist, torch, args, rank, world, ddp, args.compute_ms / 1000.0 * factor)
         else:

@@ -13,6 +13,8 @@ import numpy as np
 
 from ccld.records import AnomalyKind, Link, OpType, VerdictState
 from ccld.streams.analysis.incidents import ENDS, NIC, NIC_LINKS, SLOW_COMMS, Candidate, IncidentBook
+from ccld.streams.analysis.settings import AnalyzerSettings
+from ccld.streams.analysis.slow import _peer_late
 from ccld.streams.analysis.state import sig_code
 
 
@@ -92,3 +94,11 @@ def test_a_part_seen_again_never_replaces_the_summary() -> None:
     assert book.report(grown, 30.0) == [] and book.report(_link(0, 2, "p02"), 30.0) == []
     (more,) = book.report(_link(2, 0, "p20"), 31.0)  # a new link through n2: added
     assert more.details[NIC] == "n2" and more.details[NIC_LINKS] == "0>2,2>0" and more.root_cause_ranks == (2,)
+
+
+def test_an_all_to_all_late_arriver_is_not_judged_against_its_peers() -> None:
+    # the expert the router sent most tokens computes longest and is late at the combine: no fault
+    ops = np.array([int(OpType.ALL_TO_ALL), int(OpType.ALL_REDUCE)])
+    late = _peer_late(ops, np.array([4, 4]), np.array([0.04, 0.04]), np.array([0.02, 0.02]), np.array([0.02, 0.02]),
+                      AnalyzerSettings())
+    assert late.tolist() == [False, True]
