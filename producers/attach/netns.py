@@ -53,8 +53,18 @@ class NetnsJob:
     def addr(self, rank: int) -> str:
         return f"{self.net}.{rank + 1}"
 
-    def prefixes(self) -> list[list[str]]:
-        return [["ip", "netns", "exec", ns] for ns in self.ns]
+    def host(self, rank: int) -> str:
+        return f"cc{self.tag}-node{rank}"
+
+    def prefixes(self, own_hosts: bool = False) -> list[list[str]]:
+        """Each rank's command prefix: its namespace; with ``own_hosts`` also a UTS namespace of its own
+        named ``host(rank)``, so each rank is a host of its own (its veth is that host's NIC), as the
+        records' ``host`` field then says."""
+        if not own_hosts:
+            return [["ip", "netns", "exec", ns] for ns in self.ns]
+        named = 'hostname {} && exec "$0" "$@"'
+        return [["ip", "netns", "exec", ns, "unshare", "--uts", "--", "sh", "-c", named.format(self.host(r))]
+                for r, ns in enumerate(self.ns)]  # fmt: skip
 
     def rank_env(self) -> dict[int, dict[str, str]]:
         return {r: {"GLOO_SOCKET_IFNAME": "cv0"} for r in range(self.world)}

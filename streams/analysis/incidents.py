@@ -23,6 +23,12 @@ LINK_NOT_OBSERVED = "not observed"
 #: a link between two hosts); ``details["nic_links"]``: a NIC incident's slow links, ``src>dst,...``
 NIC = "nic"
 NIC_LINKS = "nic_links"
+#: ``details["ends"]``: where a slow finding's transfers run, ``rank@host,...``: the two ends of its link,
+#: or the members of a communicator whose slow link cannot be named (jobview); in an incident, the ends
+#: every finding folded into it shares (``IncidentBook._shared_end``)
+ENDS = "ends"
+#: ``details["slow_comms"]``: the communicators of the findings an incident folded by their shared end
+SLOW_COMMS = "slow_comms"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -113,8 +119,16 @@ class IncidentBook:
         """Feed one detection; returns the OPEN or UPDATE verdict it causes, if any."""
         self._adopt_blind(c)
         inc = self.open.get(c.match_key) or self._same_nic(c)
+        if inc is not None and inc.quiet_since is None and SLOW_COMMS in inc.last.details:
+            # an incident folded by its shared end: a finding through that end again adds to it or is
+            # nothing new; it never replaces the summary with one of its parts
+            common = set(_ends(inc.last).values()) & set(_ends(c).values())
+            if common:
+                return self._ends_update(inc, common, c, now)
         if inc is not None and inc.quiet_since is None and _nic_of(c) and _nic_of(c) == _nic_of(inc.last):
             return self._nic_update(inc, c, now)
+        if inc is None and (shared := self._shared_end(c)) is not None:
+            return self._ends_update(*shared, c, now)
         if inc is not None and inc.quiet_since is not None:
             # the same root cause again within reopen_s: one more episode of this incident, not a new one
             inc.quiet_since = None
@@ -211,6 +225,71 @@ class IncidentBook:
         inc.last, inc.last_report, inc.affected_n = upd, now, len(upd.affected_ranks)
         return [upd.verdict(inc.incident_id, VerdictState.UPDATE, now)]
 
+    def _shared_end(self, c: Candidate) -> tuple[Incident, set[str]] | None:
+        """The open slow incident of the same job whose transfers share one host with ``c``'s, or run
+        between the same two hosts, and those hosts.
+
+        A host's network interface slows every transfer through it, in both directions and in every
+        communicator that crosses it: a pipeline send to the host and one from it, and the gradient
+        all-reduce of its data-parallel group (slow as a whole: no counters name its link). Each of them
+        alone has two or more hosts at its ends; the host they all share is the NIC. Two findings
+        between the same two hosts (both directions of one link) are one incident too: the cable, or
+        either end's NIC, until a third finding narrows it to one host.
+        """
+        ends = _ends(c)
+        if c.family != "slow" or not ends:
+            return None
+        hc = set(ends.values())
+        for inc in list({id(i): i for i in self.open.values()}.values()):  # a NIC's incident has many keys
+            ie = _ends(inc.last)
+            if (not ie or inc.quiet_since is not None or inc.first.family != "slow"
+                    or (inc.first.job, inc.first.incarnation) != (c.job, c.incarnation)):
+                continue
+            common = hc & set(ie.values())
+            if common and (len(common) == 1 or common == hc == set(ie.values())) and (c.link or inc.last.link):
+                self.open[c.match_key] = inc
+                return inc, common
+        return None
+
+    def _ends_update(self, inc: Incident, common: set[str], c: Candidate, now: float) -> list[Verdict]:
+        """Fold ``c`` into ``inc``, whose findings all run through ``common``: one host (its NIC) or the
+        two hosts of one link; an UPDATE when it adds a link or a communicator, or a more specific class."""
+        old = inc.last
+        links = nic_links(old)
+        found = [lk for lk in nic_links(c) if lk not in links]
+        comms = [x for x in old.details.get(SLOW_COMMS, old.communicator).split(",") if x]
+        new_comm = c.communicator not in comms
+        kind = max(old.kind, c.kind, key=lambda k: k.info.precedence)
+        if not found and not new_comm and kind == old.kind:
+            return []
+        links += found
+        comms += [c.communicator] if new_comm else []
+        ends = {r: h for r, h in {**_ends(old), **_ends(c)}.items() if h in common}
+        roots = tuple(sorted(ends))
+        hosts = tuple(sorted(common))
+        shown = f"{len(links)} slow links ({show_links(links)})" if links else "no link named"
+        details = {k: v for k, v in old.details.items() if k not in (NIC, NIC_LINKS)}
+        details.update({ENDS: _show_ends(ends), SLOW_COMMS: ",".join(comms)})
+        if links:
+            details[NIC_LINKS] = ",".join(f"{lk.src}>{lk.dst}" for lk in links)
+        if len(hosts) == 1:
+            details[NIC] = hosts[0]
+            ev = (f"the network interface of {hosts[0]}: every slow transfer found runs through it, {shown} in "
+                  f"{len(comms)} communicators that share nothing but this host (its ranks {_show_ranks(roots)}); "
+                  f"first: {inc.first.evidence}")
+        else:
+            ev = (f"both directions between {hosts[0]} and {hosts[1]} are slow, {shown}: the link between them or "
+                  f"either host's network interface (a transfer through only one of them would tell which); "
+                  f"first: {inc.first.evidence}")
+        affected = tuple(sorted((set(old.affected_ranks) | set(c.affected_ranks)) - set(roots)))
+        upd = replace(old, kind=kind, root_cause_ranks=roots, root_cause_hosts=hosts, affected_ranks=affected,
+                      evidence=ev, confidence=max(old.confidence, c.confidence), details=details,
+                      link=old.link or c.link, p=c.p if kind != old.kind else old.p,
+                      communicator=inc.first.communicator, op_seq=inc.first.op_seq, onset_time=inc.first.onset_time,
+                      resolve_key=inc.first.resolve_key)
+        inc.last, inc.last_report, inc.affected_n = upd, now, len(upd.affected_ranks)
+        return [upd.verdict(inc.incident_id, VerdictState.UPDATE, now)]
+
     def _drop(self, inc: Incident) -> None:
         """Remove an incident from the open ones under every key it has (a NIC's links each add one)."""
         for k in [k for k, v in self.open.items() if v is inc]:
@@ -292,6 +371,24 @@ class IncidentBook:
 
 def _nic_of(c: Candidate) -> str:
     return c.details.get(NIC, "") if c.link is not None else ""
+
+
+def _ends(c: Finding) -> dict[int, str]:
+    """``details["ends"]`` as rank -> host."""
+    out: dict[int, str] = {}
+    for item in c.details.get(ENDS, "").split(","):
+        rank, _, host = item.partition("@")
+        if host:
+            out[int(rank)] = host
+    return out
+
+
+def _show_ends(ends: dict[int, str]) -> str:
+    return ",".join(f"{r}@{h}" for r, h in sorted(ends.items()))
+
+
+def _show_ranks(ranks: tuple[int, ...]) -> str:
+    return ", ".join(map(str, ranks))
 
 
 def show_links(links: list[Link], limit: int = 8) -> str:

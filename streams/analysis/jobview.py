@@ -16,7 +16,7 @@ import numpy as np
 from ccld.records import AnomalyKind, Link, OpType
 from ccld.streams.analysis.cadence import Cadence
 from ccld.streams.analysis.hangs import CommDiag
-from ccld.streams.analysis.incidents import LINK_NOT_OBSERVED, NIC, Candidate
+from ccld.streams.analysis.incidents import ENDS, LINK_NOT_OBSERVED, NIC, Candidate
 from ccld.streams.analysis.ops import OpTable
 from ccld.streams.analysis.settings import AnalyzerSettings
 from ccld.streams.analysis.slow import SlowDetector, SlowFinding
@@ -173,6 +173,29 @@ def _nic(ja: JobAnalysis, f: SlowFinding) -> dict[str, str]:
     return {NIC: src} if src and dst and src != dst else {}
 
 
+#: an unnamed slow communicator of more members than this says too little about where its link is
+ENDS_MAX_RANKS = 64
+
+
+def _ends(ja: JobAnalysis, f: SlowFinding) -> dict[str, str]:
+    """``{"ends": "rank@host,..."}``: the two ends of the finding's link, or the members of a communicator
+    slow as a whole whose link cannot be named, when they are on two hosts or more (the network: the
+    incident book folds findings that share a host into that host's NIC, ``IncidentBook._shared_end``)."""
+    if f.link is not None:
+        ranks = list(f.link)
+    elif f.kind == AnomalyKind.S2 and f.culprit < 0:
+        g = ja.js.m_grank[ja.js.members_of(f.cid)]
+        if g.size > ENDS_MAX_RANKS or (g < 0).any():
+            return {}
+        ranks = g.tolist()
+    else:
+        return {}
+    hm = ja.host_map(ranks)
+    if len(hm) < len(ranks) or len(set(hm.values())) < 2:
+        return {}
+    return {ENDS: ",".join(f"{r}@{hm[r]}" for r in ranks)}
+
+
 def slow_candidate(ja: JobAnalysis, f: SlowFinding) -> Candidate:
     js = ja.js
     op = OpType(f.op_type).name.lower() if f.op_type in OpType._value2member_map_ else f"op{f.op_type}"
@@ -239,6 +262,7 @@ def slow_candidate(ja: JobAnalysis, f: SlowFinding) -> Candidate:
         p=f.p,
         details={"slow_ops": str(f.n_slow), "culprit_share": f"{f.share:.2f}",
                  **({"judged_against": "peers"} if f.peer_only else {}),
-                 **({"link": LINK_NOT_OBSERVED} if f.link_unobserved else {}), **_nic(ja, f)},
+                 **({"link": LINK_NOT_OBSERVED} if f.link_unobserved else {}), **_nic(ja, f),
+                 **_ends(ja, f)},
         resolve_key=("slow", int(ja.slow.b_sig[f.bidx])),
     )

@@ -44,6 +44,11 @@ HIGH_Q = 0.9
 RING_OPS = frozenset({int(OpType.ALL_REDUCE), int(OpType.ALL_GATHER), int(OpType.REDUCE_SCATTER)})
 P2P_OPS = frozenset({int(OpType.SEND), int(OpType.RECV)})
 _P2P = np.array(sorted(P2P_OPS), dtype=np.int64)
+#: ops whose members do different work before them, so a late arriver is judged against its own healthy
+#: compute, never against its peers': a send/recv pair's two stages, and an all_to_all's experts (each
+#: computes on what the router sent it: the most loaded one is late at the combine, and that is no fault)
+OWN_WORK_OPS = P2P_OPS | {int(OpType.ALL_TO_ALL)}
+_OWN_WORK = np.array(sorted(OWN_WORK_OPS), dtype=np.int64)
 
 
 @dataclass(frozen=True)
@@ -292,9 +297,11 @@ class SlowDetector:
 
     def _siblings(self, js: JobState) -> None:
         """For each baseline, the median healthy kernel time (``b_min``) over every communicator of the
-        job with the same op signature and size, and how many there are. Not for send/recv: a pair
-        inside a node and one across nodes move the same bytes over links 10x apart."""
-        ok = (self.b_n >= self.s.baseline_min_ops) & ~np.isin(self.b_sig >> 60 & 0xF, _P2P)
+        job with the same op signature and size, and how many there are. A send/recv pair only among
+        the pairs between two hosts (network links): one inside a node moves the same bytes over a link
+        10x faster, and one whose hosts are not known yet may be either."""
+        p2p = np.isin(self.b_sig >> 60 & 0xF, _P2P)
+        ok = (self.b_n >= self.s.baseline_min_ops) & (~p2p | self._network_pairs(js, p2p))
         self.b_sibn[:] = 0
         idx = np.flatnonzero(ok)
         if idx.size < 2:
@@ -316,6 +323,21 @@ class SlowDetector:
         other = np.where(start, np.arange(idx.size) + 1, np.arange(idx.size) - 1)
         self.b_sib[idx[two]] = vals[other[two]]
         self.b_sibn[idx] = cnt[grp]
+
+    def _network_pairs(self, js: JobState, p2p: npt.NDArray[np.bool_]) -> npt.NDArray[np.bool_]:
+        """Of the baselines marked ``p2p``, those of two-rank communicators whose ranks are on two
+        different known hosts."""
+        out = np.zeros(self.nb, dtype=bool)
+        bi = np.flatnonzero(p2p)
+        if bi.size == 0:
+            return out
+        cid = self.b_cid[bi]
+        off = js.c_off[cid]
+        two = js.c_size[cid] == 2
+        h0 = js.m_host[off]
+        h1 = js.m_host[np.where(two, off + 1, off)]
+        out[bi] = two & (h0 >= 0) & (h1 >= 0) & (h0 != h1)
+        return out
 
     def _relearn(self, lb: I64) -> None:
         """Baselines of ``lb`` from their recent healthy ops: medians, and median absolute deviations.
@@ -409,9 +431,10 @@ class SlowDetector:
                 cr = max(set(votes), key=lambda v: (votes.count(v), -v))
                 late_share = votes.count(cr) / n_slow
                 op_type = int(self.b_sig[bi] >> 60 & 0xF)
-                if op_type in P2P_OPS:
+                if op_type in OWN_WORK_OPS:
                     # a send/recv pair's two ranks do different work (a pipeline stage sends what it
-                    # computed to one that waits for it): the late one always "computed longer" than its
+                    # computed to one that waits for it; an all_to_all's experts, on what the router sent
+                    # each): the late one always "computed longer" than its
                     # peer, so it is judged against its own healthy compute here; a sender that arrives
                     # late because it waited inside another op (a paused tensor-parallel peer) computed
                     # no longer than usual and is a victim
@@ -553,14 +576,15 @@ def _peer_late(
     """Ops whose last arriver computed clearly longer than the other members before it, and made them
     wait for it: slow against the peers, whatever a baseline says.
 
-    Only collectives: their members do the same work, so their compute gaps compare; a send/recv
-    pair's do not (one stage computes while the other waits for its output). The excess must be a
+    Only collectives whose members do the same work, so their compute gaps compare; a send/recv
+    pair's do not (one stage computes while the other waits for its output), nor an all_to_all's
+    (each expert computes on what the router sent it: the most loaded is late, healthy). The excess must be a
     clear share of what the peers computed (``peer_gap_ratio``: jitter and one rank's logging stay
     below it), at least ``peer_min_excess_s``, and show up as lateness (half of it at least: a rank
     that computed longer but started earlier made nobody wait).
     """
     extra = late_gap - peer_gap
-    coll = ~np.isin(op_type, _P2P) & (cnt >= 2)
+    coll = ~np.isin(op_type, _OWN_WORK) & (cnt >= 2)
     return coll & _computed_clearly_longer(extra, peer_gap, s) & (spread >= s.culprit_gap_share * extra)
 
 

@@ -117,3 +117,11 @@ def test_one_link_found_in_two_findings_is_a_link_not_a_nic_and_joins_its_rank_s
     s1 = replace(rs, kind=AnomalyKind.S1, communicator="tp", root_cause_ranks=(329,), link=None, details={})
     (s3,) = best_slow([s1, *merged])
     assert s3.kind == AnomalyKind.S3 and s3.link == Link(329, 361) and s3.root_cause_ranks[0] == 329
+
+
+def test_a_pipeline_link_slow_from_the_first_step_is_named_against_the_other_network_pairs() -> None:
+    # no healthy history: its own baseline learns the slow link; the other pairs between two nodes
+    # (same bytes, same kind of link) are its siblings, as the tensor groups are for a ring
+    inc = incidents(run([{"kind": "S2", "comm": "pp", "rank": 2, "peer": 6, "onset_s": 0, "factor": 0.3}], 40.0))
+    (v,) = inc.values()
+    assert v.kind == AnomalyKind.S2 and v.link == Link(2, 6) and v.root_cause_ranks[0] == 2, v
