@@ -532,6 +532,10 @@ class SlowDetector:
         size = sl.stop - sl.start
         culprit = int(js.m_grank[sl.start + crank]) if crank >= 0 else -1
         op_type = int(self.b_sig[bi] >> 60 & 0xF)
+        if op_type in P2P_OPS and crank >= 0 and int(js.m_op[sl.start + crank]) in P2P_OPS:
+            # a pair's signature is folded (send and recv are one op), so it names the send; say the
+            # culprit's own side: a receiver that arrived last did so at its recv
+            op_type = int(js.m_op[sl.start + crank])
         where = None
         channel = None
         if link and size >= 2 and crank >= 0:

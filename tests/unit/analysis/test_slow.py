@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from analysis_factories import Comm, Probe, batches_by_tick, healthy_steps
 
 from ccld.records import AnomalyKind, KernelRecord, Link, OpType, VerdictState
@@ -263,7 +265,9 @@ def test_a_pipeline_sender_that_computes_longer_is_blamed() -> None:
         recs += probe.ring_op(t, [base + 0.2, base + 0.2 + 0.01 * (k % 2)], 0.05)
         compute = 0.9 if k >= 25 else 0.5 + 0.01 * (k % 3)  # rank 2's compute between the two, from step 25
         recs += probe.ring_op(pair, [base + 0.1, base + 0.26 + compute], 0.02, op_type=OpType.SEND)
-    assert [(v.kind, v.root_cause_ranks) for v in opens(recs)] == [(AnomalyKind.S1, (2,))]
+    vs = opens(recs)
+    assert [(v.kind, v.root_cause_ranks) for v in vs] == [(AnomalyKind.S1, (2,))]
+    assert "rank 2 arrived last at send" in vs[0].evidence
 
 
 def one_micro_batch_pipeline(recv_paused: range, steps: int = 120) -> list[tuple[float, KernelRecord]]:
@@ -290,7 +294,8 @@ def one_micro_batch_pipeline(recv_paused: range, steps: int = 120) -> list[tuple
         recs += probe.ring_op(a, enters, 0.005)
         send_at = max(enters) + 0.005 + 0.002
         recv_at = s1 + (0.7 if k in recv_paused else 0.0) + jit[k % 6]
-        recs += probe.ring_op(pair, [send_at, recv_at], 0.002, op_type=OpType.SEND)
+        for at, r in probe.ring_op(pair, [send_at, recv_at], 0.002, op_type=OpType.SEND, peer=1):
+            recs.append((at, replace(r, op_type=OpType.RECV, peer=0) if r.comm_rank == 1 else r))
         done = max(send_at, recv_at) + 0.002
         recs += probe.ring_op(t, [done + 0.02, done + 0.02 + jit[(k + 3) % 6]], 0.005)
         s1 = done + 0.02 + 0.0021 + 0.005
@@ -309,6 +314,7 @@ def test_the_same_rank_late_for_longer_than_slow_confirm_s_is_s1() -> None:
     """The control: rank 2 pauses in every step from the same point on, for about 20 s: S1 on rank 2."""
     vs = opens(one_micro_batch_pipeline(recv_paused=range(91, 121), steps=150))
     assert [(v.kind, v.root_cause_ranks) for v in vs] == [(AnomalyKind.S1, (2,))]
+    assert "rank 2 arrived last at recv" in vs[0].evidence  # its own side of the pair, not the folded "send"
 
 
 def test_a_link_slow_from_the_start_is_slow_against_its_sibling_communicators() -> None:
