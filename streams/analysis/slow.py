@@ -99,6 +99,9 @@ class SlowDetector:
         self.b_cid, self.b_sig, self.b_n, self.b_pos, self.b_okrun = zi, zi, zi, zi, zi
         self.b_min, self.b_max, self.b_spr, self.b_dev, self.b_devmin = z, z, z, z, z
         self.b_since = z  # job time the window became alarmed (nan: not alarmed)
+        # the alarmed window's leading late arriver (comm rank; -1: none) and the job time it took the
+        # lead (nan: not alarmed): an S1 names a rank, so the confirmation must be that rank's
+        self.b_lead, self.b_lead_since = zi, z
         self.b_hmax, self.b_hmin, self.b_hspr = z, z, z  # the top of the healthy range (HIGH_Q quantile)
         h = max(1, settings.baseline_ops)
         self.h_max = np.zeros((0, h))  # the recent healthy ops' times (nan: not yet), a ring per baseline
@@ -174,6 +177,7 @@ class SlowDetector:
         self.b_min, self.b_max, self.b_spr = g(self.b_min), g(self.b_max), g(self.b_spr)
         self.b_dev, self.b_devmin = g(self.b_dev), g(self.b_devmin)
         self.b_since = g(self.b_since, np.nan)
+        self.b_lead, self.b_lead_since = g(self.b_lead, -1), g(self.b_lead_since, np.nan)
         self.b_hmax, self.b_hmin, self.b_hspr = g(self.b_hmax), g(self.b_hmin), g(self.b_hspr)
         self.h_max, self.h_min = g(self.h_max, np.nan), g(self.h_min, np.nan)
         self.h_lgap, self.b_hlgap, self.b_onset = g(self.h_lgap, np.nan), g(self.b_hlgap), g(self.b_onset, np.nan)
@@ -378,6 +382,11 @@ class SlowDetector:
         since = self.b_since[touched]
         since = np.where(hit, np.where(np.isnan(since), newest, since), np.nan)
         self.b_since[touched] = since
+        lead = np.where(hit, _lead(ws, self.w_late[touched]), -1)
+        old = self.b_lead_since[touched]
+        self.b_lead_since[touched] = np.where(
+            lead >= 0, np.where((lead != self.b_lead[touched]) | np.isnan(old), newest, old), np.nan)
+        self.b_lead[touched] = lead
         # ops seconds apart (a step's gradient sync) already span the time in the window itself
         span = newest - np.where(ws, now, np.inf).min(axis=1)
         c = self.s.slow_confirm_s
@@ -387,6 +396,18 @@ class SlowDetector:
         """How long (job time) the window of ``bi`` has been alarmed; 0 when it is not."""
         since = float(self.b_since[bi])
         return 0.0 if np.isnan(since) else float(self.w_now[bi].max()) - since
+
+    def late_for(self, bi: int, crank: int) -> float:
+        """How long (job time) comm rank ``crank`` has been the alarmed window of ``bi``'s leading late
+        arriver without a break, or how far apart its slow ops in the window lie, whichever is longer
+        (ops seconds apart, as in ``alarmed``); 0 when it does not lead."""
+        if int(self.b_lead[bi]) != crank:
+            return 0.0
+        now = self.w_now[bi]
+        mine = self.w_slow[bi] & (self.w_late[bi] == crank)
+        span = float(now.max()) - float(now[mine].min()) if mine.any() else 0.0
+        since = float(self.b_lead_since[bi])
+        return max(span, 0.0 if np.isnan(since) else float(now.max()) - since)
 
     def findings(self, js: JobState, bi: int) -> list[SlowFinding]:
         """The slow findings of one alarmed baseline: none without a consistent culprit, one for a
@@ -452,6 +473,14 @@ class SlowDetector:
                     og = _median([float(self.w_ogap[bi, j]) for j in idx])
                     ok = ok and bool(_computed_clearly_longer(lg - og, og, s))
                 if late_share >= s.culprit_share and ok:  # (nan, no baseline of its own yet: not ok)
+                    # repeated counting is about the rank named: a window kept alarmed by other late
+                    # arrivers (GC pauses rotating over the ranks, a victim of another stage) confirms
+                    # nothing about the rank that leads it now; it must lead for slow_confirm_s itself
+                    # (twice that slow only against its peers, as above), else a burst of its own
+                    # pauses, over within a second, would alert. Wait rather than report the
+                    # communication alone now and change the class later.
+                    if self.late_for(bi, cr) < s.slow_confirm_s * (2 if peer_only else 1):
+                        return []
                     late = cr
         link_src: int | None = None  # comm rank whose send backlog builds (-1: not observable)
         link_share = 1.0
@@ -526,6 +555,10 @@ class SlowDetector:
         size = sl.stop - sl.start
         culprit = int(js.m_grank[sl.start + crank]) if crank >= 0 else -1
         op_type = int(self.b_sig[bi] >> 60 & 0xF)
+        if op_type in P2P_OPS and crank >= 0 and int(js.m_op[sl.start + crank]) in P2P_OPS:
+            # a pair's signature is folded (send and recv are one op), so it names the send; say the
+            # culprit's own side: a receiver that arrived last did so at its recv
+            op_type = int(js.m_op[sl.start + crank])
         where = None
         channel = None
         if link and size >= 2 and crank >= 0:
@@ -592,6 +625,16 @@ def _computed_clearly_longer(extra: A | float, peer_gap: A | float, s: AnalyzerS
     """The peer test itself: ``extra`` compute beyond the peers' ``peer_gap`` is at least
     ``peer_gap_ratio`` of it and ``peer_min_excess_s`` (per op, or over a window's medians)."""
     return extra >= np.maximum(s.peer_gap_ratio * peer_gap, s.peer_min_excess_s)
+
+
+def _lead(slow: npt.NDArray[np.bool_], late: I64) -> I64:
+    """Per window (row), the late arriver (comm rank) of most of its slow ops, the lowest on a tie,
+    as ``findings`` votes; -1 where no slow op has one."""
+    ok = slow & (late >= 0)
+    votes = ((late[:, :, None] == late[:, None, :]) & ok[:, None, :]).sum(axis=2)
+    score = np.where(ok, votes * (int(late.max(initial=0)) + 2) - late, -1)
+    j = np.argmax(score, axis=1)
+    return np.where(ok.any(axis=1), late[np.arange(late.shape[0]), j], -1)
 
 
 def _quantile(sorted_rows: F64, k: I64, q: float) -> F64:

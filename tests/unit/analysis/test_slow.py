@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from analysis_factories import Comm, Probe, batches_by_tick, healthy_steps
 
-from ccld.records import AnomalyKind, Link, OpType, VerdictState
+from ccld.records import AnomalyKind, KernelRecord, Link, OpType, VerdictState
 from ccld.settings import AnalyzerSettings
 from ccld.streams.analysis.replay import analyze_batches
 
@@ -263,7 +265,56 @@ def test_a_pipeline_sender_that_computes_longer_is_blamed() -> None:
         recs += probe.ring_op(t, [base + 0.2, base + 0.2 + 0.01 * (k % 2)], 0.05)
         compute = 0.9 if k >= 25 else 0.5 + 0.01 * (k % 3)  # rank 2's compute between the two, from step 25
         recs += probe.ring_op(pair, [base + 0.1, base + 0.26 + compute], 0.02, op_type=OpType.SEND)
-    assert [(v.kind, v.root_cause_ranks) for v in opens(recs)] == [(AnomalyKind.S1, (2,))]
+    vs = opens(recs)
+    assert [(v.kind, v.root_cause_ranks) for v in vs] == [(AnomalyKind.S1, (2,))]
+    assert "rank 2 arrived last at send" in vs[0].evidence
+
+
+def one_micro_batch_pipeline(recv_paused: range, steps: int = 120) -> list[tuple[float, KernelRecord]]:
+    """A two-stage pipeline with one micro-batch, 0.2 s steps: stage 0 (ranks 0, 1, 4, 5) all-reduces,
+    then rank 0 sends to rank 2 of stage 1 (ranks 2, 3), which waits for it in its recv and then
+    all-reduces with rank 3. From step 60 a stage-0 rank pauses 0.3 s in 3 steps of every 5 (a
+    different rank each time): rank 0 waits in the all-reduce, so its send is late and the pair's
+    window stays alarmed, with rank 0 a victim (it computed no longer than usual). In the steps of
+    ``recv_paused`` rank 2 itself pauses 0.7 s before its recv (its own GC): it arrives last at the
+    pair, having computed longer. fa-1-0003 of benchmarks/false_alarms.py, in small."""
+    probe = Probe()
+    a = Comm(0x6A, (0, 1, 4, 5))
+    t = Comm(0x6B, (2, 3))
+    pair = Comm(0x6C, (0, 2))  # comm rank 0 sends
+    jit = (0.0, 0.0013, 0.0007, 0.0021, 0.0004, 0.0017)
+    recs: list[tuple[float, KernelRecord]] = []
+    s0, s1 = 1.0, 1.0  # when each stage is ready for its next step
+    paused = 0
+    for k in range(steps):
+        enters = [s0 + jit[(k + i) % 6] for i in range(4)]
+        if k >= 60 and k % 5 in (0, 1, 3):
+            enters[1 + paused % 3] += 0.3  # ranks 1, 4, 5 in turn: never one rank's slowness
+            paused += 1
+        recs += probe.ring_op(a, enters, 0.005)
+        send_at = max(enters) + 0.005 + 0.002
+        recv_at = s1 + (0.7 if k in recv_paused else 0.0) + jit[k % 6]
+        for at, r in probe.ring_op(pair, [send_at, recv_at], 0.002, op_type=OpType.SEND, peer=1):
+            recs.append((at, replace(r, op_type=OpType.RECV, peer=0) if r.comm_rank == 1 else r))
+        done = max(send_at, recv_at) + 0.002
+        recs += probe.ring_op(t, [done + 0.02, done + 0.02 + jit[(k + 3) % 6]], 0.005)
+        s1 = done + 0.02 + 0.0021 + 0.005
+        s0 = max(s0 + 0.2, done + 0.05)
+    return recs
+
+
+def test_a_burst_of_pauses_on_one_rank_inside_a_window_kept_alarmed_by_others_is_not_s1() -> None:
+    """Rank 2 pauses in 3 steps in a row (about 2 s), late in 3 of the pair's last 5 ops, inside a
+    window the victim sender has kept alarmed for 10 s: that confirmation time was not rank 2's, so
+    no S1 (the 13 false S1 of fa-1-0003 in benchmarks/false_alarms.py; before the rule, S1 on 2)."""
+    assert opens(one_micro_batch_pipeline(recv_paused=range(91, 94))) == []
+
+
+def test_the_same_rank_late_for_longer_than_slow_confirm_s_is_s1() -> None:
+    """The control: rank 2 pauses in every step from the same point on, for about 20 s: S1 on rank 2."""
+    vs = opens(one_micro_batch_pipeline(recv_paused=range(91, 121), steps=150))
+    assert [(v.kind, v.root_cause_ranks) for v in vs] == [(AnomalyKind.S1, (2,))]
+    assert "rank 2 arrived last at recv" in vs[0].evidence  # its own side of the pair, not the folded "send"
 
 
 def test_a_link_slow_from_the_start_is_slow_against_its_sibling_communicators() -> None:
