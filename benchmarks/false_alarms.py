@@ -425,6 +425,41 @@ def print_summary(s: Mapping[str, Any]) -> None:
               f"{_fmt(r['upper95_per_job_day']):>13}")
 
 
+def results_of(report: Mapping[str, Any]) -> list[JobResult]:
+    """The jobs of a written report, as ``play`` gave them back."""
+    return [JobResult(int(j["index"]), dict(j["scenario"]), float(j["wall_s"]), int(j["batches"]),
+                      int(j["records"]), float(j["scenario"]["duration_s"]), float(j["maxrss_mb"]),
+                      list(j["verdicts"])) for j in report["jobs"]]
+
+
+def merge_reports(paths: Sequence[Path], out: str | None) -> int:
+    """One summary over several runs of the same draw (a run continued with ``--start``); a job played twice,
+    or reports of different draws, are refused rather than counted twice or mixed."""
+    reports = [json.loads(p.read_text()) for p in paths]
+    keys = {(r["seed"], r["late_faults"], r["max_ranks"], r["max_duration_s"]) for r in reports}
+    if len(keys) > 1:
+        raise SystemExit(f"the reports are of different draws (seed, late faults, max ranks, max duration): {keys}")
+    results = [res for r in reports for res in results_of(r)]
+    seen = Counter(res.index for res in results)
+    if twice := sorted(i for i, n in seen.items() if n > 1):
+        raise SystemExit(f"jobs played in more than one report: {twice}")
+    results.sort(key=lambda r: r.index)
+    first = reports[0]
+    merged = {k: first[k] for k in ("seed", "late_faults", "max_ranks", "max_duration_s", "analyzer", "tick_s")}
+    merged["wall_s"] = round(sum(float(r["wall_s"]) for r in reports), 1)
+    merged["merged_from"] = [str(p) for p in paths]
+    merged["false_alarms"] = summarize(results)
+    merged["jobs"] = [j for r in reports for j in r["jobs"]]
+    merged["jobs"].sort(key=lambda j: j["index"])
+    indexes = [r.index for r in results]
+    print(f"{len(results)} jobs (indexes {indexes[0]}-{indexes[-1]}"
+          f"{'' if indexes == list(range(indexes[0], indexes[-1] + 1)) else ', with gaps'})")
+    print_summary(merged["false_alarms"])
+    if out:
+        Path(out).write_text(json.dumps(merged, indent=1, default=str) + "\n")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--seed", type=int, default=1, help="the draw (job i of seed s is always the same job)")
@@ -439,7 +474,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--late-faults", action="store_true", help="one late fault per job; score recall and TTV")
     ap.add_argument("--show", type=int, default=5, help="print this many false alarms in full (default 5)")
     ap.add_argument("--out", help="write the JSON report here (rewritten after every job)")
+    ap.add_argument("--merge", nargs="+", type=Path, metavar="REPORT",
+                    help="play nothing: the summary of these reports' jobs together (runs of one draw continued "
+                         "with --start), written to --out")
     args = ap.parse_args(argv)
+    if args.merge:
+        return merge_reports(args.merge, args.out)
 
     def job(i: int) -> dict[str, Any]:
         raw = draw_job(args.seed, i, max_ranks=args.max_ranks, max_duration_s=args.max_duration_s)

@@ -115,3 +115,21 @@ def test_cli_with_worker_processes(fa: ModuleType, tmp_path: Path) -> None:
     assert fa.main(["--seed", str(SEED), "--jobs", "2", "--workers", "2", "--max-ranks", "8",
                     "--max-duration-s", "60", "--out", str(out)]) == 0
     assert [j["index"] for j in json.loads(out.read_text())["jobs"]] == [0, 1]
+
+
+def test_runs_continued_with_start_merge_into_the_one_run_of_both(fa: ModuleType, tmp_path: Path) -> None:
+    common = ["--seed", str(SEED), "--max-ranks", "8", "--max-duration-s", "60"]
+    whole, first, rest, merged = (tmp_path / f"{n}.json" for n in ("whole", "first", "rest", "merged"))
+    assert fa.main([*common, "--jobs", "2", "--out", str(whole)]) == 0
+    assert fa.main([*common, "--jobs", "1", "--out", str(first)]) == 0
+    assert fa.main([*common, "--jobs", "1", "--start", "1", "--out", str(rest)]) == 0
+    assert fa.main(["--merge", str(first), str(rest), "--out", str(merged)]) == 0
+    one, two = json.loads(whole.read_text()), json.loads(merged.read_text())
+    assert two["false_alarms"] == one["false_alarms"]
+    assert [j["index"] for j in two["jobs"]] == [0, 1]
+    with pytest.raises(SystemExit, match="more than one report"):  # a job counted twice is refused
+        fa.main(["--merge", str(first), str(whole)])
+    other = json.loads(first.read_text()) | {"seed": SEED + 1}
+    (tmp_path / "other.json").write_text(json.dumps(other))
+    with pytest.raises(SystemExit, match="different draws"):
+        fa.main(["--merge", str(rest), str(tmp_path / "other.json")])
