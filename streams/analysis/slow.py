@@ -45,9 +45,11 @@ RING_OPS = frozenset({int(OpType.ALL_REDUCE), int(OpType.ALL_GATHER), int(OpType
 P2P_OPS = frozenset({int(OpType.SEND), int(OpType.RECV)})
 _P2P = np.array(sorted(P2P_OPS), dtype=np.int64)
 #: ops whose members do different work before them, so a late arriver is judged against its own healthy
-#: compute, never against its peers': a send/recv pair's two stages, and an all_to_all's experts (each
+#: compute, never against its peers': a send/recv pair's two stages, an all_to_all's experts (each
 #: computes on what the router sent it: the most loaded one is late at the combine, and that is no fault)
-OWN_WORK_OPS = P2P_OPS | {int(OpType.ALL_TO_ALL)}
+#: and a barrier (where ranks meet after their own roles' work: the checkpoint writer is last at every
+#: checkpoint's barrier, healthy)
+OWN_WORK_OPS = P2P_OPS | {int(OpType.ALL_TO_ALL), int(OpType.BARRIER)}
 _OWN_WORK = np.array(sorted(OWN_WORK_OPS), dtype=np.int64)
 
 
