@@ -428,7 +428,9 @@ def print_summary(s: Mapping[str, Any]) -> None:
 def results_of(report: Mapping[str, Any]) -> list[JobResult]:
     """The jobs of a written report, as ``play`` gave them back."""
     return [JobResult(int(j["index"]), dict(j["scenario"]), float(j["wall_s"]), int(j["batches"]),
-                      int(j["records"]), float(j["scenario"]["duration_s"]), float(j["maxrss_mb"]),
+                      int(j["records"]),
+                      # reports written before sim_s was kept: the job's length, what a finished job played
+                      float(j.get("sim_s", j["scenario"]["duration_s"])), float(j["maxrss_mb"]),
                       list(j["verdicts"])) for j in report["jobs"]]
 
 
@@ -503,9 +505,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.late_faults:
             out["late_faults_score"] = late_fault_report(ordered)
         out["jobs"] = [{"index": r.index, "id": r.scenario["id"], "ranks": r.scenario["ranks"],
-                        "job_hours": round(r.job_hours, 4), "wall_s": round(r.wall_s, 1), "batches": r.batches,
-                        "records": r.records, "maxrss_mb": round(r.maxrss_mb), "scenario": r.scenario,
-                        "verdicts": r.verdicts} for r in ordered]
+                        "job_hours": round(r.job_hours, 4), "wall_s": round(r.wall_s, 1), "sim_s": r.sim_s,
+                        "batches": r.batches, "records": r.records, "maxrss_mb": round(r.maxrss_mb),
+                        "scenario": r.scenario, "verdicts": r.verdicts} for r in ordered]
         return out
 
     def on_result(res: JobResult) -> None:

@@ -153,8 +153,13 @@ def raw_verdicts(settings: Settings, idle_s: float = 2.0) -> list[Verdict]:
 
 def worker_counters(worker: WorkerProcess) -> dict[str, int]:
     """Partition 0's counters from the worker's newest ``counters`` log line ({} before the first)."""
+    return dict(counters_by_partition(worker).get("0", {}))
+
+
+def counters_by_partition(worker: WorkerProcess) -> dict[str, dict[str, int]]:
+    """Every partition's counters from the worker's newest ``counters`` log line ({} before the first)."""
     lines = re.findall(r"counters (\{.*\})", worker.log_path.read_text(errors="replace"))
-    return dict(json.loads(lines[-1]).get("0", {})) if lines else {}
+    return dict(json.loads(lines[-1])) if lines else {}
 
 
 def archived(root: Path, topic: str) -> Counter[tuple[int, int]]:

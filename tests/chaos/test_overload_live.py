@@ -20,15 +20,12 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
-import json
 import os
 import re
 import signal
 import threading
 import time
 import urllib.request
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -42,7 +39,7 @@ from ccld.settings import Settings
 from ccld.stack.broker import free_port
 from ccld.streams.analysis.replay import analyze_batches
 from ccld.topics import ensure_topics
-from chaoslib import ChaosBroker, committed, raw_verdicts, record_result, wait_for
+from chaoslib import committed, counters_by_partition, raw_verdicts, record_result, wait_for
 from harness import WorkerProcess
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
@@ -69,30 +66,17 @@ def key(v: Verdict) -> tuple[str, str, tuple[int, ...]]:
 
 
 @pytest.fixture
-def two_partitions(chaos_broker: ChaosBroker, tmp_path: Path) -> Settings:
-    tag = uuid.uuid4().hex[:10]
-    s = Settings.load({}, bootstrap=chaos_broker.bootstrap, topic_prefix=f"o{tag}.", metrics_partitions=2,
-                      worker_app_id=f"ccld-overload-{tag}", worker_web_port=free_port(),
-                      worker_tick_s=0.5, worker_commit_interval_s=0.5, log_level="INFO")
+def chaos_settings(chaos_settings: Settings) -> Settings:
+    """The chaos settings with two metrics partitions (a job on each) and /metrics on a port of its own."""
+    s = chaos_settings.replace(topic_prefix=f"o{chaos_settings.topic_prefix}", metrics_partitions=2,
+                               worker_web_port=free_port())
     ensure_topics(s)
     return s
 
 
-@pytest.fixture
-def worker(two_partitions: Settings, tmp_path: Path) -> Iterator[WorkerProcess]:
-    w = WorkerProcess(two_partitions, tmp_path / "worker.log")
-    try:
-        yield w
-    finally:
-        if w.proc is not None and w.proc.poll() is None:
-            os.kill(w.proc.pid, signal.SIGCONT)  # a stopped process ignores the SIGKILL's group until resumed
-        w.stop(signal.SIGKILL)
-
-
 def analyzed_records(worker: WorkerProcess) -> int:
-    """Records analysed over all partitions, from the worker's newest ``counters`` log line."""
-    lines = re.findall(r"counters (\{.*\})", worker.log_path.read_text(errors="replace"))
-    return sum(int(p.get("analyzed_records", 0)) for p in json.loads(lines[-1]).values()) if lines else 0
+    """Records analysed over all partitions."""
+    return sum(int(c.get("analyzed_records", 0)) for c in counters_by_partition(worker).values())
 
 
 def gauge(body: str, name: str) -> list[float]:
@@ -148,9 +132,9 @@ class Scraper(threading.Thread):
 
 
 def test_an_overloaded_worker_lags_reports_it_drains_and_says_only_what_the_data_says(
-    two_partitions: Settings, worker: WorkerProcess
+    chaos_settings: Settings, chaos_worker: WorkerProcess
 ) -> None:
-    s = two_partitions
+    s = chaos_settings
     jobs = [job("overload-healthy", 31, None), job("overload-h1", 32, FAULT)]
     runs = [[(t, dataclasses.replace(b, producer=f"{sc.id}-p")) for t, b in simulate(sc)] for sc in jobs]
     merged: list[tuple[float, int, KernelBatch]] = list(
@@ -162,7 +146,7 @@ def test_an_overloaded_worker_lags_reports_it_drains_and_says_only_what_the_data
     assert ("H1", "overload-h1", (45,)) in expected, expected  # the fault is there to be found
     assert not any(j == "overload-healthy" for _, j, _ in expected), expected
 
-    w = worker.start()
+    w = chaos_worker.start()
     assert w.proc is not None
     scraper = Scraper(f"http://127.0.0.1:{s.worker_web_port}/metrics", w.proc.pid)
     scraper.start()
