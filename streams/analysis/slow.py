@@ -477,11 +477,13 @@ class SlowDetector:
                 if late_share >= s.culprit_share and ok:  # (nan, no baseline of its own yet: not ok)
                     # repeated counting is about the rank named: a window kept alarmed by other late
                     # arrivers (GC pauses rotating over the ranks, a victim of another stage) confirms
-                    # nothing about the rank that leads it now; it must lead for slow_confirm_s itself
-                    # (twice that slow only against its peers, as above), else a burst of its own
-                    # pauses, over within a second, would alert. Wait rather than report the
-                    # communication alone now and change the class later.
-                    if self.late_for(bi, cr) < s.slow_confirm_s * (2 if peer_only else 1):
+                    # nothing about the rank that leads it now; it must lead for culprit_confirm_s
+                    # itself (and at least twice slow_confirm_s slow only against its peers, as
+                    # above), else a burst of its own GC or data-loader pauses, a few seconds long,
+                    # would alert. Wait rather than report the communication alone now and change the
+                    # class later.
+                    need_s = max(s.culprit_confirm_s, s.slow_confirm_s * (2 if peer_only else 1))
+                    if self.late_for(bi, cr) < need_s:
                         return []
                     late = cr
         link_src: int | None = None  # comm rank whose send backlog builds (-1: not observable)

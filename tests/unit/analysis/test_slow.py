@@ -66,7 +66,10 @@ def test_two_slow_ops_are_not_enough_by_default_but_the_count_is_configurable() 
     recs += healthy_steps(probe, tp, 2, t0=40.0, late={2: 1.0})
     recs += healthy_steps(probe, tp, 20, t0=44.0)
     assert opens(recs) == []
-    assert [v.root_cause_ranks for v in opens(recs, AnalyzerSettings(slow_min_ops=2))] == [(2,)]
+    # two late ops 2 s apart are a burst for the default culprit_confirm_s (8 s) too: both are settings
+    assert opens(recs, AnalyzerSettings(slow_min_ops=2)) == []
+    configured = AnalyzerSettings(slow_min_ops=2, culprit_confirm_s=3.0)
+    assert [v.root_cause_ranks for v in opens(recs, configured)] == [(2,)]
 
 
 def test_slow_incident_resolves_when_ops_return_to_baseline() -> None:
@@ -130,7 +133,7 @@ def test_a_burst_shorter_than_the_confirmation_time_is_not_reported() -> None:
     recs += healthy_steps(probe, tp, 4, step_s=0.5, t0=30.0, dur=0.02, late={2: 0.4})  # 2 s of late arrivals
     recs += healthy_steps(probe, tp, 40, step_s=0.5, t0=32.0, dur=0.02)
     assert opens(recs) == []
-    assert [v.root_cause_ranks for v in opens(recs, AnalyzerSettings(slow_confirm_s=0.0))] == [(2,)]
+    assert [v.root_cause_ranks for v in opens(recs, AnalyzerSettings(slow_confirm_s=0.0, culprit_confirm_s=0.0))] == [(2,)]
 
 
 def test_a_slow_link_no_poll_caught_is_reported_unnamed_then_named_in_the_same_incident() -> None:
@@ -169,15 +172,20 @@ def test_an_op_that_waits_by_schedule_position_is_not_slow() -> None:
 
 
 def test_slow_ops_seconds_apart_need_no_extra_confirmation() -> None:
-    """One op per 2-s step: three slow ops already span 4 s, more than ``slow_confirm_s``, so the
-    verdict comes with the third one, not two steps later."""
+    """One op per 2-s step: three slow ops already span 4 s, more than ``slow_confirm_s`` and a
+    ``culprit_confirm_s`` of 3 s, so the verdict comes with the third one, not two steps later; with
+    the default ``culprit_confirm_s`` (8 s) it comes with the fifth, whose op is 8 s after the first."""
     probe = Probe()
     tp = Comm(0x5F, tuple(range(8)))
-    vs = opens(healthy_steps(probe, tp, 40, late={5: 1.0}, from_step=20))
+    recs = healthy_steps(probe, tp, 40, late={5: 1.0}, from_step=20)
+    vs = opens(recs, AnalyzerSettings(culprit_confirm_s=3.0))
     assert [v.root_cause_ranks for v in vs] == [(5,)]
     third = 1.0 + 2.0 * 22 + 1.0 + 0.2  # step 22's op ends at 46.2 s
     # delivered with the next 1-s batch, judged at the tick after: two steps later would be 50.2 s
     assert vs[0].detected_time <= third + 2.0, vs[0].detected_time
+    vs = opens(recs)
+    assert [v.root_cause_ranks for v in vs] == [(5,)]
+    assert third + 4.0 <= vs[0].detected_time <= third + 4.0 + 2.0, vs[0].detected_time
 
 
 def test_an_s3_guessed_without_a_link_becomes_s1_once_the_link_is_seen_elsewhere() -> None:
