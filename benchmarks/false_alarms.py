@@ -31,6 +31,7 @@ import json
 import math
 import random
 import resource
+import subprocess
 import sys
 import time
 from collections import Counter
@@ -434,25 +435,53 @@ def results_of(report: Mapping[str, Any]) -> list[JobResult]:
                       list(j["verdicts"])) for j in report["jobs"]]
 
 
-def merge_reports(paths: Sequence[Path], out: str | None) -> int:
+def _commit() -> str:
+    """The checkout's commit, "+dirty" when its tracked files differ from it: which analyzer a report is of."""
+    root = Path(__file__).resolve().parent.parent
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
+                              check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + ("+dirty" if dirty else "")
+
+
+def merge_reports(paths: Sequence[Path], out: str | None, replayed: Sequence[Path] = ()) -> int:
     """One summary over several runs of the same draw (a run continued with ``--start``); a job played twice,
-    or reports of different draws, are refused rather than counted twice or mixed."""
+    or reports of different draws, are refused rather than counted twice or mixed.
+
+    ``replayed`` reports hold jobs played again (on a newer analyzer, with ``--start i --jobs 1``): each of
+    their jobs replaces the same job of ``paths``, which must hold it; the merged report lists them."""
     reports = [json.loads(p.read_text()) for p in paths]
-    keys = {(r["seed"], r["late_faults"], r["max_ranks"], r["max_duration_s"]) for r in reports}
+    replays = [json.loads(p.read_text()) for p in replayed]
+    keys = {(r["seed"], r["late_faults"], r["max_ranks"], r["max_duration_s"]) for r in reports + replays}
     if len(keys) > 1:
         raise SystemExit(f"the reports are of different draws (seed, late faults, max ranks, max duration): {keys}")
-    results = [res for r in reports for res in results_of(r)]
-    seen = Counter(res.index for res in results)
+    seen = Counter(res.index for r in reports for res in results_of(r))
     if twice := sorted(i for i, n in seen.items() if n > 1):
         raise SystemExit(f"jobs played in more than one report: {twice}")
-    results.sort(key=lambda r: r.index)
+    again = Counter(int(j["index"]) for r in replays for j in r["jobs"])
+    if twice := sorted(i for i, n in again.items() if n > 1):
+        raise SystemExit(f"jobs replayed in more than one report: {twice}")
+    if missing := sorted(set(again) - set(seen)):
+        raise SystemExit(f"replayed jobs that no report played first: {missing}")
+    jobs = [j for r in reports for j in r["jobs"] if int(j["index"]) not in again]
+    jobs += [j | {"replayed_from": str(p)} for p, r in zip(replayed, replays, strict=True) for j in r["jobs"]]
+    jobs.sort(key=lambda j: j["index"])
+    results = results_of({"jobs": jobs})
     first = reports[0]
     merged = {k: first[k] for k in ("seed", "late_faults", "max_ranks", "max_duration_s", "analyzer", "tick_s")}
-    merged["wall_s"] = round(sum(float(r["wall_s"]) for r in reports), 1)
+    merged["wall_s"] = round(sum(float(r["wall_s"]) for r in reports + replays), 1)
     merged["merged_from"] = [str(p) for p in paths]
+    if replayed:
+        merged["replayed"] = {str(p): sorted(int(j["index"]) for j in r["jobs"]) for p, r in zip(replayed, replays,
+                                                                                                   strict=True)}
+    commits = sorted({str(r.get("commit", "unknown")) for r in reports + replays})
+    merged["commits"] = commits
     merged["false_alarms"] = summarize(results)
-    merged["jobs"] = [j for r in reports for j in r["jobs"]]
-    merged["jobs"].sort(key=lambda j: j["index"])
+    merged["jobs"] = jobs
     indexes = [r.index for r in results]
     print(f"{len(results)} jobs (indexes {indexes[0]}-{indexes[-1]}"
           f"{'' if indexes == list(range(indexes[0], indexes[-1] + 1)) else ', with gaps'})")
@@ -479,9 +508,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--merge", nargs="+", type=Path, metavar="REPORT",
                     help="play nothing: the summary of these reports' jobs together (runs of one draw continued "
                          "with --start), written to --out")
+    ap.add_argument("--replayed", nargs="+", type=Path, default=[], metavar="REPORT",
+                    help="with --merge: reports of jobs played again (on a newer analyzer); each replaces the same "
+                         "job of the merged reports")
     args = ap.parse_args(argv)
+    if args.replayed and not args.merge:
+        ap.error("--replayed needs --merge")
     if args.merge:
-        return merge_reports(args.merge, args.out)
+        return merge_reports(args.merge, args.out, args.replayed)
 
     def job(i: int) -> dict[str, Any]:
         raw = draw_job(args.seed, i, max_ranks=args.max_ranks, max_duration_s=args.max_duration_s)
@@ -492,6 +526,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         first, last = args.start, args.start + args.jobs if args.jobs else sys.maxsize
     items = ((i, job(i)) for i in range(first, last))
+    commit = _commit()
     results: list[JobResult] = []
     t_start = time.perf_counter()
     shown = 0
@@ -500,6 +535,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ordered = sorted(results, key=lambda r: r.index)
         out: dict[str, Any] = {"seed": args.seed, "late_faults": args.late_faults, "max_ranks": args.max_ranks,
                                "max_duration_s": args.max_duration_s, "analyzer": "AnalyzerSettings() defaults",
+                               "commit": commit,
                                "tick_s": 1.0, "wall_s": round(time.perf_counter() - t_start, 1),
                                "false_alarms": summarize(ordered)}
         if args.late_faults:

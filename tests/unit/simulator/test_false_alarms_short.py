@@ -133,3 +133,24 @@ def test_runs_continued_with_start_merge_into_the_one_run_of_both(fa: ModuleType
     (tmp_path / "other.json").write_text(json.dumps(other))
     with pytest.raises(SystemExit, match="different draws"):
         fa.main(["--merge", str(rest), str(tmp_path / "other.json")])
+
+
+def test_a_replayed_job_replaces_its_first_play_in_the_merge(fa: ModuleType, tmp_path: Path) -> None:
+    """A job played again (on a newer analyzer) replaces its first play; one no report played first is refused."""
+    common = ["--seed", str(SEED), "--max-ranks", "8", "--max-duration-s", "60"]
+    both, again, merged = (tmp_path / f"{n}.json" for n in ("both", "again", "merged"))
+    assert fa.main([*common, "--jobs", "2", "--out", str(both)]) == 0
+    assert fa.main([*common, "--jobs", "1", "--start", "1", "--out", str(again)]) == 0
+    first = json.loads(both.read_text())
+    first["jobs"][1]["verdicts"] = [{"marker": "the first play's"}]  # told apart from the replay
+    both.write_text(json.dumps(first))
+    assert fa.main(["--merge", str(both), "--replayed", str(again), "--out", str(merged)]) == 0
+    out = json.loads(merged.read_text())
+    assert [j["index"] for j in out["jobs"]] == [0, 1]
+    assert out["jobs"][1]["verdicts"] == json.loads(again.read_text())["jobs"][0]["verdicts"]
+    assert out["jobs"][1]["replayed_from"] == str(again) and out["replayed"] == {str(again): [1]}
+    assert out["commits"] and "unknown" not in out["commits"][0]
+    only_one = tmp_path / "one.json"
+    assert fa.main([*common, "--jobs", "1", "--out", str(only_one)]) == 0
+    with pytest.raises(SystemExit, match="no report played first"):
+        fa.main(["--merge", str(only_one), "--replayed", str(again)])
