@@ -133,7 +133,8 @@ def test_a_burst_shorter_than_the_confirmation_time_is_not_reported() -> None:
     recs += healthy_steps(probe, tp, 4, step_s=0.5, t0=30.0, dur=0.02, late={2: 0.4})  # 2 s of late arrivals
     recs += healthy_steps(probe, tp, 40, step_s=0.5, t0=32.0, dur=0.02)
     assert opens(recs) == []
-    assert [v.root_cause_ranks for v in opens(recs, AnalyzerSettings(slow_confirm_s=0.0, culprit_confirm_s=0.0))] == [(2,)]
+    at_once = AnalyzerSettings(slow_confirm_s=0.0, culprit_confirm_s=0.0)
+    assert [v.root_cause_ranks for v in opens(recs, at_once)] == [(2,)]
 
 
 def test_a_slow_link_no_poll_caught_is_reported_unnamed_then_named_in_the_same_incident() -> None:
