@@ -211,10 +211,21 @@ def run_attached(args: argparse.Namespace, work: Path, boot: str, worker: str, j
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     seen: dict[str, Any] = {"incarnations": {}, "loadavg": [], "kill": None, "start": start,
                             "ckpt_at_s": round(ckpt_at - start, 1), "kill_at_s": round(kill_at - start, 1)}
+    hog_at, hog_end = start + args.hog_at * seconds, start + args.hog_at * seconds + args.hog_s
+    hogs: list[subprocess.Popen[bytes]] = []
+    if args.hogs:
+        seen["hogs"] = {"processes": args.hogs, "from_s": round(hog_at - start, 1), "to_s": round(hog_end - start, 1)}
     try:
         next_poll = time.time()
         while proc.poll() is None:
             now = time.time()
+            if args.hogs and not hogs and hog_at <= now < hog_end:
+                # other work takes the host's CPUs: busy processes, more of them than cores
+                progress(f"{args.hogs} busy processes take the CPUs for {args.hog_s:g} s")
+                hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.hogs)]
+            if hogs and now >= hog_end:
+                stop_hogs(hogs)
+                progress("the busy processes stopped")
             if now > end + args.startup_s + 300:
                 progress("the job did not end; killing it")
                 for pid in [*descendants(proc.pid), proc.pid]:
@@ -240,6 +251,7 @@ def run_attached(args: argparse.Namespace, work: Path, boot: str, worker: str, j
             time.sleep(0.5)
         proc.wait()
     finally:
+        stop_hogs(hogs)
         log.close()
     seen["returncode"] = proc.returncode
     seen["ended_s"] = round(time.time() - start, 1)
@@ -247,6 +259,14 @@ def run_attached(args: argparse.Namespace, work: Path, boot: str, worker: str, j
                         if ln.startswith("ccld run") or "aggregator" in ln][-6:]
     seen["log_dir"] = str(log_dir)
     return seen
+
+
+def stop_hogs(hogs: list[subprocess.Popen[bytes]]) -> None:
+    for h in hogs:
+        h.kill()
+    for h in hogs:
+        h.wait()
+    hogs.clear()
 
 
 def kill_rank(rank: int, log_dir: Path, ckpt_dir: Path, at_s: float, progress: Any) -> dict[str, Any] | None:
@@ -282,6 +302,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--compute-ms", type=float, default=75.0, help="sleep per step standing in for the GPU")
     p.add_argument("--ckpt-pause-s", type=float, default=15.0)
     p.add_argument("--kill-rank", type=int, default=1, help="rank SIGKILLed at 2/3 of the run (-1: none)")
+    p.add_argument("--hogs", type=int, default=0,
+                   help="busy processes that take the host's CPUs for --hog-s from --hog-at of the run (0: none)")
+    p.add_argument("--hog-at", type=float, default=0.25, help="when the busy processes start (share of the run)")
+    p.add_argument("--hog-s", type=float, default=30.0, help="how long the busy processes run")
     p.add_argument("--source", default="", help="ccld run --source (default: ccld's own, auto)")
     p.add_argument("--drain-s", type=float, default=30.0,
                    help="wait this long after the job's end before reading the verdicts (> hang_min_s)")
@@ -350,7 +374,9 @@ def main(argv: list[str] | None = None) -> int:
                         "records": totals.get("ccld_worker_records_total", 0.0),
                         "dead_letters": totals.get("ccld_worker_dead_letters_total", 0.0),
                         "verdicts_acknowledged": totals.get("ccld_worker_verdicts_total", 0.0),
+                        "slow_held_starved": totals.get("ccld_worker_slow_held_starved_total", 0.0),
                         "cpu_s_during_run": worker_cpu}
+    result["hogs"] = seen.get("hogs")
     result["restart"] = {"kill": seen["kill"], "incarnations_seen_by_worker": seen["incarnations"],
                          "incarnations_in_step_logs": attached.get("incarnations"),
                          "torchrun_exit_code": seen["returncode"]}

@@ -375,9 +375,17 @@ class KernelBatch:
     # one of those ranks ("never entered") may rest on records that never arrived
     lost_records: int = 0
     lost_ranks: tuple[int, ...] = ()
+    # (rank, run-queue wait ns, on-CPU ns) per sample: how long the rank's threads waited for a CPU and
+    # ran since its previous sample (``producers/attach/cpu_wait.py``); a communication that is slow while
+    # its members wait for CPUs is the host's load, not a link (``starved_wait_share``)
+    cpu_wait: tuple[tuple[int, int, int], ...] = ()
 
     def __post_init__(self) -> None:
         n = self.n
+        for c in self.cpu_wait:
+            if len(c) != 3 or not 0 <= c[0] < max(self.world_size, 1) or c[1] < 0 or c[2] < 0 or c[1] + c[2] <= 0:
+                raise RecordError(f"cpu_wait holds (rank in the job, wait ns >= 0, on-CPU ns >= 0, not both 0) "
+                                  f"triples, got {c!r}")
         pk = self.peak_lag
         if pk is None or (pk.shape != self.send.shape and (self.send.ndim != 2 or self.send.shape[1] == 0
                                                             or not (pk >= 0).any())):
@@ -445,7 +453,7 @@ class KernelBatch:
         # a frozen dataclass: fields are set past its __setattr__, as its own __init__ does
         b.__dict__.update(job=job, incarnation=incarnation, comm_hash=comm_hash, world_size=world_size, hosts=hosts,
                           columns=columns, send=send, recv=recv, producer=producer, batch_seq=batch_seq,
-                          peak_lag=peak_lag, lost_records=0, lost_ranks=())
+                          peak_lag=peak_lag, lost_records=0, lost_ranks=(), cpu_wait=())
         return b
 
     @classmethod
@@ -531,6 +539,7 @@ class KernelBatch:
             peak_lag=np.concatenate(peak),
             lost_records=sum(b.lost_records for b in batches),
             lost_ranks=tuple(sorted({r for b in batches for r in b.lost_ranks})),
+            cpu_wait=tuple(c for b in batches for c in b.cpu_wait),
         )
 
     def take(self, rows: npt.NDArray[np.int64], *, producer: str | None = None, batch_seq: int | None = None
@@ -551,7 +560,7 @@ class KernelBatch:
             hosts=tuple(self.hosts[i] for i in used.tolist()), columns=columns, send=self.send[rows],
             recv=self.recv[rows], producer=self.producer if producer is None else producer,
             batch_seq=self.batch_seq if batch_seq is None else batch_seq, peak_lag=self.peaks[rows],
-            lost_records=self.lost_records, lost_ranks=self.lost_ranks,
+            lost_records=self.lost_records, lost_ranks=self.lost_ranks, cpu_wait=self.cpu_wait,
         )
 
     def by_rank(self) -> dict[int, KernelBatch]:

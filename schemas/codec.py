@@ -161,6 +161,7 @@ def encode_batch(batch: KernelBatch) -> bytes:
         rec[name] = b"" if not (col != unknown).any() else np.ascontiguousarray(col, dtype="<i8").tobytes()
     rec["lost_records"] = int(batch.lost_records)
     rec["lost_ranks"] = np.asarray(batch.lost_ranks, dtype="<i8").tobytes()
+    rec["cpu_wait"] = np.asarray(batch.cpu_wait, dtype="<i8").reshape(-1).tobytes()
     # one communicator (every batch of a source that sends per communicator): no column, 8 bytes a row saved
     comm = batch.columns[COMM_COLUMN]
     rec[COMM_COLUMN] = b"" if batch.one_comm else np.ascontiguousarray(comm, dtype="<i8").tobytes()
@@ -197,6 +198,11 @@ def batch_from_dict(rec: Mapping[str, Any]) -> KernelBatch:
     lost_n = int(rec.get("lost_records", 0))
     if len(lost_raw) % 8 or lost_n < 0:
         raise SchemaError("bad-record", f"KernelBatch lost_ranks has {len(lost_raw)} bytes, lost_records {lost_n}")
+    cpu_raw = rec.get("cpu_wait") or b""
+    if len(cpu_raw) % 24:
+        raise SchemaError("bad-record",
+                          f"KernelBatch cpu_wait has {len(cpu_raw)} bytes, not whole (rank, wait, run) triples")
+    cpu = np.frombuffer(cpu_raw, dtype="<i8").reshape(-1, 3).tolist()
 
     try:
         return KernelBatch(
@@ -213,6 +219,7 @@ def batch_from_dict(rec: Mapping[str, Any]) -> KernelBatch:
             peak_lag=peak,
             lost_records=lost_n,
             lost_ranks=tuple(np.frombuffer(lost_raw, dtype="<i8").tolist()),
+            cpu_wait=tuple((int(r), int(w), int(sp)) for r, w, sp in cpu),
         )
     except RecordError as exc:
         raise SchemaError("bad-record", str(exc)) from exc

@@ -37,6 +37,9 @@ COUNTERS = (
     ("ccld_worker_analyzer_errors_total", "analyzer_errors", "Evaluations of a job that raised (logged)."),
     ("ccld_worker_misrouted_rows_total", "misrouted_rows",
      "Rows on a partition their job and communicator group do not map to (analysis_groups differs)."),
+    ("ccld_worker_slow_held_starved_total", "slow_held_starved",
+     "Slow-communication findings held because the communicator's ranks were waiting for CPUs (a loaded host, "
+     "not a link; KernelBatch cpu_wait), one per alarm episode."),
     ("ccld_worker_upstream_lost_records_total", "upstream_lost_records",
      "ENTERED/DONE records producers and aggregators said they lost on the way (KernelBatch lost_records)."),
     ("ccld_worker_far_clock_records_total", "far_clock_records",

@@ -6,6 +6,7 @@ import io
 from typing import Any
 
 import fastavro
+import numpy as np
 
 from ccld.records import AnomalyKind, DType, KernelBatch, KernelRecord, OpType, Status, Verdict, VerdictState
 from ccld.schemas.codec import Schema
@@ -32,6 +33,8 @@ def written_by(old: Schema, b: KernelBatch) -> bytes:
                send=b.send.astype("<i8").tobytes(), recv=b.recv.astype("<i8").tobytes())
     if "peak_lag" in fields:
         rec["peak_lag"] = b.peaks.astype("<i8").tobytes()
+    if "lost_records" in fields:
+        rec.update(lost_records=b.lost_records, lost_ranks=np.asarray(b.lost_ranks, dtype="<i8").tobytes())
     for name, col in b.columns.items():
         if name in fields:
             rec[name] = col.astype("<i8").tobytes()

@@ -31,6 +31,7 @@ bounded. Nothing here raises into the caller; every failure is counted.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import threading
@@ -41,6 +42,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ccld.bounded import DEFAULT_INTERVAL_S, DETAIL_MODES, ExitLog, StrideWindow, op_sampled
+from ccld.producers.attach.cpu_wait import CpuWaitSampler
 from ccld.records import DETAIL_OPS_PER_S, DType, KernelBatch, KernelRecord, OpType, Status
 
 log = logging.getLogger(__name__)
@@ -158,6 +160,9 @@ class Tracker:
     comms_max: int = 1024
     #: a communicator without ops this long is no longer reported
     forget_s: float = 600.0
+    #: the process's CPU run-queue wait, sampled once per state interval and sent with the next batch
+    #: (None: not measured)
+    cpu_wait: CpuWaitSampler | None = field(default_factory=CpuWaitSampler)
 
     def __post_init__(self) -> None:
         if self.detail not in DETAIL_MODES:
@@ -173,6 +178,7 @@ class Tracker:
         self._exits = ExitLog()
         self._next_state_ns: int | None = None
         self._out: list[KernelRecord] = []  # this pump's records, delivered at its end
+        self._cpu: tuple[int, int] | None = None  # (wait ns, span ns) not sent yet
 
     @property
     def per_call(self) -> bool:
@@ -283,7 +289,11 @@ class Tracker:
                 by_job.setdefault((r.job, r.incarnation), []).append(r)
             for recs in by_job.values():
                 try:
-                    submit_batch(KernelBatch.from_records(recs))
+                    batch = KernelBatch.from_records(recs)
+                    if self._cpu is not None and self.identity is not None:
+                        batch = dataclasses.replace(batch, cpu_wait=((self.identity.rank, *self._cpu),))
+                        self._cpu = None
+                    submit_batch(batch)
                 except Exception:  # noqa: BLE001 - a dying sink must not hurt the job
                     self.stats.sink_errors += len(recs)
                     continue
@@ -397,6 +407,11 @@ class Tracker:
         elif now < due and not final:
             return
         self._next_state_ns = (now // iv + 1) * iv
+        if self.cpu_wait is not None:
+            cpu = self.cpu_wait.sample()
+            if cpu is not None:  # added to a sample not sent yet (no batch went out since)
+                held = self._cpu or (0, 0)
+                self._cpu = (held[0] + cpu[0], held[1] + cpu[1])
         for h in newest:
             self._comm(h, now)
         forget = int(self.forget_s * 1e9)

@@ -49,6 +49,7 @@ class Analyzer:
             "ops_completed": 0, "verdicts": 0, "jobs": 0, "communicators": 0,
             "stalls_unsaved": 0,  # stalled communicators the last state_dict left out (over STALL_ROWS_STATE_MAX)
         }
+        self._held_starved = 0  # slow-communication findings held in forgotten jobs (see SlowDetector.held_starved)
         self._now = 0.0  # the newest analyzer time seen (ingest, evaluate, reports)
 
     # -- input ---------------------------------------------------------------------------------
@@ -78,6 +79,8 @@ class Analyzer:
             self._stats["jobs"] += 1
         if batch.lost_ranks:
             ja.note_lost(batch.lost_ranks, batch.lost_records, now)
+        if batch.cpu_wait:
+            ja.js.note_cpu(batch.cpu_wait, now)
         ja.js.queue(batch, now)
         self._now = max(self._now, now)
         self._stats["batches"] += 1
@@ -139,6 +142,7 @@ class Analyzer:
         return shard_report(ja, watch, now, self._stats)
 
     def _forget(self, key: tuple[str, int]) -> None:
+        self._held_starved += self.jobs[key].slow.held_starved
         del self.jobs[key]
         self._watch.pop(key, None)
         self.stage.forget(key)
@@ -256,4 +260,5 @@ class Analyzer:
 
     @property
     def stats(self) -> Mapping[str, int]:
-        return dict(self._stats)
+        held = self._held_starved + sum(j.slow.held_starved for j in self.jobs.values())
+        return {**self._stats, "slow_held_starved": held}

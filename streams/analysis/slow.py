@@ -82,6 +82,7 @@ class SlowFinding:
     peer_gap_s: float = 0.0  # ... and of its peers
     sibling_s: float = 0.0  # healthy kernel time of the same op on the sibling communicators (0: none compared)
     pair_link: bool = False  # the link is a send/recv pair's one link (named by the pair, not by a backlog)
+    cpu_wait_share: float | None = None  # the members' median CPU run-queue wait over the slow ops (None: not measured)
 
 
 class SlowDetector:
@@ -104,6 +105,10 @@ class SlowDetector:
         # the alarmed window's leading late arriver (comm rank; -1: none) and the job time it took the
         # lead (nan: not alarmed): an S1 names a rank, so the confirmation must be that rank's
         self.b_lead, self.b_lead_since = zi, z
+        # slow-communication findings held because the members waited for CPUs: alarm episodes counted
+        # (baseline -> the job time its window became alarmed), and how many so far
+        self._held: dict[int, float] = {}
+        self.held_starved = 0
         self.b_hmax, self.b_hmin, self.b_hspr = z, z, z  # the top of the healthy range (HIGH_Q quantile)
         h = max(1, settings.baseline_ops)
         self.h_max = np.zeros((0, h))  # the recent healthy ops' times (nan: not yet), a ring per baseline
@@ -445,6 +450,22 @@ class SlowDetector:
         comp = comp or p >= s.beta
         comm = comm or p <= s.alpha
         cid = int(self.b_cid[bi])
+        cpu_share = None
+        if js.cpu_wait:
+            nows = [float(self.w_now[bi, j]) for j in idx]
+            cpu_share = js.cpu_wait_share(js.m_grank[js.members_of(cid)].tolist(), min(nows), max(nows))
+        if comm and s.starved_wait_share > 0 and cpu_share is not None:
+            # communication that runs on the host's CPUs (gloo, a NIC's proxy thread) is slow on every
+            # link at once when other work holds those CPUs: while the members waited for a CPU that
+            # long, the slowness is the host's load, not a link, and no S2 is reported for it
+            if cpu_share >= s.starved_wait_share:
+                since = float(self.b_since[bi])
+                if self._held.get(bi) != since:
+                    self._held[bi] = since
+                    self.held_starved += 1
+                if not comp:
+                    return []
+                comm = False
         lateness = _median([float(self.w_spr[bi, j]) for j in idx])
         late: int | None = None  # comm rank of the late arriver that computed slowly
         late_share = 0.0
@@ -518,6 +539,7 @@ class SlowDetector:
                 # alone (or nothing about the link) and change the class later
                 return []
         mk = functools.partial(self._finding, js=js, bi=bi, idx=idx, p=p, lateness=lateness, unobserved=unobserved,
+                               cpu_share=cpu_share,
                                pair=sender is not None)
         if late is not None and link_src is not None and link_src in (late, -1):
             return [mk(AnomalyKind.S3, late, late_share, link=link_src >= 0)]
@@ -552,7 +574,7 @@ class SlowDetector:
 
     def _finding(
         self, kind: AnomalyKind, crank: int, share: float, *, link: bool, js: JobState, bi: int, idx: list[int],
-        p: float, lateness: float, unobserved: bool, pair: bool = False,
+        p: float, lateness: float, unobserved: bool, pair: bool = False, cpu_share: float | None = None,
     ) -> SlowFinding:
         cid = int(self.b_cid[bi])
         sl = js.members_of(cid)
@@ -601,6 +623,7 @@ class SlowDetector:
             peer_gap_s=_median([float(self.w_ogap[bi, j]) for j in idx]),
             sibling_s=float(self.b_sib[bi]) if self.b_sibn[bi] >= 2 else 0.0,
             pair_link=pair and where is not None,
+            cpu_wait_share=cpu_share,
         )
 
     def resolved(self, bi: int) -> bool:

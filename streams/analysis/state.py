@@ -17,6 +17,8 @@ Array names say what one entry is, by prefix:
 
 from __future__ import annotations
 
+from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
@@ -33,6 +35,10 @@ DONE = int(Status.DONE)
 PROGRESS = int(Status.PROGRESS)
 IDLE = int(Status.IDLE)
 P2P_OPS = (int(OpType.SEND), int(OpType.RECV))
+#: CPU run-queue wait samples kept per rank (one a state interval, 1 s by default: about a minute)
+CPU_SAMPLES = 64
+#: a CPU wait sample arrives with its rank's next batch, up to this long after the ops it covers
+CPU_LATE_S = 2.0
 #: collectives whose element count is each rank's own data, not the op's: an all_to_all sends what the
 #: router chose, so the counts differ between the ranks of one op and from step to step
 VARIABLE_SIZE_OPS = (int(OpType.ALL_TO_ALL),)
@@ -147,6 +153,8 @@ class JobState:
             setattr(self, name, np.full(0, fill, dtype=dt))
         self.last_now = 0.0
         self.g_last_exit = np.full(0, -1, dtype=np.int64)  # per global rank: end of its latest op (own clock)
+        # global rank -> its CPU samples (analyzer time the batch came, run-queue wait ns, on-CPU ns)
+        self.cpu_wait: dict[int, deque[tuple[float, int, int]]] = {}
 
     # typed views of the dynamic arrays (mypy sees these names)
     m_cid: I64
@@ -177,6 +185,34 @@ class JobState:
     @property
     def n_comms(self) -> int:
         return len(self.comm_hashes)
+
+    def note_cpu(self, samples: tuple[tuple[int, int, int], ...], now: float) -> None:
+        """A batch's CPU run-queue wait samples (``KernelBatch.cpu_wait``), kept for the last few minutes."""
+        for rank, wait_ns, span_ns in samples:
+            dq = self.cpu_wait.get(rank)
+            if dq is None:
+                dq = self.cpu_wait[rank] = deque(maxlen=CPU_SAMPLES)
+            dq.append((now, wait_ns, span_ns))
+
+    def cpu_wait_share(self, ranks: Iterable[int], t0: float, t1: float) -> float | None:
+        """The median over ``ranks`` of how starved of CPUs each was between analyzer times ``t0`` and
+        ``t1``: run-queue wait / (wait + on-CPU time), from its samples that arrived then and up to
+        ``CPU_LATE_S`` after (a sample describes the interval before its batch left); None when fewer
+        than half of them were measured then (an unmeasured rank is unknown, not idle)."""
+        shares = []
+        ranks = list(ranks)
+        for r in ranks:
+            dq = self.cpu_wait.get(int(r))
+            if not dq:
+                continue
+            wait = run = 0
+            for now, w, r_ns in dq:
+                if t0 <= now <= t1 + CPU_LATE_S:
+                    wait += w
+                    run += r_ns
+            if wait + run:
+                shares.append(wait / (wait + run))
+        return float(np.median(shares)) if shares and 2 * len(shares) >= len(ranks) else None
 
     # -- ingest: cheap, only queues the batch --------------------------------------------------
     def queue(self, batch: KernelBatch, now: float) -> None:

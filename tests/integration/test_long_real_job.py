@@ -1,10 +1,10 @@
 """The long real job's short version: ``benchmarks/long_real_job.py`` for two minutes, as CI can afford.
 
 The whole chain a user runs (``ccld up``, ``ccld run -- torchrun``, ``ccld verdicts``) with a real gloo
-DDP job that evaluates, pauses for a checkpoint and loses a rank to SIGKILL (torchrun restarts the
-group): no verdict about the job (see the known gap below), records handled, and the worker saw the
-restarted group's incarnation. The
-30-minute run is the benchmark's own (benchmarks/RESULTS.md); CI never runs it.
+DDP job that evaluates, pauses for a checkpoint, runs for half a minute on a host whose CPUs six busy
+processes take, and loses a rank to SIGKILL (torchrun restarts the group): no verdict at all, records
+handled, and the worker saw the restarted group's incarnation. The 30-minute run is the benchmark's own
+(benchmarks/RESULTS.md); CI never runs it.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "long_real_job.py"
 def test_a_healthy_job_with_evaluation_checkpoint_and_a_restart_gets_no_verdict(tmp_path: Path) -> None:
     out = tmp_path / "result.json"
     cmd = [sys.executable, str(SCRIPT), "--minutes", "2", "--baseline-minutes", "0", "--ckpt-pause-s", "8",
+           "--hogs", "6", "--hog-at", "0.15", "--hog-s", "30",
            "--drain-s", "25", "--work-dir", str(tmp_path / "work"), "--out", str(out)]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=420)
     assert out.exists(), res.stderr[-4000:]
@@ -39,12 +40,10 @@ def test_a_healthy_job_with_evaluation_checkpoint_and_a_restart_gets_no_verdict(
     assert phases.get("ckpt") == 1 and phases.get("eval", 0) >= 3 and phases.get("train", 0) > 100, phases
     # last: everything above held, so a verdict here is about the analyzer, not a broken run
     verdicts = result["verdicts"]
-    # Known gap (issue 19, benchmarks/RESULTS.md "A real job, for 30 minutes"): on a 2-core machine
-    # whose cores other processes hold, gloo's send/recv and all-reduce really take several times
-    # their healthy time for seconds, and the analyzer calls that comm-slow (S2: on a send/recv pair
-    # naming the pair's one link, elsewhere no link). Such a verdict is charged to the machine's
-    # loopback, not to the job, and tolerated here so CI stays a signal; a hang, or a verdict that
-    # blames a rank's compute (S1, S3), is a false alarm about the job and fails.
-    blamed = [v for v in verdicts["all"] if v.get("kind") != "S2"]
-    assert not blamed, json.dumps(verdicts["all"], indent=1)[:6000]
+    # While the busy processes hold the CPUs, gloo's send/recv and all-reduce really take several times
+    # their healthy time on every rank: comm-slow to the analyzer, but the ranks said they waited for a
+    # CPU most of the time they wanted one (KernelBatch.cpu_wait), so no S2 is reported for it (before
+    # that rule, S2 verdicts on the send/recv pairs and the broadcast here; benchmarks/RESULTS.md)
+    assert result["hogs"]["processes"] == 6 and "slow_held_starved" in result["worker"], result["worker"]
+    assert not verdicts["all"], json.dumps(verdicts["all"], indent=1)[:6000]
     assert res.returncode == 0, res.stderr[-4000:]

@@ -1,0 +1,150 @@
+"""The attachment's CPU run-queue wait (``producers/attach/cpu_wait.py``): read from Linux schedstat,
+sent with the rank's next batch, on the wire, and never an error in the job."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ccld.producers.attach.cpu_wait import CpuWaitSampler, process_schedstat_ns, schedstat_ns
+from ccld.producers.attach.op_tracker import Identity, Tracker
+from ccld.producers.attach.outlets import ListSink
+from ccld.records import DType, KernelBatch, OpType, RecordError
+from ccld.schemas.codec import SchemaError, _writers, decode_metrics, encode_batch, load_schema
+from factories import make_kernel_record, written_by
+
+MS = 1_000_000
+
+
+def test_a_schedstat_line_gives_its_run_time_and_run_delay() -> None:
+    assert schedstat_ns("123456 7890 12\n") == (123456, 7890)
+    with pytest.raises(ValueError):
+        schedstat_ns("garbage")
+
+
+def test_the_process_times_are_the_sums_over_its_threads(tmp_path: Path) -> None:
+    for tid, line in (("10", "5 100 1"), ("11", "7 250 2"), ("12", "bad")):
+        (tmp_path / tid).mkdir()
+        (tmp_path / tid / "schedstat").write_text(line)
+    (tmp_path / "13").mkdir()  # a thread that exited between the listing and the read
+    assert process_schedstat_ns(str(tmp_path)) == (12, 350)
+    assert process_schedstat_ns(str(tmp_path / "missing")) is None
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/task"), reason="Linux only")
+def test_threads_that_wait_for_a_cpu_show_in_the_real_counter(tmp_path: Path) -> None:
+    """Three busy threads pinned to one CPU: two wait at any time, so, read the way the sampler reads
+    /proc/self/task (here only those threads' entries, so the rest of the test process does not count),
+    they waited about twice as long as they ran."""
+    if not hasattr(os, "sched_setaffinity"):
+        pytest.skip("no sched_setaffinity")
+    old = os.sched_getaffinity(0)
+    stop, ready = threading.Event(), threading.Barrier(4)
+    block = bytes(1 << 20)
+
+    def spin() -> None:  # hashing a large buffer releases the GIL: the threads really run side by side
+        (tmp_path / str(threading.get_native_id())).symlink_to(f"/proc/self/task/{threading.get_native_id()}")
+        ready.wait()
+        while not stop.is_set():
+            hashlib.sha256(block).digest()
+
+    try:
+        os.sched_setaffinity(0, {min(old)})  # this thread's affinity; the threads it starts inherit it
+        threads = [threading.Thread(target=spin) for _ in range(3)]
+        for t in threads:
+            t.start()
+        ready.wait()
+        s = CpuWaitSampler(read=lambda: process_schedstat_ns(str(tmp_path)))
+        assert s.sample() is None  # the first sample only sets the start
+        time.sleep(0.6)
+        busy = s.sample()
+    finally:
+        stop.set()
+        os.sched_setaffinity(0, old)
+        for t in threads:
+            t.join()
+    # (wait, run): about 2 to 1 (two of the three wait at any moment); the fields swapped would give 1 to 2
+    assert busy is not None and busy[0] >= 1.5 * busy[1], busy
+
+
+def test_an_unreadable_counter_gives_no_sample_and_never_raises() -> None:
+    def broken() -> int | None:
+        raise PermissionError("no /proc here")
+
+    s = CpuWaitSampler(read=broken)
+    assert s.sample() is None and s.sample() is None and s.failures == 2
+    # (run, wait): a thread exited with its times (the sums stepped back), then a second with no CPU wanted
+    values = iter([(5000, 1000), (6000, 400), (7000, 900), (7000, 900)])
+    s = CpuWaitSampler(read=lambda: next(values))
+    assert s.sample() is None  # the start
+    assert s.sample() == (0, 1000)
+    assert s.sample() == (500, 1000)
+    assert s.sample() is None  # it wanted no CPU: nothing to say
+
+
+class BatchSink(ListSink):
+    def __init__(self) -> None:
+        super().__init__()
+        self.batches: list[Any] = []
+
+    def submit_batch(self, batch: Any) -> None:
+        self.batches.append(batch)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1_000 * MS
+
+    def __call__(self) -> int:
+        return self.t
+
+
+def test_the_tracker_sends_each_interval_s_wait_once_with_the_ranks_next_batch() -> None:
+    times = iter([(0, 0), (100 * MS, 300 * MS), (200 * MS, 300 * MS), (250 * MS, 700 * MS)])  # (run, wait)
+    sink, clock = BatchSink(), Clock()
+    sampler = CpuWaitSampler(read=lambda: next(times))
+    tr = Tracker(sink=sink, clock=clock, cpu_wait=sampler)
+    tr.identity = Identity("j", 0, 5, 8, "h")
+    seen = []
+    for _ in range(5):  # a state interval (1 s) each, an op in flight so every interval sends a batch;
+        # the first pump only sets the interval's phase, the second reads the counter's start
+        call = tr.enter(0x77, 0, OpType.ALL_REDUCE, DType.FLOAT32, 1024, -1, 1, 8)
+        clock.t += 1000 * MS
+        tr.pump()
+        tr.exit(call)
+        seen.append([b.cpu_wait for b in sink.batches])
+        sink.batches.clear()
+    flat = [c for per in seen for batch in per for c in batch]
+    assert flat == [(5, 300 * MS, 100 * MS), (5, 0, 100 * MS), (5, 400 * MS, 50 * MS)]
+
+
+def test_the_wire_carries_it_and_older_writers_read_as_not_measured() -> None:
+    b = KernelBatch.from_records([make_kernel_record(rank=r, comm_rank=r) for r in range(3)])
+    measured = dataclasses.replace(b, cpu_wait=((0, 5 * MS, 1000 * MS), (2, 0, 990 * MS)))
+    back = decode_metrics(encode_batch(measured))
+    assert back.cpu_wait == measured.cpu_wait and back.records() == b.records()
+    merged = KernelBatch.concat([back, dataclasses.replace(b, cpu_wait=((1, 7, 9),))])
+    assert merged.cpu_wait == ((0, 5 * MS, 1000 * MS), (2, 0, 990 * MS), (1, 7, 9))
+    assert merged.take(merged.columns["rank"][:1] * 0).cpu_wait == merged.cpu_wait  # kept whole, like lost_ranks
+    old = load_schema("KernelBatch-v6")
+    assert old.fingerprint in _writers() and "cpu_wait" not in {f["name"] for f in old.raw["fields"]}
+    got = decode_metrics(written_by(old, measured))
+    assert got.cpu_wait == () and got.records() == b.records()
+
+
+def test_impossible_samples_are_refused() -> None:
+    b = KernelBatch.from_records([make_kernel_record(rank=r, comm_rank=r) for r in range(3)])
+    for bad in ((0, -1, 10), (0, 1, -1), (0, 0, 0), (-1, 1, 10), (b.world_size, 1, 10)):
+        with pytest.raises(RecordError):
+            dataclasses.replace(b, cpu_wait=(bad,))
+    raw = encode_batch(dataclasses.replace(b, cpu_wait=((0, 1, 10),)))
+    with pytest.raises(SchemaError):  # a rank outside the job, on the wire
+        decode_metrics(encode_batch(b)[:0] + raw.replace((0).to_bytes(8, "little") + (1).to_bytes(8, "little"),
+                                                          (99).to_bytes(8, "little") + (1).to_bytes(8, "little")))
