@@ -507,6 +507,13 @@ class SlowDetector:
                     if self.late_for(bi, cr) < need_s:
                         return []
                     late = cr
+        if comm and comp and late is None and p > s.alpha and (
+                sum(bool(self.w_cslow[bi, j]) for j in idx) < s.slow_min_ops):
+            # the late arrivals that filled the window have no culprit (victims of another op, or no
+            # consistent rank): the communication itself must be slow in slow_min_ops of the window's
+            # ops on its own (repeated counting), not in half of the slow ops those arrivals made; a
+            # few heavy-tailed transfers among them are jitter (fa-1-0038 of benchmarks/false_alarms.py)
+            return []
         link_src: int | None = None  # comm rank whose send backlog builds (-1: not observable)
         link_share = 1.0
         unobserved = False  # a counter source that never caught the backlog (else: no counters at all)
