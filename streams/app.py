@@ -60,6 +60,10 @@ log = logging.getLogger(__name__)
 DEAD_LETTER_ATTEMPTS = 5
 #: Log the counters (when they changed) at most this often (seconds).
 COUNTERS_EVERY_S = 5.0
+#: evaluation ticks (about a second each) a partition may stay behind with nothing delivered before the worker
+#: reads its unread messages back itself: after a broker restarted empty, the consumer can sit past the new
+#: log's end while the messages below it wait, and nothing later comes to trigger the catch-up
+STUCK_TICKS = 10
 #: Check this often (seconds) that the topics still exist and are the same topics.
 TOPIC_CHECK_EVERY_S = 2.0
 #: What the blocking confluent-kafka reads (``recovery``, ``ensure_topics``, run in a thread) raise when
@@ -157,6 +161,9 @@ class WorkerApp:
             self.states.append(self.stage)
         # The counters line last logged, and when (``_tick`` logs it again only when it changed).
         self._counters_at = time.monotonic()
+        self._stuck: dict[int, tuple[int, int]] = {}  # partition -> (next offset, ticks it has stayed there behind)
+        self._reading: set[int] = set()  # partitions being read back by _read_stuck
+        self._tasks: set[asyncio.Task[None]] = set()  # the read-backs running (a reference keeps each alive)
         self._counters_line = ""
         self.lag = LagWatch(settings.worker_caught_up_lag_s)
         self.telemetry = WorkerMetrics(self.states, self.lag)  # /metrics (worker_metrics.py)
@@ -409,7 +416,7 @@ class WorkerApp:
                 await asyncio.sleep(0)  # let the agent, timer and courier run
         return True
 
-    async def _catch_up(self, partition: int, proc: PartitionProcessor, upto: int) -> None:
+    async def _catch_up(self, partition: int, proc: PartitionProcessor, upto: int, *, to_end: bool = False) -> None:
         """Read back and handle the offsets between what ``proc`` has seen and ``upto``, the consumer's next.
 
         Faust acks (so may commit) the messages it drops without handing them to the agent: those of an
@@ -426,7 +433,7 @@ class WorkerApp:
             log.error("partition %d: could not read back offsets %d to %d: %s", partition, start, upto - 1, exc)
             return
         log.warning("partition %d: the consumer went past offsets %d to %d without delivering them; read back %d "
-                    "messages", partition, start, upto - 1, len(messages))
+                    "messages", partition, start, start + len(messages) - 1 if to_end else upto - 1, len(messages))
         # The partition's sender waits until the gap is handled: a snapshot older than the last one sent may
         # be what we resumed from, so a verdict found again in these offsets may already be on the topic,
         # and is checked against it (``reconcile``) before anything of this partition is sent.
@@ -436,7 +443,7 @@ class WorkerApp:
             if proc.pending():
                 proc.restored_pending = True
         proc.counters["caught_up_messages"] = proc.counters.get("caught_up_messages", 0) + len(messages)
-        if len(messages) < upto - start:  # retention deleted some, or the read timed out: say so, go on
+        if len(messages) < upto - start and not to_end:  # retention deleted some, or the read timed out: say so
             proc.counters["caught_up_missing"] = proc.counters.get("caught_up_missing", 0) + upto - start - len(
                 messages)
             log.error("partition %d: only %d of the %d messages between offsets %d and %d could be read back",
@@ -530,6 +537,37 @@ class WorkerApp:
         lags = {p: proc.recent_lag(now) for p, proc in self.state.processors.items()}
         return self.lag.update(now, unread, lags)
 
+    def _unstick(self) -> None:
+        """Start reading back a partition that stayed behind for ``STUCK_TICKS`` ticks with nothing delivered.
+
+        Counted in ticks, not seconds: a worker the host stopped (SIGSTOP, a long pause) ticks not at all, so
+        it is never taken for stuck; one that reads, however slowly, moves its next offset."""
+        for partition, proc in list(self.state.processors.items()):
+            unread = int(proc.counters.get("unread_messages", 0))
+            if unread <= 0 or proc.next_offset < 0 or partition in self._reading:
+                self._stuck.pop(partition, None)
+                continue
+            at, ticks = self._stuck.get(partition, (-1, 0))
+            ticks = ticks + 1 if at == proc.next_offset else 0
+            self._stuck[partition] = (proc.next_offset, ticks)
+            if ticks >= STUCK_TICKS:
+                self._reading.add(partition)
+                proc.counters["stuck_reads"] = proc.counters.get("stuck_reads", 0) + 1
+                log.warning("partition %d: %d messages unread and none delivered for %d ticks: reading them back",
+                            partition, unread, ticks)
+                task = asyncio.ensure_future(self._read_stuck(partition, proc))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+
+    async def _read_stuck(self, partition: int, proc: PartitionProcessor) -> None:
+        try:  # to the log's end (the read stops after a few idle seconds): the watermark may be a batch short
+            await self._catch_up(partition, proc, 2**62, to_end=True)
+        except Exception:  # noqa: BLE001 - tried again after STUCK_TICKS more ticks
+            log.exception("partition %d: reading back the unread messages failed", partition)
+        finally:
+            self._reading.discard(partition)
+            self._stuck.pop(partition, None)
+
     async def _tick(self) -> None:
         """Evaluate every partition (finding hangs even with the broker away) and log changed counters."""
         if time.monotonic() - self._counters_at >= COUNTERS_EVERY_S:
@@ -539,6 +577,7 @@ class WorkerApp:
                 self._counters_line = report
                 log.info("counters %s", report)
         caught_up = self._caught_up()
+        self._unstick()
         for partition, proc in list(self.state.processors.items()):
             try:
                 # Evaluation only: nothing here waits for the broker (the courier sends), so hangs are
