@@ -162,8 +162,9 @@ class WorkerApp:
         # The counters line last logged, and when (``_tick`` logs it again only when it changed).
         self._counters_at = time.monotonic()
         self._stuck: dict[int, tuple[int, int]] = {}  # partition -> (next offset, ticks it has stayed there behind)
-        self._reading: set[int] = set()  # partitions being read back by _read_stuck
-        self._tasks: set[asyncio.Task[None]] = set()  # the read-backs running (a reference keeps each alive)
+        self._reading: dict[int, asyncio.Task[None]] = {}  # partition -> its read-back by _read_stuck
+        self._agent_busy = False  # the metrics agent is inside a message (a slow deliver or checkpoint)
+        self._agent_queue: Any = None  # the metrics agent's channel queue (empty: nothing fetched waits)
         self._counters_line = ""
         self.lag = LagWatch(settings.worker_caught_up_lag_s)
         self.telemetry = WorkerMetrics(self.states, self.lag)  # /metrics (worker_metrics.py)
@@ -208,17 +209,28 @@ class WorkerApp:
         state = self.state
         manual = stream.noack()  # events are acked by WorkerState.checkpoint, after the snapshot covering them
         state.ack = manual.ack
+        # The stream reads its channel's queue: empty means this burst of messages is done.
+        queue = self._agent_queue = getattr(getattr(stream, "channel", None), "queue", None)
         async for event in manual.events():
             msg = event.message
+            self._agent_busy = True
             try:
+                reading = self._reading.get(msg.partition)
+                if reading is not None:  # in order: what the read-back handles comes before this message
+                    await asyncio.wait([reading])
                 proc = state.processor(msg.partition)
-                if 0 <= proc.next_offset < msg.offset:
-                    await self._catch_up(msg.partition, proc, msg.offset)
-                ts = msg.timestamp if msg.timestamp else None
-                began = time.perf_counter()
-                out = proc.handle(msg.value, topic=msg.topic, offset=msg.offset, timestamp_s=ts)
-                self.telemetry.observe_analysis(time.perf_counter() - began)
-                await self._deliver(proc, out)
+                if self._handled(proc, msg.offset):
+                    # Delivered again (the consumer resumed below a snapshot, or a read-back got there first):
+                    # analysed once only, so every record counts once; still held and checkpointed below.
+                    proc.counters["redelivered_skipped"] = proc.counters.get("redelivered_skipped", 0) + 1
+                else:
+                    if 0 <= proc.next_offset < msg.offset:
+                        await self._catch_up(msg.partition, proc, msg.offset)
+                    ts = msg.timestamp if msg.timestamp else None
+                    began = time.perf_counter()
+                    out = proc.handle(msg.value, topic=msg.topic, offset=msg.offset, timestamp_s=ts)
+                    self.telemetry.observe_analysis(time.perf_counter() - began)
+                    await self._deliver(proc, out)
             except asyncio.CancelledError:
                 raise
             except Exception:  # noqa: BLE001 - a bug on one message must not stop the stream (handle() never raises)
@@ -226,14 +238,23 @@ class WorkerApp:
             # Held even after a failure: an event never acked would stop every later commit of the partition.
             state.held.setdefault(msg.partition, []).append(event)
             try:
-                # The stream reads its channel's queue: empty means this burst of messages is done.
-                queue = getattr(getattr(stream, "channel", None), "queue", None)
                 await state.checkpoint(msg.partition, force=False, idle=queue is not None and queue.empty())
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001 - any send error (class docstring); the next checkpoint retries,
                 # and until then nothing more is committed
                 log.warning("partition %d: snapshot not written: %s: %s", msg.partition, type(exc).__name__, exc)
+            finally:
+                self._agent_busy = False
+
+    def _handled(self, proc: PartitionProcessor, offset: int) -> bool:
+        """Whether ``offset`` is below what ``proc`` has handled in the metrics topic as the worker knows it.
+
+        A topic recreated but not yet noticed (``_check_topics``) counts as the old one: its new log below
+        ``next_offset`` is then skipped here, and read whole by ``_backfill`` once the change is seen."""
+        if offset >= proc.next_offset:
+            return False
+        return proc.topic_id is None or self.state.topic_id is None or proc.topic_id == self.state.topic_id
 
     async def _decide(self, stream: Any) -> None:
         """The job stage: each shard report decided at once; its verdicts go out from the courier."""
@@ -541,23 +562,25 @@ class WorkerApp:
         """Start reading back a partition that stayed behind for ``STUCK_TICKS`` ticks with nothing delivered.
 
         Counted in ticks, not seconds: a worker the host stopped (SIGSTOP, a long pause) ticks not at all, so
-        it is never taken for stuck; one that reads, however slowly, moves its next offset."""
+        it is never taken for stuck; one that reads, however slowly, moves its next offset. A tick counts
+        only while the agent waits with nothing fetched: an overloaded worker, busy in a message or with a
+        queue to work through, is slow, not stuck (reading back under it would only add work)."""
+        waiting = not self._agent_busy and (self._agent_queue is None or self._agent_queue.empty())
         for partition, proc in list(self.state.processors.items()):
             unread = int(proc.counters.get("unread_messages", 0))
             if unread <= 0 or proc.next_offset < 0 or partition in self._reading:
                 self._stuck.pop(partition, None)
                 continue
+            if not waiting:
+                continue
             at, ticks = self._stuck.get(partition, (-1, 0))
             ticks = ticks + 1 if at == proc.next_offset else 0
             self._stuck[partition] = (proc.next_offset, ticks)
             if ticks >= STUCK_TICKS:
-                self._reading.add(partition)
                 proc.counters["stuck_reads"] = proc.counters.get("stuck_reads", 0) + 1
                 log.warning("partition %d: %d messages unread and none delivered for %d ticks: reading them back",
                             partition, unread, ticks)
-                task = asyncio.ensure_future(self._read_stuck(partition, proc))
-                self._tasks.add(task)
-                task.add_done_callback(self._tasks.discard)
+                self._reading[partition] = asyncio.ensure_future(self._read_stuck(partition, proc))
 
     async def _read_stuck(self, partition: int, proc: PartitionProcessor) -> None:
         try:  # to the log's end (the read stops after a few idle seconds): the watermark may be a batch short
@@ -565,7 +588,7 @@ class WorkerApp:
         except Exception:  # noqa: BLE001 - tried again after STUCK_TICKS more ticks
             log.exception("partition %d: reading back the unread messages failed", partition)
         finally:
-            self._reading.discard(partition)
+            self._reading.pop(partition, None)
             self._stuck.pop(partition, None)
 
     async def _tick(self) -> None:

@@ -25,7 +25,7 @@ ANALYSIS_BUCKETS_S = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025
 
 #: metric name, the metrics-topic processors' report key, help: counters by metrics partition
 COUNTERS = (
-    ("ccld_worker_messages_total", "messages", "Metrics messages handled (a re-delivered message counts again)."),
+    ("ccld_worker_messages_total", "messages", "Metrics messages handled (each offset once: re-deliveries are skipped)."),
     ("ccld_worker_records_total", "records", "Kernel records in the metrics messages handled."),
     ("ccld_worker_dead_letters_total", "dead_letters",
      "Messages that went to the dead-letter topic (undecodable or impossible values)."),
@@ -34,6 +34,12 @@ COUNTERS = (
      "Dead letters the broker refused five times (lost, logged)."),
     ("ccld_worker_caught_up_messages_total", "caught_up_messages",
      "Messages read back because the consumer went past offsets without delivering them."),
+    ("ccld_worker_redelivered_skipped_total", "redelivered_skipped",
+     "Messages delivered again below the partition's next offset (a resume below the snapshot, a read-back "
+     "that got there first): skipped, so every record is analysed once."),
+    ("ccld_worker_stuck_reads_total", "stuck_reads",
+     "Read-backs of a partition left behind with nothing delivered for 10 ticks while the worker waited "
+     "(a consumer past the log's end after the broker restarted empty)."),
     ("ccld_worker_analyzer_errors_total", "analyzer_errors", "Evaluations of a job that raised (logged)."),
     ("ccld_worker_misrouted_rows_total", "misrouted_rows",
      "Rows on a partition their job and communicator group do not map to (analysis_groups differs)."),
