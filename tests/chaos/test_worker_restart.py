@@ -112,6 +112,45 @@ def test_a_worker_resumed_past_its_snapshot_reads_the_offsets_between_back(
                   verdicts_raw=sum(opened.values()))
 
 
+def test_messages_delivered_again_below_the_snapshot_are_analysed_once(
+    chaos_settings: Settings, chaos_worker: WorkerProcess
+) -> None:
+    """The group's committed offset rewound to 0 under a snapshot that covers every message: the restarted
+    worker is handed all of them again. Each record must be analysed once (the counters persist in the
+    snapshot) and the verdict must not be repeated: re-deliveries are skipped, and counted."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    s = chaos_settings
+    a = scenario_batches("again-a", {"kind": "H1", "rank": 1, "onset_s": 12.0}, 40.0)
+    b = scenario_batches("again-b", {"kind": "H1", "rank": 5, "onset_s": 10.0}, 40.0)
+    worker = chaos_worker.start()
+    sent = produce(s, a)
+    first = collect_verdicts(s, 40, until=lambda vs: any(1 in v.root_cause_ranks for v in vs))
+    assert any(v.job == "again-a" for v in first), worker.log()
+    assert wait_for(lambda: committed(s) >= len(a), 30), worker.log()
+    assert worker.stop() == 0
+    # The broker takes commits from members only: join the group, then rewind it.
+    c = Consumer({"bootstrap.servers": s.bootstrap, "group.id": s.worker_app_id, "enable.auto.commit": False})
+    try:
+        c.subscribe([s.metrics_topic])
+        assert wait_for(lambda: c.poll(0.5) is not None or bool(c.assignment()), 60), "never joined the group"
+        c.commit(offsets=[TopicPartition(s.metrics_topic, 0, 0)], asynchronous=False)
+    finally:
+        c.close()
+    assert committed(s) == 0
+    worker.start()
+    sent += produce(s, b)
+    got = collect_verdicts(s, 50, until=lambda vs: any(5 in v.root_cause_ranks for v in vs))
+    assert any(v.kind.value == "H1" and 5 in v.root_cause_ranks and v.job == "again-b" for v in got), worker.log()
+    time.sleep(2)  # time for a repeat to show up
+    opened = Counter(v.job for v in raw_verdicts(s) if v.state.value == "open")
+    assert opened == Counter({"again-a": 1, "again-b": 1}), f"lost or repeated verdicts: {opened}"
+    assert worker.stop() == 0
+    counters = worker_counters(worker)
+    assert counters.get("analyzed_records") == sent, (counters, sent)
+    assert counters.get("redelivered_skipped") == len(a), (counters, len(a))
+
+
 def test_pending_verdicts_of_a_snapshot_are_sent_once_after_a_restart(
     chaos_settings: Settings, chaos_worker: WorkerProcess
 ) -> None:
