@@ -131,6 +131,8 @@ def main(argv: list[str] | None = None) -> int:
     while True:  # ends only where every rank agrees (below): ranks that stopped apart would hang
         faulty = args.fault != "none" and rank == args.culprit and step >= args.at_step
         factor = (args.slow_factor if args.fault == "slow" else float("inf")) if faulty else 1.0
+        if faulty and step == args.at_step and args.fault == "slow":
+            print(f"rank {rank} slows {args.slow_factor:g}x from step {step}", flush=True)
         if args.shape == "pipe":
             pipe_step(dist, torch, args, rank, world, ddp, args.compute_ms / 1000.0 * factor)
         else:

@@ -30,7 +30,7 @@ import numpy.typing as npt
 from ccld.records import AnomalyKind, OpType
 from ccld.streams.analysis.ops import OpRows
 from ccld.streams.analysis.settings import AnalyzerSettings
-from ccld.streams.analysis.state import JobState
+from ccld.streams.analysis.state import VARIABLE_SIZE_OPS, JobState
 
 I64 = npt.NDArray[np.int64]
 F64 = npt.NDArray[np.float64]
@@ -50,6 +50,11 @@ _P2P = np.array(sorted(P2P_OPS), dtype=np.int64)
 #: and a barrier (where ranks meet after their own roles' work: the checkpoint writer is last at every
 #: checkpoint's barrier, healthy)
 OWN_WORK_OPS = P2P_OPS | {int(OpType.ALL_TO_ALL), int(OpType.BARRIER)}
+#: a variable-size op (an all_to_all) whose late arriver was the late arriver of this many ops of its
+#: baseline in a row is not learned as healthy: healthy experts take turns being last (the router's draw),
+#: a straggling expert is last every time, at a lateness that varies with its load, and learning the
+#: ones that happen to pass the slow test would lift the baseline under it within seconds
+STREAK_OPS = 3
 _OWN_WORK = np.array(sorted(OWN_WORK_OPS), dtype=np.int64)
 
 
@@ -117,6 +122,8 @@ class SlowDetector:
         self.b_hlgap = z  # ... its top (HIGH_Q quantile): how long a late arriver here computes when healthy
         self.b_onset = z  # job time of the first slow op since the window was last clean (nan: clean)
         self.b_sib, self.b_sibn = z, zi  # median healthy kernel time of the sibling communicators, and how many
+        self.b_var = np.zeros(0, dtype=bool)  # a variable-size op's baseline (an all_to_all's dispatch or combine)
+        self.b_run, self.b_runn = zi, zi  # the late arriver of its last ops, and how many in a row (STREAK_OPS)
         self._sib_at = -np.inf  # job time the sibling medians were last computed
         w = self.w
         self.w_slow = np.zeros((0, w), dtype=bool)
@@ -134,6 +141,8 @@ class SlowDetector:
         self.w_ogap = np.zeros((0, w))  # the other ranks' mean compute gap
         self.w_sgap = np.zeros((0, w))  # the late arriver's compute gap beyond its healthy top (nan: no baseline)
         self.w_peer = np.zeros((0, w), dtype=bool)  # slow only against its peers (no learned baseline said so)
+        # per communicator, its last variable-size op completed: (op sequence, signature, place in its run)
+        self._run: dict[int, tuple[int, int, int]] = {}
 
     # -- baseline index ------------------------------------------------------------------------
     def _sig_ids(self, codes: I64) -> I64:
@@ -189,6 +198,8 @@ class SlowDetector:
         self.h_max, self.h_min = g(self.h_max, np.nan), g(self.h_min, np.nan)
         self.h_lgap, self.b_hlgap, self.b_onset = g(self.h_lgap, np.nan), g(self.b_hlgap), g(self.b_onset, np.nan)
         self.b_sib, self.b_sibn = g(self.b_sib), g(self.b_sibn)
+        self.b_var = np.concatenate([self.b_var, np.isin(sigs >> 60 & 0xF, VARIABLE_SIZE_OPS)])
+        self.b_run, self.b_runn = g(self.b_run, -1), g(self.b_runn)
         self.w_slow = g(self.w_slow, False)
         self.w_cslow, self.w_lslow = g(self.w_cslow, False), g(self.w_lslow, False)
         self.w_late, self.w_lagr, self.w_seq = g(self.w_late, -1), g(self.w_lagr, -1), g(self.w_seq, -1)
@@ -209,7 +220,7 @@ class SlowDetector:
         if ops.n == 0:
             return np.zeros(0, dtype=np.int64)
         s = self.s
-        b = self.lookup(ops.cid, ops.sig, create=True)
+        b = self.lookup(ops.cid, self._phased(ops), create=True)
         order = np.lexsort((ops.seq, b))
         b = b[order]
         ops = ops.take(order)
@@ -294,7 +305,10 @@ class SlowDetector:
             self.b_okrun[bi] = np.where(slow, 0, self.b_okrun[bi] + warm)
             # learn from healthy ops only, so a lasting slowdown never becomes the norm; an op slow
             # only against its peers is learned: the peer test stays on it whatever the baseline says
-            learn = ~hist
+            late_i = ops.late[i]
+            streak = np.where((late_i >= 0) & (late_i == self.b_run[bi]), self.b_runn[bi] + 1, 1)
+            self.b_run[bi], self.b_runn[bi] = late_i, streak
+            learn = ~hist & ~(self.b_var[bi] & (streak >= STREAK_OPS))
             li, lb = i[learn], bi[learn]
             if lb.size:
                 np.maximum.at(js.c_maxop_s, ops.cid[li], ops.tmax[li])
@@ -305,6 +319,29 @@ class SlowDetector:
                 self.b_n[lb] += 1
                 self._relearn(lb)
         return np.unique(b)
+
+    def _phased(self, ops: OpRows) -> I64:
+        """The ops' signatures, a variable-size op's with the parity of its place in a run of such ops.
+
+        An MoE layer's dispatch and combine are the same all_to_all (its routed counts are out of the
+        signature), but the experts compute between them: the combine's last arriver is an expert, the
+        dispatch's is not. One baseline for both would see a straggling expert late at every other op
+        only, which never fills the repeated counting; consecutive ops of one run alternate dispatch
+        and combine (forward: dispatch, combine; backward: the combine's gradient, the dispatch's), so
+        the parity of the place in the run keeps them apart. A run is broken by any other op between
+        (a gap in the sequence)."""
+        var = np.flatnonzero(np.isin(ops.op_type, VARIABLE_SIZE_OPS))
+        if var.size == 0:
+            return ops.sig
+        sig = ops.sig.copy()
+        var = var[np.lexsort((ops.seq[var], ops.cid[var]))]
+        for k, cid, seq, code in zip(var.tolist(), ops.cid[var].tolist(), ops.seq[var].tolist(),
+                                     ops.sig[var].tolist(), strict=True):
+            last = self._run.get(cid)
+            place = last[2] + 1 if last is not None and last[0] == seq - 1 and last[1] == code else 0
+            self._run[cid] = (seq, code, place)
+            sig[k] = code | (place & 1)  # the count field, empty for these ops (sig_code)
+        return sig
 
     def _siblings(self, js: JobState) -> None:
         """For each baseline, the median healthy kernel time (``b_min``) over every communicator of the

@@ -126,16 +126,20 @@ def run_moe(tmp_path: Path, settings: Settings, args: list[str]) -> LocalJob:
     return launch(WORLD, [JOB, "--shape", "moe", *args], tmp_path / "ranks", env=env)
 
 
-@pytest.mark.parametrize("fault", ["none", "hung-expert"])
+@pytest.mark.parametrize("fault", ["none", "hung-expert", "slow-expert"])
 def test_moe_all_to_all_of_varying_sizes(
     fault: str, tmp_path: Path, fast: Settings, worker_factory: Callable[[Settings], WorkerProcess]
 ) -> None:
     """Healthy: no verdict (the most loaded expert is late at every combine, by design, and the ranks'
     sizes differ in every all_to_all). An expert that hangs before the combine: H1 naming it, not an
-    H2 for the sizes its peers wait with."""
+    H2 for the sizes its peers wait with. An expert that computes 6x longer from the middle: S1 naming
+    it (late at every combine, never at the dispatch), nothing else."""
     args = ["--duration-s", "35"]
     if fault == "hung-expert":
         args += ["--fault", "sleep", "--culprit", str(CULPRIT), "--at-step", "60"]
+    if fault == "slow-expert":
+        args = ["--duration-s", "50", "--fault", "slow", "--culprit", str(CULPRIT), "--at-step", "250",
+                "--slow-factor", "6"]
     job = run_moe(tmp_path, fast, args)
     try:
         worker_factory(fast).start()
@@ -145,6 +149,14 @@ def test_moe_all_to_all_of_varying_sizes(
             assert job.wait(30) == [0] * WORLD, job_logs(job)  # the routed sizes agreed: gloo ran every step
             print(f"RESULT moe healthy: {len(got)} verdicts")
             assert got == [], [v.describe() for v in got]
+        elif fault == "slow-expert":
+            assert job.wait_for_line(CULPRIT, "slows 6x from step", 60), job_logs(job)
+            t0 = time.time()
+            got = watch(fast, 40, lambda vs: any(v.kind is AnomalyKind.S1 for v in vs))
+            print("RESULT moe slow expert: " + "; ".join(f"{v.kind.value} {v.root_cause_ranks} {v.op_type}" for v in got)
+                  + f" ({time.time() - t0:.1f} s after it slowed)")
+            assert [(v.kind, v.root_cause_ranks, v.op_type) for v in got] == [
+                (AnomalyKind.S1, (CULPRIT,), "all_to_all")], [v.describe() for v in got]
         else:
             assert job.wait_for_line(CULPRIT, "sleeps forever", 40), job_logs(job)
             t0 = time.time()
