@@ -25,7 +25,8 @@ ANALYSIS_BUCKETS_S = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025
 
 #: metric name, the metrics-topic processors' report key, help: counters by metrics partition
 COUNTERS = (
-    ("ccld_worker_messages_total", "messages", "Metrics messages handled (each offset once: re-deliveries are skipped)."),
+    ("ccld_worker_messages_total", "messages",
+     "Metrics messages handled (each offset once: re-deliveries are skipped)."),
     ("ccld_worker_records_total", "records", "Kernel records in the metrics messages handled."),
     ("ccld_worker_dead_letters_total", "dead_letters",
      "Messages that went to the dead-letter topic (undecodable or impossible values)."),
