@@ -122,7 +122,6 @@ class SlowDetector:
         self.b_hlgap = z  # ... its top (HIGH_Q quantile): how long a late arriver here computes when healthy
         self.b_onset = z  # job time of the first slow op since the window was last clean (nan: clean)
         self.b_sib, self.b_sibn = z, zi  # median healthy kernel time of the sibling communicators, and how many
-        self.b_var = np.zeros(0, dtype=bool)  # a variable-size op's baseline (an all_to_all's dispatch or combine)
         self.b_run, self.b_runn = zi, zi  # the late arriver of its last ops, and how many in a row (STREAK_OPS)
         self._sib_at = -np.inf  # job time the sibling medians were last computed
         w = self.w
@@ -198,7 +197,6 @@ class SlowDetector:
         self.h_max, self.h_min = g(self.h_max, np.nan), g(self.h_min, np.nan)
         self.h_lgap, self.b_hlgap, self.b_onset = g(self.h_lgap, np.nan), g(self.b_hlgap), g(self.b_onset, np.nan)
         self.b_sib, self.b_sibn = g(self.b_sib), g(self.b_sibn)
-        self.b_var = np.concatenate([self.b_var, np.isin(sigs >> 60 & 0xF, VARIABLE_SIZE_OPS)])
         self.b_run, self.b_runn = g(self.b_run, -1), g(self.b_runn)
         self.w_slow = g(self.w_slow, False)
         self.w_cslow, self.w_lslow = g(self.w_cslow, False), g(self.w_lslow, False)
@@ -220,9 +218,10 @@ class SlowDetector:
         if ops.n == 0:
             return np.zeros(0, dtype=np.int64)
         s = self.s
-        b = self.lookup(ops.cid, self._phased(ops), create=True)
+        var = np.isin(ops.op_type, VARIABLE_SIZE_OPS)  # all_to_all: dispatch and combine apart (_phased)
+        b = self.lookup(ops.cid, self._phased(ops, var), create=True)
         order = np.lexsort((ops.seq, b))
-        b = b[order]
+        b, var = b[order], var[order]
         ops = ops.take(order)
         start = np.concatenate([[True], b[1:] != b[:-1]])
         grp = np.cumsum(start) - 1
@@ -308,7 +307,7 @@ class SlowDetector:
             late_i = ops.late[i]
             streak = np.where((late_i >= 0) & (late_i == self.b_run[bi]), self.b_runn[bi] + 1, 1)
             self.b_run[bi], self.b_runn[bi] = late_i, streak
-            learn = ~hist & ~(self.b_var[bi] & (streak >= STREAK_OPS))
+            learn = ~hist & ~(var[i] & (streak >= STREAK_OPS))
             li, lb = i[learn], bi[learn]
             if lb.size:
                 np.maximum.at(js.c_maxop_s, ops.cid[li], ops.tmax[li])
@@ -320,7 +319,7 @@ class SlowDetector:
                 self._relearn(lb)
         return np.unique(b)
 
-    def _phased(self, ops: OpRows) -> I64:
+    def _phased(self, ops: OpRows, var: npt.NDArray[np.bool_]) -> I64:
         """The ops' signatures, a variable-size op's with the parity of its place in a run of such ops.
 
         An MoE layer's dispatch and combine are the same all_to_all (its routed counts are out of the
@@ -329,14 +328,14 @@ class SlowDetector:
         only, which never fills the repeated counting; consecutive ops of one run alternate dispatch
         and combine (forward: dispatch, combine; backward: the combine's gradient, the dispatch's), so
         the parity of the place in the run keeps them apart. A run is broken by any other op between
-        (a gap in the sequence)."""
-        var = np.flatnonzero(np.isin(ops.op_type, VARIABLE_SIZE_OPS))
-        if var.size == 0:
+        (a gap in the sequence). ``var``: which of ``ops`` are variable-size."""
+        vi = np.flatnonzero(var)
+        if vi.size == 0:
             return ops.sig
         sig = ops.sig.copy()
-        var = var[np.lexsort((ops.seq[var], ops.cid[var]))]
-        for k, cid, seq, code in zip(var.tolist(), ops.cid[var].tolist(), ops.seq[var].tolist(),
-                                     ops.sig[var].tolist(), strict=True):
+        vi = vi[np.lexsort((ops.seq[vi], ops.cid[vi]))]
+        for k, cid, seq, code in zip(vi.tolist(), ops.cid[vi].tolist(), ops.seq[vi].tolist(),
+                                     ops.sig[vi].tolist(), strict=True):
             last = self._run.get(cid)
             place = last[2] + 1 if last is not None and last[0] == seq - 1 and last[1] == code else 0
             self._run[cid] = (seq, code, place)
