@@ -11,6 +11,7 @@ import json
 import signal
 import time
 from collections import Counter
+from typing import Any
 
 import pytest
 from confluent_kafka import Producer
@@ -73,6 +74,23 @@ def test_worker_killed_with_sigkill_loses_and_repeats_nothing(
                   verdicts_raw=sum(1 for v in raw if v.state.value == "open"))
 
 
+def _analysed(s: Settings, worker: WorkerProcess, batches: list[Any], job: str, rank: int) -> int:
+    """Produce ``batches``; wait for the verdict naming ``rank`` (of ``job``) and for all of them committed."""
+    sent = produce(s, batches)
+    first = collect_verdicts(s, 40, until=lambda vs: any(rank in v.root_cause_ranks for v in vs))
+    assert any(v.job == job for v in first), worker.log()
+    assert wait_for(lambda: committed(s) >= len(batches), 30), worker.log()
+    return sent
+
+
+def _opened_once(s: Settings, *jobs: str) -> Counter[str]:
+    """The jobs' OPEN verdicts on the topic, after time for a repeat to show up: one each, or fail."""
+    time.sleep(2)
+    opened = Counter(v.job for v in raw_verdicts(s) if v.state.value == "open")
+    assert opened == Counter({j: 1 for j in jobs}), f"lost or repeated verdicts: {opened}"
+    return opened
+
+
 def test_a_worker_resumed_past_its_snapshot_reads_the_offsets_between_back(
     chaos_settings: Settings, chaos_worker: WorkerProcess
 ) -> None:
@@ -84,10 +102,7 @@ def test_a_worker_resumed_past_its_snapshot_reads_the_offsets_between_back(
     a = scenario_batches("behind-a", {"kind": "H1", "rank": 3, "onset_s": 15.0}, 45.0)
     b = scenario_batches("behind-b", {"kind": "H1", "rank": 2, "onset_s": 10.0}, 45.0)
     worker = chaos_worker.start()
-    sent = produce(s, a)
-    first = collect_verdicts(s, 40, until=lambda vs: any(3 in v.root_cause_ranks for v in vs))
-    assert any(v.job == "behind-a" for v in first), worker.log()
-    assert wait_for(lambda: committed(s) >= len(a), 30), worker.log()
+    sent = _analysed(s, worker, a, "behind-a", 3)
     assert worker.stop(signal.SIGKILL) == -signal.SIGKILL
     at = committed(s)
     older = [(n, raw) for n, raw in snapshots(s) if 0 <= n < at - 20]
@@ -97,9 +112,7 @@ def test_a_worker_resumed_past_its_snapshot_reads_the_offsets_between_back(
     sent += produce(s, b)
     got = collect_verdicts(s, 50, until=lambda vs: any(2 in v.root_cause_ranks for v in vs))
     assert any(v.kind.value == "H1" and 2 in v.root_cause_ranks and v.job == "behind-b" for v in got), worker.log()
-    time.sleep(2)  # time for a repeat to show up
-    opened = Counter(v.job for v in raw_verdicts(s) if v.state.value == "open")
-    assert opened == Counter({"behind-a": 1, "behind-b": 1}), f"lost or repeated verdicts: {opened}"
+    opened = _opened_once(s, "behind-a", "behind-b")
     assert "without delivering them; read back" in worker.log(), worker.log()
     assert "were not analyzed" not in worker.log()
     assert worker.stop() == 0
@@ -124,10 +137,7 @@ def test_messages_delivered_again_below_the_snapshot_are_analysed_once(
     a = scenario_batches("again-a", {"kind": "H1", "rank": 1, "onset_s": 12.0}, 40.0)
     b = scenario_batches("again-b", {"kind": "H1", "rank": 5, "onset_s": 10.0}, 40.0)
     worker = chaos_worker.start()
-    sent = produce(s, a)
-    first = collect_verdicts(s, 40, until=lambda vs: any(1 in v.root_cause_ranks for v in vs))
-    assert any(v.job == "again-a" for v in first), worker.log()
-    assert wait_for(lambda: committed(s) >= len(a), 30), worker.log()
+    sent = _analysed(s, worker, a, "again-a", 1)
     assert worker.stop() == 0
     # The broker takes commits from members only: join the group, then rewind it.
     c = Consumer({"bootstrap.servers": s.bootstrap, "group.id": s.worker_app_id, "enable.auto.commit": False})
@@ -142,9 +152,7 @@ def test_messages_delivered_again_below_the_snapshot_are_analysed_once(
     sent += produce(s, b)
     got = collect_verdicts(s, 50, until=lambda vs: any(5 in v.root_cause_ranks for v in vs))
     assert any(v.kind.value == "H1" and 5 in v.root_cause_ranks and v.job == "again-b" for v in got), worker.log()
-    time.sleep(2)  # time for a repeat to show up
-    opened = Counter(v.job for v in raw_verdicts(s) if v.state.value == "open")
-    assert opened == Counter({"again-a": 1, "again-b": 1}), f"lost or repeated verdicts: {opened}"
+    _opened_once(s, "again-a", "again-b")
     assert worker.stop() == 0
     counters = worker_counters(worker)
     assert counters.get("analyzed_records") == sent, (counters, sent)
