@@ -9,6 +9,8 @@ and every rank of a communicator details the same ops whichever source it runs:
 
 - :func:`op_sampled`: ``detail_sampled`` for one op, in plain Python;
 - :class:`StrideWindow`: one communicator's op rate, measured at fixed op sequence numbers, and K;
+- :class:`RunSample`: which op's sequence number decides: an op's own, or for a run of variable-size
+  ops (an MoE layer's dispatch and combine all_to_all) the run's first, so a run is detailed whole;
 - :class:`ExitLog`: where the rank's previous op ended (``KernelRecord.t_prev_exit_ns``, the compute gap).
 """
 
@@ -18,7 +20,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ccld.records import DETAIL_OPS_PER_S, detail_one_in
+from ccld.records import DETAIL_OPS_PER_S, VARIABLE_SIZE_OPS, detail_one_in
 
 #: "sampled": the bounded format; "all": a DONE record per op (debugging, one record per call)
 DETAIL_MODES = ("sampled", "all")
@@ -58,6 +60,33 @@ def op_sampled(comm_hash: int, op_seq: int, one_in: int) -> bool:
     x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _M64
     x ^= x >> 31
     return x & (one_in - 1) == 0
+
+
+@dataclass(slots=True)
+class RunSample:
+    """Per communicator: the sequence number and stride that decide whether an op is detailed.
+
+    An op's own, except in a run of variable-size ops back to back (``VARIABLE_SIZE_OPS``: an MoE
+    layer's dispatch and combine all_to_all, with nothing between them on the communicator): there the
+    run's first op decides for all of them. The analyzer tells dispatch from combine only by the place
+    of an op in its run (``SlowDetector._phased``); with each op sampled on its own at a stride K > 1 it
+    would see one op of a run in K, never two in a row, and judge dispatch and combine as one. Every
+    rank sees the same ops in the same order, so every rank details the same runs; on average a run
+    of L ops is detailed once in K runs, the same L/K of its ops as before.
+    """
+
+    prev_seq: int = -2
+    prev_type: int = -1
+    start_seq: int = -1
+    start_one_in: int = 1
+
+    def key(self, seq: int, op_type: int, one_in: int) -> tuple[int, int]:
+        """Op ``seq`` of type ``op_type`` entered with stride ``one_in`` in force; returns the (sequence
+        number, stride) ``op_sampled`` decides it on. A source that sees every op calls it for each, in order."""
+        if not (op_type in VARIABLE_SIZE_OPS and op_type == self.prev_type and seq == self.prev_seq + 1):
+            self.start_seq, self.start_one_in = seq, one_in
+        self.prev_seq, self.prev_type = seq, op_type
+        return self.start_seq, self.start_one_in
 
 
 @dataclass(slots=True)

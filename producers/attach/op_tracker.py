@@ -15,7 +15,8 @@ and its cost"), so the record rate does not grow with the collective rate:
   detail_one_in(op rate)`` per communicator: the rate is measured over about ``interval_s`` of
   its ops' own entry times and checked at fixed op sequence numbers (raised as soon as the ops
   seen so far need it; ``ccld.bounded.StrideWindow``, which the GPU probe's poller shares), so
-  every rank of the communicator picks the same K from the same op on;
+  every rank of the communicator picks the same K from the same op on; a run of all_to_all back to
+  back (an MoE layer's dispatch and combine) is picked whole, by its first op (``ccld.bounded.RunSample``);
   at most about ``DETAIL_OPS_PER_S`` (8) details per communicator and second, and every op when
   a communicator runs at most 8 per second. It carries
   ``t_prev_exit_ns``, the end of this rank's previous op on any communicator (the compute gap
@@ -41,7 +42,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from ccld.bounded import DEFAULT_INTERVAL_S, DETAIL_MODES, ExitLog, StrideWindow, op_sampled
+from ccld.bounded import DEFAULT_INTERVAL_S, DETAIL_MODES, ExitLog, RunSample, StrideWindow, op_sampled
 from ccld.producers.attach.cpu_wait import CpuWaitSampler
 from ccld.records import DETAIL_OPS_PER_S, DType, KernelBatch, KernelRecord, OpType, Status
 
@@ -93,6 +94,7 @@ class OpCall:
     last_sample_ns: int = -1  # time of the last record sent for this call (heartbeat spacing)
     t_prev_ns: int = -2  # end of the rank's previous op (-1 unknown, -2 not looked up yet)
     one_in: int = 1  # the detail stride in force when it entered (set by the emitter)
+    sample_seq: int = -1  # the op whose sequence number decides its detail (RunSample; -1: its own)
 
 
 @dataclass(slots=True, eq=False)
@@ -101,6 +103,7 @@ class _Comm:
 
     active_ns: int  # the last time one of its ops entered or left
     stride: StrideWindow  # its op rate and detail stride K
+    run: RunSample  # a run of all_to_all is detailed whole
     last: OpCall | None = None  # the newest finished op (the IDLE state)
     looked: OpCall | None = None  # the last op in flight shipped by a look
     look_idx: int = -1  # interval of that look
@@ -344,14 +347,16 @@ class Tracker:
                 oldest = min(self._comms, key=lambda h: self._comms[h].active_ns)
                 del self._comms[oldest]
                 self.stats.comms_forgotten += 1
-            c = self._comms[comm_hash] = _Comm(active_ns=now, stride=StrideWindow(self.interval_s, self.detail_budget))
+            c = self._comms[comm_hash] = _Comm(active_ns=now, stride=StrideWindow(self.interval_s, self.detail_budget),
+                                               run=RunSample())
         return c
 
     def _entered(self, call: OpCall, now: int) -> None:
         c = self._comm(call.comm_hash, now)
         c.active_ns = now
         if not self.per_call:  # K at op sequence numbers, from the ops' own entry times (StrideWindow)
-            call.one_in = c.stride.observe(call.op_seq, call.t_enter_ns)
+            one_in = c.stride.observe(call.op_seq, call.t_enter_ns)
+            call.sample_seq, call.one_in = c.run.key(call.op_seq, int(call.op_type), one_in)
 
     def _finished(self, call: OpCall, now: int) -> None:
         self._exits.add(call.t_exit_ns)
@@ -360,7 +365,8 @@ class Tracker:
         last = c.last
         if last is None or call.op_seq >= last.op_seq or call.t_enter_ns >= last.t_exit_ns:
             c.last = call  # the newest op (a group made again under the same hash starts at 0)
-        if self.per_call or op_sampled(call.comm_hash, call.op_seq, call.one_in):
+        key = call.sample_seq if call.sample_seq >= 0 else call.op_seq
+        if self.per_call or op_sampled(call.comm_hash, key, call.one_in):
             self._emit(call, Status.DONE, call.t_exit_ns)
             self.stats.details += 1
         else:

@@ -27,10 +27,10 @@ from typing import Any, TypeVar, cast
 import numpy as np
 import numpy.typing as npt
 
-from ccld.records import AnomalyKind, OpType
+from ccld.records import VARIABLE_SIZE_OPS, AnomalyKind, OpType
 from ccld.streams.analysis.ops import OpRows
 from ccld.streams.analysis.settings import AnalyzerSettings
-from ccld.streams.analysis.state import VARIABLE_SIZE_OPS, JobState
+from ccld.streams.analysis.state import JobState
 
 I64 = npt.NDArray[np.int64]
 F64 = npt.NDArray[np.float64]

@@ -25,7 +25,7 @@ from typing import Any, TypeVar, cast
 import numpy as np
 import numpy.typing as npt
 
-from ccld.records import COMM_COLUMN, MAX_CHANNELS, KernelBatch, OpType, Status
+from ccld.records import COMM_COLUMN, MAX_CHANNELS, VARIABLE_SIZE_OPS, KernelBatch, OpType, Status
 
 I64 = npt.NDArray[np.int64]
 F64 = npt.NDArray[np.float64]
@@ -39,9 +39,6 @@ P2P_OPS = (int(OpType.SEND), int(OpType.RECV))
 CPU_SAMPLES = 64
 #: a CPU wait sample arrives with its rank's next batch, up to this long after the ops it covers
 CPU_LATE_S = 2.0
-#: collectives whose element count is each rank's own data, not the op's: an all_to_all sends what the
-#: router chose, so the counts differ between the ranks of one op and from step to step
-VARIABLE_SIZE_OPS = (int(OpType.ALL_TO_ALL),)
 SIG_FIELDS = ("op_type", "dtype", "count", "peer")
 
 
