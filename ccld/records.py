@@ -379,9 +379,10 @@ class KernelBatch:
     # one of those ranks ("never entered") may rest on records that never arrived
     lost_records: int = 0
     lost_ranks: tuple[int, ...] = ()
-    # (rank, run-queue wait ns, on-CPU ns) per sample: how long the rank's threads waited for a CPU and
-    # ran since its previous sample (``producers/attach/cpu_wait.py``); a communication that is slow while
-    # its members wait for CPUs is the host's load, not a link (``starved_wait_share``)
+    # (rank, stalled ns, not stalled ns) per sample: of the wall time since the rank's previous sample, how
+    # long some task of its host (its cgroup) waited for a CPU, and the rest (Linux PSI, ``producers/attach/
+    # cpu_wait.py``); a communication that is slow while its members' hosts are that starved of CPUs is the
+    # host's load, not a link (``starved_wait_share``)
     cpu_wait: tuple[tuple[int, int, int], ...] = ()
 
     def __post_init__(self) -> None:

@@ -60,8 +60,8 @@ class AnalyzerSettings:
     # an S1's or S3's late arriver must lead its alarmed window this long itself: a rank's own GC or
     # data-loader pauses come in bursts of a few seconds (fa-1-0003 in benchmarks/false_alarms.py)
     culprit_confirm_s: float = 8.0
-    # a slow communication whose members waited for a CPU this share of the time they wanted one (schedstat
-    # run-queue wait / (wait + on-CPU), KernelBatch.cpu_wait) is a loaded host, not a slow link: no S2 (0: never)
+    # a slow communication whose members' hosts stalled for CPUs this share of the wall time (Linux PSI "some":
+    # some task waited for a CPU, KernelBatch.cpu_wait) is a loaded host, not a slow link: no S2 (0: never)
     starved_wait_share: float = 0.5
     slow_link_wait_s: float = 10.0  # wait this long for a counter sample to name a slow link, then report without
     baseline_min_ops: int = 6  # healthy ops per signature learned before slowness is judged

@@ -1,75 +1,101 @@
-"""How long this process's threads waited for a CPU: Linux schedstat run-queue delay, sampled by the attachment.
+"""How starved of CPUs this rank's host was: Linux CPU pressure (PSI), sampled by the attachment.
 
 A gloo job's communication runs on CPU threads, so on a host whose cores are taken by other work a
 send over loopback that takes half a millisecond takes several, on both ends, while no link is at
-fault (benchmarks/RESULTS.md, "A real job, for 30 minutes"). The kernel counts, per thread, the
-time it ran and the time it was runnable but waiting for a CPU (``/proc/<pid>/task/<tid>/schedstat``,
-first and second fields, ns, kept when the kernel has ``CONFIG_SCHED_INFO``, as every distribution
-kernel does). The attachment's emitter thread sums both over the process's threads once per state
-interval and sends their growth with the rank's next batch (``KernelBatch.cpu_wait``). What matters
-is the wait against the time the process wanted a CPU (wait / (wait + run)), not against the wall
-time: a training process that mostly waits for its GPU (or, in the tests' gloo jobs, sleeps for it)
-is runnable a small part of each second, and on a loaded host waits for most of that part. The
-analyzer holds a slow-communication verdict while the communicator's members waited that way
-(``starved_wait_share``).
+fault (benchmarks/RESULTS.md, "A real job, for 30 minutes"). The kernel's pressure stall information
+counts the time in which at least one runnable task waited for a CPU ("some", ``total`` in
+microseconds since boot): ``cpu.pressure`` of the process's cgroup (cgroup v2, a container's own
+tasks) when the kernel gives one, else the host's ``/proc/pressure/cpu``. The attachment's emitter
+thread reads it once per state interval and sends its growth, with the wall time it grew over, with
+the rank's next batch (``KernelBatch.cpu_wait``: wait = stalled time, run = the rest of the wall
+time). The analyzer holds a slow-communication verdict while the communicator's members' hosts were
+stalled that share of the time (``starved_wait_share``).
 
-Reading costs one ``listdir`` and one small read per thread (tens of microseconds for a training
-process's few dozen threads), on the emitter thread, never the training thread. Anything that goes
-wrong (no ``/proc``, no schedstat, a thread that exits between listing and reading) makes the
-sample missing, never an error in the job.
+Why not the process's own run-queue wait (schedstat, what this module read first): measured here
+(benchmarks/RESULTS.md, "A loaded host is not a slow link, measured again"), a gloo rank's threads run
+in bursts of a fraction of a millisecond after each wakeup, and their wait to be scheduled is about as
+long as the burst whether the host is idle or six busy processes hold both cores (the scheduler
+favours a waking thread): wait / (wait + run) was 0.52-0.56 healthy and 0.51-0.65 starved. The host's
+stall share was 0.15 healthy and 0.95 starved.
+
+Reading costs one small file read per interval, on the emitter thread, never the training thread.
+Anything that goes wrong (no ``/proc``, a kernel without PSI or booted with ``psi=0``) makes the
+sample missing, never an error in the job: the analyzer then holds nothing.
 """
 
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-#: where the kernel lists this process's threads
-TASK_DIR = "/proc/self/task"
+#: the host's CPU pressure
+HOST_PRESSURE = "/proc/pressure/cpu"
+#: where cgroup v2 is mounted (a cgroup's own pressure is ``<mount><path>/cpu.pressure``)
+CGROUP_ROOT = "/sys/fs/cgroup"
 
 
-def schedstat_ns(schedstat: str) -> tuple[int, int]:
-    """(on-CPU ns, run-queue wait ns) of one thread's ``schedstat`` line ("<on-cpu> <run_delay> <timeslices>")."""
-    parts = schedstat.split()
-    if len(parts) < 2:
-        raise ValueError(f"not a schedstat line: {schedstat!r}")
-    return int(parts[0]), int(parts[1])
+def psi_some_us(text: str) -> int:
+    """The ``some`` line's ``total`` (microseconds stalled) of a PSI file's text."""
+    for line in text.splitlines():
+        kind, _, rest = line.partition(" ")
+        if kind == "some":
+            for part in rest.split():
+                key, _, value = part.partition("=")
+                if key == "total":
+                    return int(value)
+    raise ValueError(f"not a PSI file (no 'some ... total='): {text[:80]!r}")
 
 
-def process_schedstat_ns(task_dir: str = TASK_DIR) -> tuple[int, int] | None:
-    """(on-CPU ns, run-queue wait ns) of every thread of the process together, or None when unreadable.
-
-    A thread gone between the listing and its read takes its times with it: the sums may step back,
-    which ``CpuWaitSampler`` reads as nothing rather than negative time."""
+def pressure_file(cgroup_file: str = "/proc/self/cgroup", root: str = CGROUP_ROOT,
+                  host: str = HOST_PRESSURE) -> str | None:  # fmt: skip
+    """The process's cgroup's ``cpu.pressure`` (cgroup v2) when it has one, else the host's, else None."""
     try:
-        tids = os.listdir(task_dir)
-    except OSError:
+        with open(cgroup_file, encoding="ascii") as f:
+            for line in f:
+                if line.startswith("0::"):
+                    path = line[3:].strip().rstrip("/")
+                    own = f"{root}{path}/cpu.pressure"
+                    if path and os.path.exists(own):
+                        return own
+    except (OSError, ValueError):
+        pass
+    return host if os.path.exists(host) else None
+
+
+def pressure_ns(path: str | None, clock: Callable[[], int] = time.monotonic_ns) -> tuple[int, int] | None:
+    """(wall ns not stalled, wall ns stalled), both cumulative (their growth is what a sample is), or
+    None when ``path`` is None or unreadable."""
+    if path is None:
         return None
-    run = wait = read = 0
-    for tid in tids:
-        try:
-            with open(f"{task_dir}/{tid}/schedstat", encoding="ascii") as f:
-                r, w = schedstat_ns(f.read())
-            run, wait, read = run + r, wait + w, read + 1
-        except (OSError, ValueError):
-            continue
-    return (run, wait) if read else None
+    try:
+        with open(path, encoding="ascii") as f:
+            stalled = psi_some_us(f.read()) * 1000
+    except (OSError, ValueError):
+        return None
+    return clock() - stalled, stalled
 
 
 @dataclass
 class CpuWaitSampler:
-    """The process's run-queue wait and on-CPU time since the previous sample: ``sample()`` -> (wait ns, run ns)."""
+    """The host's CPU stall and the rest of the wall time since the previous sample: ``sample()`` ->
+    (stalled ns, not stalled ns). ``read`` returns both as cumulative counters (``pressure_ns``)."""
 
-    read: Callable[[], tuple[int, int] | None] = process_schedstat_ns
-    _last: tuple[int, int] | None = field(default=None, init=False)  # (run, wait) at the previous sample
+    read: Callable[[], tuple[int, int] | None] | None = None
+    _last: tuple[int, int] | None = field(default=None, init=False)  # (not stalled, stalled) at the previous sample
     failures: int = field(default=0, init=False)
 
+    def __post_init__(self) -> None:
+        if self.read is None:
+            path = pressure_file()
+            self.read = lambda: pressure_ns(path)
+
     def sample(self) -> tuple[int, int] | None:
-        """(wait ns, run ns) since the previous sample; None at the first one, when unreadable, or when
-        the process wanted no CPU at all meanwhile (nothing to say about its host's load)."""
+        """(stalled ns, not stalled ns) since the previous sample; None at the first one, when
+        unreadable, or when no time passed."""
         try:
-            now = self.read()
+            now = self.read() if self.read is not None else None
         except Exception:  # noqa: BLE001 - the job must never see this fail
             now = None
         if now is None:

@@ -163,7 +163,7 @@ class Tracker:
     comms_max: int = 1024
     #: a communicator without ops this long is no longer reported
     forget_s: float = 600.0
-    #: the process's CPU run-queue wait, sampled once per state interval and sent with the next batch
+    #: the host's CPU stall (PSI), sampled once per state interval and sent with the next batch
     #: (None: not measured)
     cpu_wait: CpuWaitSampler | None = field(default_factory=CpuWaitSampler)
 

@@ -262,7 +262,7 @@ def slow_candidate(ja: JobAnalysis, f: SlowFinding) -> Candidate:
         p=f.p,
         details={"slow_ops": str(f.n_slow), "culprit_share": f"{f.share:.2f}",
                  **({"judged_against": "peers"} if f.peer_only else {}),
-                 # how loaded the members' host was (their median CPU run-queue wait), where it was measured
+                 # how loaded the members' hosts were (their median CPU stall share, PSI), where it was measured
                  **({"cpu_wait_share": f"{f.cpu_wait_share:.2f}"} if f.cpu_wait_share is not None else {}),
                  **({"link": LINK_NOT_OBSERVED} if f.link_unobserved else {}), **_nic(ja, f),
                  **_ends(ja, f)},

@@ -87,7 +87,7 @@ class SlowFinding:
     peer_gap_s: float = 0.0  # ... and of its peers
     sibling_s: float = 0.0  # healthy kernel time of the same op on the sibling communicators (0: none compared)
     pair_link: bool = False  # the link is a send/recv pair's one link (named by the pair, not by a backlog)
-    cpu_wait_share: float | None = None  # the members' median CPU run-queue wait over the slow ops (None: not measured)
+    cpu_wait_share: float | None = None  # members' hosts' median CPU stall share (PSI; None: unmeasured)
 
 
 class SlowDetector:

@@ -35,7 +35,7 @@ DONE = int(Status.DONE)
 PROGRESS = int(Status.PROGRESS)
 IDLE = int(Status.IDLE)
 P2P_OPS = (int(OpType.SEND), int(OpType.RECV))
-#: CPU run-queue wait samples kept per rank (one a state interval, 1 s by default: about a minute)
+#: CPU stall (PSI) samples kept per rank (one a state interval, 1 s by default: about a minute)
 CPU_SAMPLES = 64
 #: a CPU wait sample arrives with its rank's next batch, up to this long after the ops it covers
 CPU_LATE_S = 2.0
@@ -150,7 +150,7 @@ class JobState:
             setattr(self, name, np.full(0, fill, dtype=dt))
         self.last_now = 0.0
         self.g_last_exit = np.full(0, -1, dtype=np.int64)  # per global rank: end of its latest op (own clock)
-        # global rank -> its CPU samples (analyzer time the batch came, run-queue wait ns, on-CPU ns)
+        # global rank -> its CPU samples (analyzer time the batch came, stalled ns, not stalled ns)
         self.cpu_wait: dict[int, deque[tuple[float, int, int]]] = {}
 
     # typed views of the dynamic arrays (mypy sees these names)
@@ -184,7 +184,7 @@ class JobState:
         return len(self.comm_hashes)
 
     def note_cpu(self, samples: tuple[tuple[int, int, int], ...], now: float) -> None:
-        """A batch's CPU run-queue wait samples (``KernelBatch.cpu_wait``), kept for the last few minutes."""
+        """A batch's CPU stall samples (``KernelBatch.cpu_wait``), kept for the last few minutes."""
         for rank, wait_ns, span_ns in samples:
             dq = self.cpu_wait.get(rank)
             if dq is None:
@@ -193,7 +193,7 @@ class JobState:
 
     def cpu_wait_share(self, ranks: Iterable[int], t0: float, t1: float) -> float | None:
         """The median over ``ranks`` of how starved of CPUs each was between analyzer times ``t0`` and
-        ``t1``: run-queue wait / (wait + on-CPU time), from its samples that arrived then and up to
+        ``t1``: its host's stalled / wall time (PSI), from its samples that arrived then and up to
         ``CPU_LATE_S`` after (a sample describes the interval before its batch left); None when fewer
         than half of them were measured then (an unmeasured rank is unknown, not idle)."""
         shares = []

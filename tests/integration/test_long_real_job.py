@@ -41,9 +41,10 @@ def test_a_healthy_job_with_evaluation_checkpoint_and_a_restart_gets_no_verdict(
     # last: everything above held, so a verdict here is about the analyzer, not a broken run
     verdicts = result["verdicts"]
     # While the busy processes hold the CPUs, gloo's send/recv and all-reduce really take several times
-    # their healthy time on every rank: comm-slow to the analyzer, but the ranks said they waited for a
-    # CPU most of the time they wanted one (KernelBatch.cpu_wait), so no S2 is reported for it (before
-    # that rule, S2 verdicts on the send/recv pairs and the broadcast here; benchmarks/RESULTS.md)
+    # their healthy time on every rank: comm-slow to the analyzer, but the ranks said their host was
+    # stalled for CPUs most of the time (Linux PSI, KernelBatch.cpu_wait), so no S2 is reported for it
+    # (before that rule, S2 verdicts on the send/recv pairs and the broadcast here; with the process's own
+    # run-queue wait, about 0.5 idle or starved, it held them only by chance; benchmarks/RESULTS.md)
     assert result["hogs"]["processes"] == 6 and "slow_held_starved" in result["worker"], result["worker"]
     assert not verdicts["all"], json.dumps(verdicts["all"], indent=1)[:6000]
     assert res.returncode == 0, res.stderr[-4000:]

@@ -1,8 +1,8 @@
 """A communication slow while its members wait for CPUs is the host's load, not a link (issue 19, item 4).
 
 The 30-minute real gloo job got nine S2 incidents on a host whose two cores other work held: a 32 KiB
-send over loopback took 2-7 ms instead of 0.45 ms on both ends. The attachment now sends each rank's
-CPU run-queue wait (``KernelBatch.cpu_wait``) and the analyzer holds such an S2."""
+send over loopback took 2-7 ms instead of 0.45 ms on both ends. The attachment now sends how stalled for
+CPUs each rank's host was (Linux PSI, ``KernelBatch.cpu_wait``) and the analyzer holds such an S2."""
 
 from __future__ import annotations
 
@@ -19,13 +19,13 @@ SLOW_FROM_STEP = 20  # steps are 2 s apart from t = 1 s: the slowdown starts at 
 
 
 def starved(rank: int, share: float) -> tuple[int, int, int]:
-    """A CPU sample of ``rank``: it waited ``share`` of the second it wanted a CPU, and ran the rest."""
+    """A CPU sample of ``rank``: its host was stalled for CPUs ``share`` of the second, not the rest."""
     return rank, round(share * 1e9), round((1 - share) * 1e9)
 
 
 def with_cpu_wait(batches: list[tuple[float, KernelBatch]], ranks: range, share: float, from_s: float
                   ) -> list[tuple[float, KernelBatch]]:
-    """Each batch delivered from ``from_s`` on says its ranks waited ``share`` of the time they wanted a CPU."""
+    """Each batch delivered from ``from_s`` on says its ranks' hosts were stalled ``share`` of the time."""
     out = []
     for t, b in batches:
         if t >= from_s:
@@ -45,8 +45,8 @@ def opens(batches: list[tuple[float, KernelBatch]], settings: AnalyzerSettings |
 
 
 def test_a_slow_link_whose_members_waited_for_cpus_is_held() -> None:
-    """The same slow ring: S2 on its link while the ranks' CPUs were free (they said so: 1 % waited), nothing
-    while they waited for a CPU 70 % of the time they wanted one; and the analyzer counts the held finding."""
+    """The same slow ring: S2 on its link while the ranks' CPUs were free (they said so: 1 % stalled), nothing
+    while their host was stalled for CPUs 70 % of the time; and the analyzer counts the held finding."""
     free = opens(with_cpu_wait(slow_ring(), range(8), 0.01, 0.0))
     assert [(v.kind, v.link) for v in free] == [(AnomalyKind.S2, Link(3, 4))]
     assert free[0].details["cpu_wait_share"] == "0.01"  # the verdict says how loaded the host was

@@ -1,5 +1,5 @@
-"""The attachment's CPU run-queue wait (``producers/attach/cpu_wait.py``): read from Linux schedstat,
-sent with the rank's next batch, on the wire, and never an error in the job."""
+"""The attachment's CPU stall sample (``producers/attach/cpu_wait.py``): read from Linux PSI, sent with
+the rank's next batch, on the wire, and never an error in the job."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from ccld.producers.attach.cpu_wait import CpuWaitSampler, process_schedstat_ns, schedstat_ns
+from ccld.producers.attach.cpu_wait import CpuWaitSampler, pressure_file, pressure_ns, psi_some_us
 from ccld.producers.attach.op_tracker import Identity, Tracker
 from ccld.producers.attach.outlets import ListSink
 from ccld.records import DType, KernelBatch, OpType, RecordError
@@ -23,26 +23,36 @@ from factories import make_kernel_record, written_by
 MS = 1_000_000
 
 
-def test_a_schedstat_line_gives_its_run_time_and_run_delay() -> None:
-    assert schedstat_ns("123456 7890 12\n") == (123456, 7890)
-    with pytest.raises(ValueError):
-        schedstat_ns("garbage")
+PSI = "some avg10=1.50 avg60=0.40 avg300=0.10 total={}\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=0\n"
 
 
-def test_the_process_times_are_the_sums_over_its_threads(tmp_path: Path) -> None:
-    for tid, line in (("10", "5 100 1"), ("11", "7 250 2"), ("12", "bad")):
-        (tmp_path / tid).mkdir()
-        (tmp_path / tid / "schedstat").write_text(line)
-    (tmp_path / "13").mkdir()  # a thread that exited between the listing and the read
-    assert process_schedstat_ns(str(tmp_path)) == (12, 350)
-    assert process_schedstat_ns(str(tmp_path / "missing")) is None
+def test_a_psi_file_gives_its_some_total() -> None:
+    assert psi_some_us(PSI.format(16392597162)) == 16392597162
+    for bad in ("garbage", "full avg10=0.00 total=5\n", "some avg10=1.0\n"):
+        with pytest.raises(ValueError):
+            psi_some_us(bad)
 
 
-@pytest.mark.skipif(not os.path.exists("/proc/self/task"), reason="Linux only")
-def test_threads_that_wait_for_a_cpu_show_in_the_real_counter(tmp_path: Path) -> None:
-    """Three busy threads pinned to one CPU: two wait at any time, so, read the way the sampler reads
-    /proc/self/task (here only those threads' entries, so the rest of the test process does not count),
-    they waited about twice as long as they ran."""
+def test_the_cgroups_own_pressure_comes_first_then_the_hosts(tmp_path: Path) -> None:
+    cg, root, host = tmp_path / "cgroup", tmp_path / "fs", tmp_path / "host.pressure"
+    (root / "job" / "rank3").mkdir(parents=True)
+    cg.write_text("0::/job/rank3\n")
+    host.write_text(PSI.format(10))
+    assert pressure_file(str(cg), str(root), str(host)) == str(host)  # the cgroup has no cpu.pressure
+    (root / "job" / "rank3" / "cpu.pressure").write_text(PSI.format(20))
+    assert pressure_file(str(cg), str(root), str(host)) == str(root / "job" / "rank3" / "cpu.pressure")
+    cg.write_text("0::/\n")  # the root cgroup: its pressure is the host's
+    assert pressure_file(str(cg), str(root), str(host)) == str(host)
+    assert pressure_file(str(tmp_path / "none"), str(root), str(tmp_path / "no.pressure")) is None
+    # (not stalled, stalled), cumulative, on the sampler's clock
+    assert pressure_ns(str(host), clock=lambda: 5_000_000) == (5_000_000 - 10_000, 10_000)
+    assert pressure_ns(None) is None and pressure_ns(str(tmp_path / "gone")) is None
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/pressure/cpu"), reason="a kernel without PSI")
+def test_threads_that_wait_for_a_cpu_stall_the_host_in_the_real_counter() -> None:
+    """Three busy threads pinned to one CPU: two wait at any time, so the host's CPU pressure says some
+    task was stalled nearly all the time the sampler looked (an idle host: a few percent)."""
     if not hasattr(os, "sched_setaffinity"):
         pytest.skip("no sched_setaffinity")
     old = os.sched_getaffinity(0)
@@ -50,7 +60,6 @@ def test_threads_that_wait_for_a_cpu_show_in_the_real_counter(tmp_path: Path) ->
     block = bytes(1 << 20)
 
     def spin() -> None:  # hashing a large buffer releases the GIL: the threads really run side by side
-        (tmp_path / str(threading.get_native_id())).symlink_to(f"/proc/self/task/{threading.get_native_id()}")
         ready.wait()
         while not stop.is_set():
             hashlib.sha256(block).digest()
@@ -61,17 +70,18 @@ def test_threads_that_wait_for_a_cpu_show_in_the_real_counter(tmp_path: Path) ->
         for t in threads:
             t.start()
         ready.wait()
-        s = CpuWaitSampler(read=lambda: process_schedstat_ns(str(tmp_path)))
+        s = CpuWaitSampler()
         assert s.sample() is None  # the first sample only sets the start
-        time.sleep(0.6)
+        time.sleep(1.0)
         busy = s.sample()
     finally:
         stop.set()
         os.sched_setaffinity(0, old)
         for t in threads:
             t.join()
-    # (wait, run): about 2 to 1 (two of the three wait at any moment); the fields swapped would give 1 to 2
-    assert busy is not None and busy[0] >= 1.5 * busy[1], busy
+    # (stalled, not stalled): stalled most of the second; the fields swapped would give the reverse
+    assert busy is not None and busy[0] >= 2 * busy[1], busy
+    assert 0.8e9 <= busy[0] + busy[1] <= 3e9, busy  # the wall time it covers
 
 
 def test_an_unreadable_counter_gives_no_sample_and_never_raises() -> None:
@@ -80,13 +90,13 @@ def test_an_unreadable_counter_gives_no_sample_and_never_raises() -> None:
 
     s = CpuWaitSampler(read=broken)
     assert s.sample() is None and s.sample() is None and s.failures == 2
-    # (run, wait): a thread exited with its times (the sums stepped back), then a second with no CPU wanted
+    # (not stalled, stalled): a counter that stepped back reads as nothing, a sample over no time is none
     values = iter([(5000, 1000), (6000, 400), (7000, 900), (7000, 900)])
     s = CpuWaitSampler(read=lambda: next(values))
     assert s.sample() is None  # the start
     assert s.sample() == (0, 1000)
     assert s.sample() == (500, 1000)
-    assert s.sample() is None  # it wanted no CPU: nothing to say
+    assert s.sample() is None  # no time passed: nothing to say
 
 
 class BatchSink(ListSink):
@@ -107,7 +117,7 @@ class Clock:
 
 
 def test_the_tracker_sends_each_interval_s_wait_once_with_the_ranks_next_batch() -> None:
-    times = iter([(0, 0), (100 * MS, 300 * MS), (200 * MS, 300 * MS), (250 * MS, 700 * MS)])  # (run, wait)
+    times = iter([(0, 0), (100 * MS, 300 * MS), (200 * MS, 300 * MS), (250 * MS, 700 * MS)])  # (not stalled, stalled)
     sink, clock = BatchSink(), Clock()
     sampler = CpuWaitSampler(read=lambda: next(times))
     tr = Tracker(sink=sink, clock=clock, cpu_wait=sampler)
