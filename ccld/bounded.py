@@ -9,8 +9,8 @@ and every rank of a communicator details the same ops whichever source it runs:
 
 - :func:`op_sampled`: ``detail_sampled`` for one op, in plain Python;
 - :class:`StrideWindow`: one communicator's op rate, measured at fixed op sequence numbers, and K;
-- :class:`RunSample`: which op's sequence number decides: an op's own, or for a run of variable-size
-  ops (an MoE layer's dispatch and combine all_to_all) the run's first, so a run is detailed whole;
+- :class:`RunSample`: which op's sequence number decides: an op's own, or in a run of variable-size
+  ops (an MoE layer's dispatch and combine all_to_all) the first of its pair, so a pair goes together;
 - :class:`ExitLog`: where the rank's previous op ended (``KernelRecord.t_prev_exit_ns``, the compute gap).
 """
 
@@ -68,22 +68,28 @@ class RunSample:
 
     An op's own, except in a run of variable-size ops back to back (``VARIABLE_SIZE_OPS``: an MoE
     layer's dispatch and combine all_to_all, with nothing between them on the communicator): there the
-    run's first op decides for all of them. The analyzer tells dispatch from combine only by the place
-    of an op in its run (``SlowDetector._phased``); with each op sampled on its own at a stride K > 1 it
-    would see one op of a run in K, never two in a row, and judge dispatch and combine as one. Every
-    rank sees the same ops in the same order, so every rank details the same runs; on average a run
-    of L ops is detailed once in K runs, the same L/K of its ops as before.
+    ops go in pairs from the run's start (places 0-1, 2-3, ...) and a pair's first op decides for both.
+    The analyzer tells dispatch from combine only by the parity of an op's place in its run
+    (``SlowDetector._phased``); with each op sampled on its own at a stride K > 1 it would see one op of
+    a run in K, never two in a row, and judge dispatch and combine as one. A pair it sees alone starts
+    at an even place, so its parity reads right; runs are never detailed whole (an expert-parallel
+    communicator that runs nothing but all_to_all is one run from its first op: detailed whole, it
+    would send every op or none). Every rank sees the same ops in the same order, so every rank details
+    the same pairs; on average one pair in K, the same share of the ops as before.
     """
 
     prev_seq: int = -2
     prev_type: int = -1
+    place: int = 0  # the op's place in its run of variable-size ops (0 for any other op)
     start_seq: int = -1
     start_one_in: int = 1
 
     def key(self, seq: int, op_type: int, one_in: int) -> tuple[int, int]:
         """Op ``seq`` of type ``op_type`` entered with stride ``one_in`` in force; returns the (sequence
         number, stride) ``op_sampled`` decides it on. A source that sees every op calls it for each, in order."""
-        if not (op_type in VARIABLE_SIZE_OPS and op_type == self.prev_type and seq == self.prev_seq + 1):
+        run = op_type in VARIABLE_SIZE_OPS and op_type == self.prev_type and seq == self.prev_seq + 1
+        self.place = self.place + 1 if run else 0
+        if self.place % 2 == 0:
             self.start_seq, self.start_one_in = seq, one_in
         self.prev_seq, self.prev_type = seq, op_type
         return self.start_seq, self.start_one_in

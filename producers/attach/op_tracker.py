@@ -15,8 +15,8 @@ and its cost"), so the record rate does not grow with the collective rate:
   detail_one_in(op rate)`` per communicator: the rate is measured over about ``interval_s`` of
   its ops' own entry times and checked at fixed op sequence numbers (raised as soon as the ops
   seen so far need it; ``ccld.bounded.StrideWindow``, which the GPU probe's poller shares), so
-  every rank of the communicator picks the same K from the same op on; a run of all_to_all back to
-  back (an MoE layer's dispatch and combine) is picked whole, by its first op (``ccld.bounded.RunSample``);
+  every rank of the communicator picks the same K from the same op on; all_to_all back to back (an
+  MoE layer's dispatch and combine) are picked in pairs, by the pair's first op (``ccld.bounded.RunSample``);
   at most about ``DETAIL_OPS_PER_S`` (8) details per communicator and second, and every op when
   a communicator runs at most 8 per second. It carries
   ``t_prev_exit_ns``, the end of this rank's previous op on any communicator (the compute gap

@@ -179,36 +179,48 @@ def test_ranks_with_their_own_clocks_and_arrival_jitter_detail_the_same_ops() ->
     assert sent[0] == sent[1] and 40 <= len(sent[0]) <= 120, (len(sent[0]), len(sent[1]))
 
 
-def test_an_moe_layers_dispatch_and_combine_are_detailed_together_on_every_rank() -> None:
-    # dispatch and combine all_to_all back to back, then a dense all-reduce, 25 layers a second (75
-    # ops/s: K = 8 or 16); the analyzer tells dispatch from combine by their place in the run, so a
-    # run of all_to_all is detailed whole or not at all, the same runs on both ranks
-    pattern = [OpType.ALL_TO_ALL, OpType.ALL_TO_ALL, OpType.ALL_REDUCE]
+def moe_details(pattern: list[OpType], seconds: int = 8) -> list[dict[int, OpType]]:
+    """The DONE details two ranks send for ``pattern`` repeated 75 times a second (K = 8 or 16), each rank
+    with its own clock offset and arrival jitter."""
     sent = []
     for offset_ms, seed in ((0, 1), (777, 2)):
         tr, sink, clock = make()
         rnd = random.Random(seed)
         base = clock.t = T0 + offset_ms * MS
         next_pump = base
-        for seq in range(3 * 25 * 8):  # 8 s
+        for seq in range(75 * seconds):
             clock.t = base + seq * (40 * MS // 3) + int(rnd.uniform(0, 2000) * US)
             while next_pump <= clock.t:
                 tr.pump(next_pump)
                 next_pump += 50 * MS
-            call = enter(tr, seq, COMM, op_type=pattern[seq % 3], count=rnd.randrange(1, 4096))
+            call = enter(tr, seq, COMM, op_type=pattern[seq % len(pattern)], count=rnd.randrange(1, 4096))
             clock.t += 500 * US
             tr.exit(call)
         tr.pump()
         assert tr.strides()[COMM] >= 8
         sent.append({r.op_seq: r.op_type for r in sink.records if r.status is Status.DONE})
-    assert sent[0] == sent[1]
-    done = sent[0]
+    assert sent[0] == sent[1]  # every rank details the same ops
+    return sent
+
+
+def test_an_moe_layers_dispatch_and_combine_are_detailed_together_on_every_rank() -> None:
+    # dispatch and combine all_to_all back to back, then a dense all-reduce; the analyzer tells dispatch
+    # from combine by their place in the run, so a dispatch is detailed with its combine, never alone
+    done = moe_details([OpType.ALL_TO_ALL, OpType.ALL_TO_ALL, OpType.ALL_REDUCE])[0]
     a2a = sorted(q for q, t in done.items() if t is OpType.ALL_TO_ALL and q >= 75)
     assert len(a2a) >= 10, done
-    # every all_to_all detailed comes with its partner (a dispatch with its combine), never alone
     assert all((q + 1 in done) if q % 3 == 0 else (q - 1 in done) for q in a2a), a2a
     # ... and the budget still holds: about 8 details a second in all, not twice that
     assert len([q for q in done if q >= 75]) <= 7 * 2 * DETAIL_OPS_PER_S, len(done)
+
+
+def test_an_expert_parallel_group_of_only_all_to_all_is_detailed_in_pairs_within_its_budget() -> None:
+    # a communicator that runs nothing but all_to_all is one run from its first op: detailed in pairs
+    # from the start (dispatch at even places, combine at odd), about one pair in K, never all or none
+    done = moe_details([OpType.ALL_TO_ALL])[0]
+    late = sorted(q for q in done if q >= 75)
+    assert 2 * DETAIL_OPS_PER_S <= len(late) <= 7 * 2 * DETAIL_OPS_PER_S, len(late)
+    assert all((q + 1 in done) if q % 2 == 0 else (q - 1 in done) for q in late), late
 
 
 def test_a_rank_blocked_inside_a_collective_sends_progress_every_interval() -> None:
