@@ -10,6 +10,7 @@ handled, and the worker saw the restarted group's incarnation. The 30-minute run
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -25,8 +26,11 @@ SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "long_real_job.py"
 
 def test_a_healthy_job_with_evaluation_checkpoint_and_a_restart_gets_no_verdict(tmp_path: Path) -> None:
     out = tmp_path / "result.json"
+    # the busy processes only where the kernel measures CPU pressure (PSI): without it the attachment
+    # cannot tell a loaded host, and a starved loopback reads as a slow link (docs/analyzer.md)
+    hogs = 6 if os.path.exists("/proc/pressure/cpu") else 0
     cmd = [sys.executable, str(SCRIPT), "--minutes", "2", "--baseline-minutes", "0", "--ckpt-pause-s", "8",
-           "--hogs", "6", "--hog-at", "0.15", "--hog-s", "30",
+           "--hogs", str(hogs), "--hog-at", "0.15", "--hog-s", "30",
            "--drain-s", "25", "--work-dir", str(tmp_path / "work"), "--out", str(out)]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=420)
     assert out.exists(), res.stderr[-4000:]
@@ -45,6 +49,6 @@ def test_a_healthy_job_with_evaluation_checkpoint_and_a_restart_gets_no_verdict(
     # stalled for CPUs most of the time (Linux PSI, KernelBatch.cpu_wait), so no S2 is reported for it
     # (before that rule, S2 verdicts on the send/recv pairs and the broadcast here; with the process's own
     # run-queue wait, about 0.5 idle or starved, it held them only by chance; benchmarks/RESULTS.md)
-    assert result["hogs"]["processes"] == 6 and "slow_held_starved" in result["worker"], result["worker"]
+    assert (result["hogs"] or {}).get("processes", 0) == hogs and "slow_held_starved" in result["worker"], result
     assert not verdicts["all"], json.dumps(verdicts["all"], indent=1)[:6000]
     assert res.returncode == 0, res.stderr[-4000:]
