@@ -11,6 +11,7 @@ import random
 
 from analysis_factories import Comm, Probe, batches_by_tick
 
+from ccld.bounded import RunSample, op_sampled
 from ccld.records import AnomalyKind, KernelRecord, OpType, VerdictState
 from ccld.streams.analysis.replay import analyze_batches
 
@@ -54,3 +55,27 @@ def test_a_healthy_moe_layer_gives_no_verdict() -> None:
 def test_a_straggling_expert_is_named_at_the_combine() -> None:
     vs = opens(moe_job(400, slow_rank=2, from_step=200))
     assert [(v.kind, v.root_cause_ranks) for v in vs] == [(AnomalyKind.S1, (2,))], vs
+
+
+def detailed(recs: list[tuple[float, KernelRecord]], one_in: int, *, pairs: bool) -> list[tuple[float, KernelRecord]]:
+    """The DONE records a source at detail stride ``one_in`` sends: all_to_all back to back in pairs
+    (``RunSample``, what the sources do) or, with ``pairs`` off, each op on its own (before)."""
+    runs: dict[tuple[int, int], RunSample] = {}
+    out = []
+    for t, r in sorted(recs, key=lambda x: (x[1].rank, x[1].comm_hash, x[1].op_seq)):
+        run = runs.setdefault((r.rank, r.comm_hash), RunSample())
+        seq, k = run.key(r.op_seq, int(r.op_type), one_in) if pairs else (r.op_seq, one_in)
+        if op_sampled(r.comm_hash, seq, k):
+            out.append((t, r))
+    return sorted(out, key=lambda x: x[0])
+
+
+def test_a_straggling_expert_is_named_from_the_details_a_source_sends_at_stride_8() -> None:
+    # the MoE layer runs 60 ops a second: a source details about one in 8 (K = 8). Sent in pairs, a
+    # dispatch comes with its combine and the combine's baseline stays apart; sent one by one (the real
+    # gloo job before RunSample), no verdict named it
+    recs = moe_job(400, slow_rank=2, from_step=200)
+    vs = opens(detailed(recs, 8, pairs=True))
+    assert [(v.kind, v.root_cause_ranks) for v in vs] == [(AnomalyKind.S1, (2,))], vs
+    assert opens(detailed(recs, 8, pairs=False)) == []  # one by one: nobody (10 of 10 seeds alike)
+    assert opens(detailed(moe_job(400), 8, pairs=True)) == []  # and healthy: nothing
