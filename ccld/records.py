@@ -271,8 +271,8 @@ BATCH_COLUMNS: tuple[str, ...] = (
     "t_sample_ns",
 )
 #: collectives whose element count is each rank's own data, not the op's: an all_to_all sends what the
-#: router chose, so the counts differ between the ranks of one op and from step to step. A run of them
-#: back to back (an MoE layer's dispatch and combine) is detailed whole (``ccld.bounded.RunSample``)
+#: router chose, so the counts differ between the ranks of one op and from step to step. Back to back (an
+#: MoE layer's dispatch and combine) they are detailed in pairs (``ccld.bounded.RunSample``)
 VARIABLE_SIZE_OPS = (int(OpType.ALL_TO_ALL),)
 #: Detailed (sampled) ops per second and communicator a source sends at most (the bounded format).
 DETAIL_OPS_PER_S = 8.0

@@ -77,25 +77,26 @@ def pressure_ns(path: str | None, clock: Callable[[], int] = time.monotonic_ns) 
     return clock() - stalled, stalled
 
 
+def pressure_reader() -> Callable[[], tuple[int, int] | None]:
+    """``pressure_ns`` of this process's pressure file, found once (``pressure_file``)."""
+    path = pressure_file()
+    return lambda: pressure_ns(path)
+
+
 @dataclass
 class CpuWaitSampler:
     """The host's CPU stall and the rest of the wall time since the previous sample: ``sample()`` ->
     (stalled ns, not stalled ns). ``read`` returns both as cumulative counters (``pressure_ns``)."""
 
-    read: Callable[[], tuple[int, int] | None] | None = None
+    read: Callable[[], tuple[int, int] | None] = field(default_factory=pressure_reader)
     _last: tuple[int, int] | None = field(default=None, init=False)  # (not stalled, stalled) at the previous sample
     failures: int = field(default=0, init=False)
-
-    def __post_init__(self) -> None:
-        if self.read is None:
-            path = pressure_file()
-            self.read = lambda: pressure_ns(path)
 
     def sample(self) -> tuple[int, int] | None:
         """(stalled ns, not stalled ns) since the previous sample; None at the first one, when
         unreadable, or when no time passed."""
         try:
-            now = self.read() if self.read is not None else None
+            now = self.read()
         except Exception:  # noqa: BLE001 - the job must never see this fail
             now = None
         if now is None:

@@ -103,7 +103,7 @@ class _Comm:
 
     active_ns: int  # the last time one of its ops entered or left
     stride: StrideWindow  # its op rate and detail stride K
-    run: RunSample  # a run of all_to_all is detailed whole
+    run: RunSample  # all_to_all back to back are detailed in pairs
     last: OpCall | None = None  # the newest finished op (the IDLE state)
     looked: OpCall | None = None  # the last op in flight shipped by a look
     look_idx: int = -1  # interval of that look

@@ -130,8 +130,7 @@ def run_moe(tmp_path: Path, settings: Settings, args: list[str]) -> LocalJob:
 
 @pytest.mark.parametrize("fault", ["none", "hung-expert", "slow-expert"])
 def test_moe_all_to_all_of_varying_sizes(
-    fault: str, tmp_path: Path, fast: Settings,
-    worker_factory: Callable[[Settings], WorkerProcess],
+    fault: str, tmp_path: Path, fast: Settings, worker_factory: Callable[[Settings], WorkerProcess]
 ) -> None:
     """Healthy: no verdict (the most loaded expert is late at every combine, by design, and the ranks'
     sizes differ in every all_to_all). An expert that hangs before the combine: H1 naming it, not an
