@@ -10,6 +10,7 @@ from ccld.producers.simulator.scenario import Scenario
 from ccld.producers.simulator.sim import simulate
 from ccld.records import AnomalyKind, KernelBatch, VerdictState
 from ccld.streams.analysis.replay import analyze_batches
+from ccld.streams.analysis.settings import AnalyzerSettings
 
 S2 = Scenario.from_dict({
     "id": "s2-nocounters", "seed": 21, "ranks": 16, "layout": {"tp": 8, "pp": 1, "dp": 2}, "channels": 4,
@@ -61,3 +62,16 @@ def test_two_communicators_slow_with_no_link_to_name_are_two_incidents() -> None
                       evidence="x", onset_time=1.0, link=Link(3, 4), resolve_key=("slow", 1))
     (upd,) = book.report(named, 3.0)
     assert upd.state == VerdictState.UPDATE and upd.incident_id == seen[0].incident_id
+
+
+def test_a_few_seconds_of_slow_communication_with_no_link_to_name_is_not_reported() -> None:
+    """With no counters the slowdown alone is the evidence: it must stay alarmed ``slow_link_wait_s``
+    (a ms-scale gloo all-reduce on a busy host is slow on every rank for seconds at a time). The same
+    episode with counters names its link; a lasting one without them is reported, that long after."""
+    wait_s = AnalyzerSettings().slow_link_wait_s
+    brief = dataclasses.replace(S2, faults=(dataclasses.replace(S2.faults[0], on_s=wait_s - 4.0, off_s=1000.0),))
+    assert not [v for v in analyze_batches((t, without_counters(b)) for t, b in simulate(brief))]
+    named = [v for v in analyze_batches(simulate(brief)) if v.kind is AnomalyKind.S2]
+    assert named and named[0].link is not None, "with counters the same episode is a named link"
+    lasting = [v for v in analyze_batches((t, without_counters(b)) for t, b in simulate(S2)) if v.kind is AnomalyKind.S2]
+    assert lasting and lasting[0].detected_time - S2.faults[0].onset_s >= wait_s, lasting[0].describe()
