@@ -356,6 +356,21 @@ def test_a_link_slow_from_the_start_is_slow_against_its_sibling_communicators() 
     assert vs[0].details.get("judged_against") == "peers" and "sibling communicators" in vs[0].evidence
 
 
+def test_two_links_of_four_slow_from_the_start_are_both_slow_against_their_siblings() -> None:
+    """One slow link slows more than one communicator (both directions of a pipeline pair, all
+    through a slow NIC); in a small job that is half of the siblings. Groups 1 and 2 run at a quarter
+    speed from the first op: a median of the four would sit halfway (2.5x) and neither would be 2x
+    slower than it; against the healthy ones both are."""
+    probe = Probe()
+    comms = [Comm(0x70 + g, tuple(range(4 * g, 4 * g + 4))) for g in range(4)]
+    recs = []
+    for g, c in enumerate(comms):
+        slow = g in (1, 2)
+        recs += healthy_steps(probe, c, 30, slow=4.0 if slow else 1.0, lag_rank=1 if slow else None, from_step=0)
+    vs = opens(recs)
+    assert sorted((v.kind, v.link) for v in vs) == [(AnomalyKind.S2, Link(5, 6)), (AnomalyKind.S2, Link(9, 10))]
+
+
 def test_sibling_communicators_of_another_size_are_not_compared() -> None:
     probe = Probe()
     recs = []
