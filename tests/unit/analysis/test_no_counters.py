@@ -73,5 +73,6 @@ def test_a_few_seconds_of_slow_communication_with_no_link_to_name_is_not_reporte
     assert not [v for v in analyze_batches((t, without_counters(b)) for t, b in simulate(brief))]
     named = [v for v in analyze_batches(simulate(brief)) if v.kind is AnomalyKind.S2]
     assert named and named[0].link is not None, "with counters the same episode is a named link"
-    lasting = [v for v in analyze_batches((t, without_counters(b)) for t, b in simulate(S2)) if v.kind is AnomalyKind.S2]
+    lasting = [v for v in analyze_batches((t, without_counters(b)) for t, b in simulate(S2))
+               if v.kind is AnomalyKind.S2]
     assert lasting and lasting[0].detected_time - S2.faults[0].onset_s >= wait_s, lasting[0].describe()
