@@ -156,7 +156,11 @@ def test_messages_delivered_again_below_the_snapshot_are_analysed_once(
     assert worker.stop() == 0
     counters = worker_counters(worker)
     assert counters.get("analyzed_records") == sent, (counters, sent)
-    assert counters.get("redelivered_skipped") == len(a), (counters, len(a))
+    # every message handled once: a's first time, b's now; a's re-deliveries skipped and counted. Faust may
+    # drop a re-delivered message unseen (a fetch that lands while recovery pauses the flow: 212 of 213
+    # came back in one CI run), harmless below the snapshot, so at most len(a) of them are skipped
+    assert counters.get("messages") == len(a) + len(b), (counters, len(a), len(b))
+    assert 0 < counters.get("redelivered_skipped", 0) <= len(a), (counters, len(a))
 
 
 def test_pending_verdicts_of_a_snapshot_are_sent_once_after_a_restart(
