@@ -580,24 +580,20 @@ class SlowDetector:
                 # ops too short for a counter sample inside a judged op (a sampling source, ms ops):
                 # the member where the in-flight samples of this communicator saw data pile up
                 link_src, link_share = backlog
-            elif not js.c_counters[cid]:
-                # torch.distributed on gloo, Flight Recorder: every rank slowed together, which says
-                # comm-slow, but no backlog can name the link. With nothing to name, the evidence is
-                # the slowdown alone, so it must last as long as a counter source's unobserved link
-                # below: a ms-scale gloo all-reduce on a busy host (CPU pressure 0.35-0.4, the worker
-                # and broker beside the job) is slow on every rank in 3 of 5 ops for seconds at a time
-                # (CI, the healthy MoE job of test_net_links), never for slow_link_wait_s on end
-                if late is None and self.alarmed_for(bi) < s.slow_link_wait_s:
-                    return []
-                link_src = -1
-            elif self.alarmed_for(bi) >= s.slow_link_wait_s:
-                # a counter source whose polls never caught one of these ops in flight (us-scale ops
-                # between 100-ms polls): the class is known, the link is not; say so rather than stay silent
-                link_src, unobserved = -1, True
             else:
-                # no sample inside a slow op yet: wait for one rather than report the late arriver
-                # alone (or nothing about the link) and change the class later
-                return []
+                # No link named. A counter source whose polls never caught one of these ops in flight
+                # (us-scale ops between 100-ms polls) waits for a sample rather than report the late
+                # arriver alone (or nothing about the link) and change the class later; without counters
+                # (torch.distributed on gloo, Flight Recorder) none will come. Either way, a slowdown
+                # whose link stays unnamed is the only evidence and must last slow_link_wait_s: a ms-scale
+                # gloo all-reduce on a busy host (CPU pressure 0.35-0.4, the worker and broker beside the
+                # job) is slow on every rank in 3 of 5 ops for seconds at a time (CI, the healthy MoE job
+                # of test_net_links), never that long on end. Then the class is known, the link is not:
+                # say so rather than stay silent. Without counters a named late arriver need not wait.
+                counters = bool(js.c_counters[cid])
+                if self.alarmed_for(bi) < s.slow_link_wait_s and (counters or late is None):
+                    return []
+                link_src, unobserved = -1, counters
         mk = functools.partial(self._finding, js=js, bi=bi, idx=idx, p=p, lateness=lateness, unobserved=unobserved,
                                cpu_share=cpu_share,
                                pair=sender is not None)
