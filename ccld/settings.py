@@ -63,7 +63,8 @@ class AnalyzerSettings:
     # a slow communication whose members' hosts stalled for CPUs this share of the wall time (Linux PSI "some":
     # some task waited for a CPU, KernelBatch.cpu_wait) is a loaded host, not a slow link: no S2 (0: never)
     starved_wait_share: float = 0.5
-    slow_link_wait_s: float = 10.0  # an S2 whose link no counter names is reported after this long alarmed
+    # an S2 whose link no counter names is reported after this long alarmed, slow in every op of that time
+    slow_link_wait_s: float = 10.0
     baseline_min_ops: int = 6  # healthy ops per signature learned before slowness is judged
     baseline_warmup_s: float = 10.0  # ... and a communicator's first seconds (pipeline fill) are never judged
     baseline_ops: int = 32  # recent healthy ops per signature whose medians are its baseline (follows the phase)
