@@ -57,11 +57,20 @@ Runner = Callable[..., tuple[list[KernelRecord], LocalJob]]
 def jsonl_run(tmp_path: Path) -> Iterator[Runner]:
     jobs: list[LocalJob] = []
 
-    def run(args: list[str], wait_s: float, detail: str | None = None) -> tuple[list[KernelRecord], LocalJob]:
+    def run(
+        args: list[str], wait_s: float, detail: str | None = None,
+        until: Callable[[list[KernelRecord]], bool] | None = None,
+    ) -> tuple[list[KernelRecord], LocalJob]:  # fmt: skip
+        """Records after the job ends, or (``until``) as soon as they satisfy ``until``; at most wait_s."""
         out = tmp_path / "records"
         job = start(tmp_path, Settings.load({}, job="records"), args, sink=f"jsonl:{out}", detail=detail)
         jobs.append(job)
-        job.wait(wait_s)
+        if until is None:
+            job.wait(wait_s)
+        else:  # a hung job never ends: poll its records (start-up on a loaded machine takes seconds)
+            deadline = time.monotonic() + wait_s
+            while time.monotonic() < deadline and not until(read_jsonl(sorted(out.glob("*.jsonl")))):
+                time.sleep(0.5)
         return read_jsonl(sorted(out.glob("*.jsonl"))), job
 
     yield run
@@ -114,7 +123,14 @@ def test_trace_ids_agree_across_ranks_for_every_kind_of_call(
 def test_a_rank_that_never_enters_leaves_its_peers_heartbeating(
     jsonl_run: Runner,
 ) -> None:
-    recs, job = jsonl_run(["--fault", "sleep", "--culprit", str(CULPRIT), "--at-step", "8", "--compute-ms", "10"], 8)
+    def beating(recs: list[KernelRecord]) -> bool:  # every waiting peer beat 3 times in op 8
+        n = defaultdict(int)
+        for r in recs:
+            n[r.rank] += r.status is Status.PROGRESS and r.op_seq == 8
+        return all(n[rank] >= 3 for rank in set(range(WORLD)) - {CULPRIT})
+
+    args = ["--fault", "sleep", "--culprit", str(CULPRIT), "--at-step", "8", "--compute-ms", "10"]
+    recs, job = jsonl_run(args, 40, until=beating)
     assert all(p.poll() is None for p in job.procs), job_logs(job)  # everyone is hung, nobody crashed
     last: dict[int, KernelRecord] = {}
     progress: dict[int, list[int]] = defaultdict(list)
