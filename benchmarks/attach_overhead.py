@@ -244,7 +244,8 @@ def ddp_part(args: argparse.Namespace, settings: Any) -> dict[str, Any]:
     fill = torch.ones(16)
     for _ in range(2100):  # the Flight Recorder ring full (2,000 entries): its steady state
         pg.allreduce([fill]).wait()
-    modes = ["none", "wrap", "auto"]
+    # auto-nost: auto without the status reads between polls (they time exits; see fr_poll)
+    modes = ["none", "wrap", "auto", "auto-nost"]
     before = _fr_enqueued()
     time_calls(step, 20)
     per_step = max(1, (_fr_enqueued() - before) // 20)  # DDP's all-reduces per step
@@ -257,8 +258,9 @@ def ddp_part(args: argparse.Namespace, settings: Any) -> dict[str, Any]:
         for mode in modes[block % len(modes) :] + modes[: block % len(modes)]:
             c0 = time.process_time_ns()
             if mode != "none":
-                attach(settings, sink=None if args.bootstrap else CountingSink(), markers=False, source=mode,
-                       fr_poll_s=args.fr_poll_ms / 1000)  # fmt: skip
+                attach(settings, sink=None if args.bootstrap else CountingSink(), markers=False,
+                       source=mode.removesuffix("-nost"), fr_poll_s=args.fr_poll_ms / 1000,
+                       fr_status_s=0.0 if mode.endswith("-nost") else None)  # fmt: skip
             t0 = time.perf_counter_ns()
             block_times = time_calls(step, args.ddp_steps_per_block)
             wall_s = (time.perf_counter_ns() - t0) / 1e9

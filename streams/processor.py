@@ -38,6 +38,9 @@ log = logging.getLogger(__name__)
 CADENCE_SEARCH_EVERY_S = 1.0
 #: A rank clock this far (s) from its message's timestamp is broken, not skewed (counted, said once).
 FAR_CLOCK_S = 86_400.0
+#: Times below this (ns; 2001-09-09 as wall time, 31 years as uptime) are on a since-boot clock, not a
+#: wall clock: the PyTorch attachment times with ``time.monotonic_ns``, and no host runs that long
+BOOT_CLOCK_MAX_NS = 10**18
 
 
 @dataclass
@@ -208,7 +211,8 @@ class PartitionProcessor(Outbox):
                           offset, bad, batch.job, g, p)
 
     def _check_clocks(self, batch: KernelBatch, timestamp_s: float | None) -> None:
-        """Count rows whose rank clock is more than ``FAR_CLOCK_S`` from the message's timestamp.
+        """Count rows whose rank clock is more than ``FAR_CLOCK_S`` from the message's timestamp (a
+        since-boot clock, ``BOOT_CLOCK_MAX_NS``, is not a wall clock and is never far).
 
         The analyzer uses only durations on each rank's own clock, so such rows are analysed, not
         dropped; but a rank clock years off is a broken host clock an operator should hear of: counted
@@ -218,7 +222,7 @@ class PartitionProcessor(Outbox):
             return
         cols = batch.columns
         t = np.maximum(np.maximum(cols["t_sample_ns"], cols["t_enter_ns"]), cols["t_exit_ns"])
-        far = (t >= 0) & (np.abs(t * 1e-9 - timestamp_s) > FAR_CLOCK_S)
+        far = (t >= BOOT_CLOCK_MAX_NS) & (np.abs(t * 1e-9 - timestamp_s) > FAR_CLOCK_S)
         n = int(far.sum())
         if not n:
             return

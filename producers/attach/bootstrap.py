@@ -11,6 +11,7 @@ Configuration travels in the usual ``CCLD_*`` variables (bootstrap, job, topic p
 plus these, which are not Settings fields (Settings rejects unknown ``CCLD_*`` names):
 ``CCLDRUN_ACTIVE`` ("1"), ``CCLDRUN_SINK`` ("kafka" or "jsonl:DIR"),
 ``CCLDRUN_HEARTBEAT_MS``, ``CCLDRUN_SOURCE`` (auto, wrap, fr or both), ``CCLDRUN_FR_POLL_MS``,
+``CCLDRUN_FR_STATUS_MS`` (between the poller's status reads; 0: only before a poll),
 ``CCLDRUN_SITE_DIR`` (the generated directory) and ``CCLDRUN_AGGREGATE_SOCKET`` (the host
 aggregator's socket, when ``ccld run`` started one).
 """
@@ -31,6 +32,7 @@ ENV_HEARTBEAT_MS = "CCLDRUN_HEARTBEAT_MS"
 ENV_SITE_DIR = "CCLDRUN_SITE_DIR"
 ENV_SOURCE = "CCLDRUN_SOURCE"
 ENV_FR_POLL_MS = "CCLDRUN_FR_POLL_MS"
+ENV_FR_STATUS_MS = "CCLDRUN_FR_STATUS_MS"
 #: the same name as ``ccld.producers.attach.aggregate.ENV_AGGREGATE_SOCKET`` (this module imports only the stdlib)
 ENV_AGGREGATE_SOCKET = "CCLDRUN_AGGREGATE_SOCKET"
 
@@ -133,11 +135,13 @@ def _attach_from_env() -> None:
 
         heartbeat_ms = os.environ.get(ENV_HEARTBEAT_MS)
         poll_ms = os.environ.get(ENV_FR_POLL_MS)
+        status_ms = os.environ.get(ENV_FR_STATUS_MS)
         attach(
             sink_spec=os.environ.get(ENV_SINK) or "kafka",
             heartbeat_s=float(heartbeat_ms) / 1000.0 if heartbeat_ms else None,
             source=os.environ.get(ENV_SOURCE) or "auto",
             fr_poll_s=float(poll_ms) / 1000.0 if poll_ms else None,
+            fr_status_s=float(status_ms) / 1000.0 if status_ms else None,
             aggregate_socket=os.environ.get(ENV_AGGREGATE_SOCKET) or None,
         )
     except Exception as exc:  # noqa: BLE001 - the job runs on without us

@@ -26,7 +26,12 @@ clock). Gloo writes no start or completion time, so an operation finishes, as fa
 between the poll that last saw it in flight (or its creation) and the poll that sees it retired:
 the midpoint is used, and each exit says how far off it may be (``t_exit_err_ns``: half that
 window; 0 for an exit Flight Recorder timed itself, ``time_discovered_completed_ns``), so the
-analyzer does not take a midpoint's noise for a slower operation.
+analyzer does not take a midpoint's noise for a slower operation. The window is narrowed by the
+status-only dump (microseconds, no ring): the thread reads it every ``status_s`` (25 ms) between
+full polls, and a group's ``last_completed_collective`` moving from a to b between two reads
+says collectives a+1..b ended between them. A full poll stretched to 200 ms on a busy host left
+an exit +/-100 ms off, and the analyzer measures a rank's compute before its next op from that
+exit: the noise hid a rank computing 150 ms longer than its peers (a slow rank named nobody).
 
 Records: the poller only enters and exits calls in the tracker, which sends the bounded format
 (each communicator's state every interval, an op in flight for a heartbeat at once, the DONE
@@ -45,6 +50,7 @@ import re
 import threading
 import time
 import weakref
+from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -59,6 +65,10 @@ from ccld.records import DType, OpType
 log = logging.getLogger(__name__)
 
 DEFAULT_INTERVAL_S = 0.1
+#: between reads of the status-only dump, which time collectives' completions (see the docstring)
+DEFAULT_STATUS_S = 0.025
+#: completion windows kept per group (a full poll needs those since the one before it)
+WINDOWS_KEPT = 256
 #: the most of its time the poller may spend polling; a dearer poll stretches the interval
 DEFAULT_MAX_DUTY = 0.02
 #: the longest a stretched interval gets (a hang is still seen within seconds)
@@ -113,6 +123,8 @@ class FrStats:
     backoffs: int = 0  # polls that stretched the interval
     quiet: int = 0  # polls left out: no collective enqueued or completed since the last (status-only dump)
     tail_reads: int = 0  # polls that parsed only the entries from the oldest still of interest on
+    status_reads: int = 0  # status-only dumps read (each times the completions since the one before)
+    timed_exits: int = 0  # exits narrowed by those reads
     poll_ns_total: int = 0
     unknown_names: dict[str, int] = field(default_factory=dict)
 
@@ -154,6 +166,7 @@ class FrPoller:
         *,
         dump: DumpFn,
         interval_s: float = DEFAULT_INTERVAL_S,
+        status_s: float = DEFAULT_STATUS_S,
         max_duty: float = DEFAULT_MAX_DUTY,
         p2p: bool = False,
         wall_clock: Callable[[], int] = time.time_ns,
@@ -164,6 +177,7 @@ class FrPoller:
         self.resolve_group = resolve_group
         self.dump = dump
         self.interval_s = interval_s
+        self.status_s = min(status_s, interval_s) if status_s > 0 else interval_s  # 0: only before full polls
         self.max_duty = max_duty
         self.p2p = p2p  # True when the poller is the only source
         self.wall_clock = wall_clock
@@ -186,6 +200,10 @@ class FrPoller:
         #: group name -> the highest ``collective_seq_id`` the wrapper already recorded (set when
         #: "auto" hands collectives from the wrapper to this poller): those entries are skipped
         self.wrapper_upto: dict[str, int] = {}
+        #: pg_status key -> (last completed collective, tracker time) at the latest status read, and
+        #: the windows (first, last collective, from, to) in which its completed counter moved
+        self._completed_at: dict[str, tuple[int, int]] = {}
+        self._windows: dict[str, deque[tuple[int, int, int, int]]] = {}
 
     # ---- thread ----
     def start(self) -> None:
@@ -222,8 +240,10 @@ class FrPoller:
         self._open.clear()
 
     def _run(self) -> None:
-        wait = self.interval_s
-        while not self._stop.wait(wait):
+        wait = self.interval_s  # between full polls (stretched while one is dear)
+        tick = self.status_s  # between status reads (likewise)
+        due = time.monotonic() + wait
+        while not self._stop.wait(tick):
             if self.gate is not None:
                 try:
                     go = self.gate()
@@ -234,29 +254,66 @@ class FrPoller:
                     return
                 if go is None:
                     continue
-            if self._quiet():
-                continue
             t0 = time.perf_counter_ns()
-            self.poll_once()
-            cost_s = (time.perf_counter_ns() - t0) / 1e9
-            wait = self.interval_s
-            if self.max_duty > 0 and cost_s > self.max_duty * self.interval_s:
-                wait = min(max(self.interval_s, cost_s / self.max_duty), MAX_INTERVAL_S)
-                self.stats.backoffs += 1
+            status = self.read_status()
+            tick = min(self._stretch((time.perf_counter_ns() - t0) / 1e9, self.status_s), wait)
+            if time.monotonic() < due:
+                continue
+            if not self._quiet(status):
+                t0 = time.perf_counter_ns()
+                self.poll_once()
+                wait = self._stretch((time.perf_counter_ns() - t0) / 1e9, self.interval_s)
+                if wait > self.interval_s:
+                    self.stats.backoffs += 1
+            due = time.monotonic() + wait
 
-    def _quiet(self) -> bool:
+    def _stretch(self, cost_s: float, interval_s: float) -> float:
+        """The interval after a read that cost ``cost_s``: stretched to keep to ``max_duty``."""
+        if self.max_duty > 0 and cost_s > self.max_duty * interval_s:
+            return min(max(interval_s, cost_s / self.max_duty), MAX_INTERVAL_S)
+        return interval_s
+
+    def read_status(self) -> bytes | str | None:
+        """Read the status-only dump and note which collectives completed since the last read (the
+        exit windows of :meth:`_window`); None when it cannot be read. Never raises."""
+        try:
+            status = self.dump(False, True)
+            self.stats.status_reads += 1
+            self._note_completions(status, self.tracker.clock())
+            return status
+        except Exception:  # noqa: BLE001
+            self.stats.poll_errors += 1
+            return None
+
+    def _note_completions(self, status: bytes | str, now: int) -> None:
+        try:
+            pgs = json.loads(status).get("pg_status")
+        except (ValueError, AttributeError):
+            return
+        if not isinstance(pgs, Mapping):
+            return
+        for key, st in pgs.items():
+            done = fr_int(st.get("last_completed_collective")) if isinstance(st, Mapping) else None
+            if done is None:
+                continue
+            before = self._completed_at.get(key)
+            if before is None and len(self._completed_at) >= 4 * self._names_max:
+                continue  # bounded (a job that makes groups without end): those exits stay midpoints
+            self._completed_at[key] = (done, now)
+            if before is not None and done > before[0]:
+                q = self._windows.get(key)
+                if q is None:
+                    q = self._windows[key] = deque(maxlen=WINDOWS_KEPT)
+                q.append((before[0] + 1, done, before[1], now))
+
+    def _quiet(self, status: bytes | str | None) -> bool:
         """Whether this poll can be left out: the status-only dump (about 3 us, where a full gloo ring
         costs tens of ms holding the GIL) is the same as before the last full poll, so no collective
         was enqueued or completed since (each advances its group's counters) and the full dump would
         say nothing new. Only while the wrapper has send/recv (gloo does not show them in the
         status), and at least one full poll every MAX_INTERVAL_S anyway. While quiet, an operation
         still open was open at this poll too: its exit window starts here."""
-        if self.p2p:
-            return False
-        try:
-            status = self.dump(False, True)
-        except Exception:  # noqa: BLE001
-            self.stats.poll_errors += 1
+        if self.p2p or status is None:
             return False
         now = time.monotonic()
         if status == self._status_at_poll and now - self._full_at < MAX_INTERVAL_S:
@@ -329,7 +386,7 @@ class FrPoller:
             opened = self._open.get(rid)
             if opened is not None:
                 if _done(e, opened[2], completed.get(opened[1] or "")):
-                    self._exit(rid, *self._t_exit(e, offset, now, prev, opened[0].t_enter_ns))
+                    self._exit(rid, *self._t_exit(e, offset, now, prev, opened[0].t_enter_ns, opened[1], opened[2]))
                 continue
             if rid <= self._last_rid:  # seen before (most of a full ring): nothing else to read
                 continue
@@ -349,7 +406,7 @@ class FrPoller:
                 continue
             last = completed.get(pid or "")
             if seq is None or (last is not None and seq <= last):
-                self._exit(rid, *self._mid(call.t_enter_ns, prev, now))
+                self._exit(rid, *self._window(call.t_enter_ns, prev, now, pid, seq))
         self._last_poll_ns = now
 
     @staticmethod
@@ -359,24 +416,35 @@ class FrPoller:
             return str(pg[0])
         return "" if pg is None else str(pg)
 
-    @staticmethod
-    def _mid(t_enter: int, prev: int | None, now: int) -> tuple[int, int]:
+    def _window(self, t_enter: int, prev: int | None, now: int, pid: str | None, seq: int | None
+                ) -> tuple[int, int]:  # fmt: skip
         """(exit time, +/- error): the op ended between ``lo`` (its creation, or the previous poll that
-        saw it in flight) and this poll; the midpoint, off by at most half that window either way."""
+        saw it in flight) and this poll, and, for a collective, between the two status reads that saw
+        its group's completed counter pass it; the midpoint, off by at most half that window."""
         lo = t_enter if prev is None else max(t_enter, prev)
-        if now <= lo:
+        hi = now
+        q = self._windows.get(pid or "") if seq is not None else None
+        for first, last, t0, t1 in reversed(q or ()):  # the newest first; they follow the counter up
+            if first <= seq <= last:  # type: ignore[operator]
+                if max(lo, t0) <= min(hi, t1):
+                    lo, hi = max(lo, t0), min(hi, t1)
+                    self.stats.timed_exits += 1
+                break
+            if last < seq:  # type: ignore[operator]
+                break
+        if hi < lo:
             return t_enter, 0
-        t = lo + (now - lo) // 2
+        t = lo + (hi - lo) // 2
         return t, t - lo
 
-    def _t_exit(self, e: Mapping[str, Any], offset: int, now: int, prev: int | None, t_enter: int
-                ) -> tuple[int, int]:  # fmt: skip
+    def _t_exit(self, e: Mapping[str, Any], offset: int, now: int, prev: int | None, t_enter: int,
+                pid: str | None, seq: int | None) -> tuple[int, int]:  # fmt: skip
         """(exit time, +/- error): Flight Recorder's own completion time when it wrote one (NCCL), else
-        the midpoint between polls."""
+        the midpoint of the window it ended in (:meth:`_window`)."""
         t = fr_int(e.get("time_discovered_completed_ns"))
         if t:
             return max(t_enter, t - offset), 0
-        return self._mid(t_enter, prev, now)
+        return self._window(t_enter, prev, now, pid, seq)
 
     def _exit(self, rid: int, t: int, err: int) -> None:
         call = self._open.pop(rid)[0]
@@ -423,7 +491,7 @@ class FrPoller:
         call = self.tracker.enter(chash, op_seq, op_type, dtype, count, peer, comm_rank, size, t_ns=t_enter)
         self.stats.entered += 1
         if done:
-            t_exit, err = self._t_exit(e, offset, now, prev, t_enter)
+            t_exit, err = self._t_exit(e, offset, now, prev, t_enter, pid, None if p2p else seq)
             self.tracker.exit(call, t_exit, err_ns=err)
             self.stats.exited += 1
         elif len(self._open) < self._open_max:
@@ -522,7 +590,8 @@ def enqueued_total(status: bytes | str) -> int:
 
 
 # ---- the live torch process ----
-def make_poller(tracker: Tracker, hooks: Any, *, interval_s: float | None = None, p2p: bool = False) -> FrPoller | None:
+def make_poller(tracker: Tracker, hooks: Any, *, interval_s: float | None = None, p2p: bool = False,
+                status_s: float | None = None) -> FrPoller | None:  # fmt: skip
     """A poller of this process's Flight Recorder whose groups resolve through ``hooks.group_state``
     (the wrapper's own Trace-ID derivation); None when this torch has no JSON dump."""
     import torch
@@ -549,4 +618,5 @@ def make_poller(tracker: Tracker, hooks: Any, *, interval_s: float | None = None
                 return None
         return hooks.group_state(pg)
 
-    return FrPoller(tracker, resolve, dump=dump, interval_s=interval_s or DEFAULT_INTERVAL_S, p2p=p2p)
+    return FrPoller(tracker, resolve, dump=dump, interval_s=interval_s or DEFAULT_INTERVAL_S, p2p=p2p,
+                    status_s=DEFAULT_STATUS_S if status_s is None else status_s)

@@ -271,6 +271,7 @@ def attach(
     markers: bool = True,
     source: str = "auto",
     fr_poll_s: float | None = None,
+    fr_status_s: float | None = None,
     detail: str | None = None,
     interval_s: float | None = None,
     aggregate_socket: str | None = None,
@@ -286,7 +287,8 @@ def attach(
     ``source`` says how collectives are seen: "wrap" (the Python functions), "fr" (polling
     Flight Recorder every ``fr_poll_s``, default 0.1 s: DDP's and torch.compile's collectives
     too), "both" (collectives from Flight Recorder, send/recv from the wrapper: nothing counted
-    twice), or "auto" (per backend: ``AUTO_SOURCE``).
+    twice), or "auto" (per backend: ``AUTO_SOURCE``). Between polls the poller reads the status-only
+    dump every ``fr_status_s`` (default 25 ms; 0: only before a poll) to time collectives' exits.
 
     Records follow the bounded format (docs/wire-format.md, "Record format and its cost"): each
     communicator's state every ``interval_s`` (default 1 s), an op in flight for ``heartbeat_s``
@@ -330,7 +332,7 @@ def attach(
                 try:
                     from ccld.producers.attach.fr_poll import make_poller
 
-                    poller = make_poller(tracker, hooks, interval_s=fr_poll_s, p2p=source == "fr")
+                    poller = make_poller(tracker, hooks, interval_s=fr_poll_s, p2p=source == "fr", status_s=fr_status_s)
                 except Exception:  # noqa: BLE001 - no poller: the wrapper alone
                     log.debug("ccld attach: no Flight Recorder poller", exc_info=True)
             if poller is None and source != "auto":

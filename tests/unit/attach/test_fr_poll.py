@@ -367,6 +367,36 @@ def test_each_exit_says_how_far_off_it_may_be() -> None:
     assert got == {0: (1_055 * MS, 45 * MS), 1: (1_070 * MS, 0), 2: (1_200 * MS, 100 * MS)}
 
 
+def test_status_reads_between_polls_narrow_an_exit_to_the_reads_that_saw_it_complete() -> None:
+    """The status-only dump's completed counter, read every few ms, times a gloo exit that the full
+    polls (stretched to hundreds of ms on a busy host) know only to half their interval."""
+    poller, tr, sink, clock, src = make()
+    clock.t = 1_100 * MS
+    src.text = dump([entry(0, 1, created_ms=1_010), entry(1, 2, created_ms=1_020)], {"0": (2, 0)})
+    poller.poll_once()  # both in flight
+    for t_ms, completed in [(1_140, 0), (1_150, 0), (1_160, 1), (1_170, 1)]:
+        clock.t = t_ms * MS
+        src.status_text = dump([], {"0": (2, completed)})
+        poller.read_status()
+    clock.t = 1_300 * MS  # seq 1 completed between the reads at 1,150 and 1,160 ms; nothing read saw seq 2's
+    src.text = dump([entry(0, 1, created_ms=1_010, retired=True), entry(1, 2, created_ms=1_020, retired=True)],
+                    {"0": (2, 2)})  # fmt: skip
+    poller.poll_once()
+    tr.pump()
+    got = {r.op_seq: (r.t_exit_ns, r.t_exit_err_ns) for r in rows(sink, Status.DONE)}
+    assert got == {0: (1_155 * MS, 5 * MS), 1: (1_200 * MS, 100 * MS)}
+    assert poller.stats.timed_exits == 1 and poller.stats.status_reads == 4
+
+
+def test_the_thread_reads_the_status_between_full_polls() -> None:
+    poller, _tr, _sink, _clock, src = make(interval_s=0.1, status_s=0.005)
+    src.status_text = dump([], {"0": (3, 3)})
+    poller.start()
+    time.sleep(0.35)
+    poller.stop()
+    assert poller.stats.status_reads >= 5 * poller.stats.polls, poller.stats
+
+
 def test_the_thread_leaves_out_full_polls_while_the_status_says_nothing_happened() -> None:
     poller, _tr, _sink, _clock, src = make(interval_s=0.01)
     src.status_text = dump([], {"0": (3, 3)})

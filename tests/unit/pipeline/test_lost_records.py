@@ -122,3 +122,10 @@ def test_the_worker_counts_lost_records_and_rank_clocks_years_off() -> None:
     proc.handle(encode_batch(KernelBatch.from_records(rows, producer="p", batch_seq=1)), topic="m", offset=1,
                 timestamp_s=now, recv_s=now)
     assert proc.counters["far_clock_records"] == 1 and proc.counters["upstream_lost_records"] == 4
+    # the PyTorch attachment's clock is time.monotonic_ns (since boot, 40 days here): no wall clock, not far
+    boot = 40 * 86_400 * 10**9
+    mono = [make_kernel_record(rank=r, comm_rank=r, t_enter_ns=boot, t_sample_ns=boot, t_exit_ns=boot + 1000)
+            for r in range(3)]
+    proc.handle(encode_batch(KernelBatch.from_records(mono, producer="q", batch_seq=0)), topic="m", offset=2,
+                timestamp_s=now, recv_s=now)
+    assert proc.counters["far_clock_records"] == 1
