@@ -17,8 +17,9 @@ One gloo rank (world size 1, in process). Two parts:
   sets the ring's size (default 2,000 entries).
 - DDP (``--ddp-steps-per-block``, 0 skips it): a real ``DistributedDataParallel`` model (its
   gradient all-reduces come from the C++ reducer only, no collective from Python), steps of
-  forward, backward and SGD, with no attachment, ``wrap`` (blind to them) and ``auto`` (the
-  default: it turns the poller on when it finds collectives the wrapper did not see), alternating
+  forward, backward and SGD, with no attachment, ``wrap`` (blind to them), ``auto`` (the
+  default: it turns the poller on when it finds collectives the wrapper did not see) and
+  ``auto-nost`` (``auto`` without the status reads that time exits between polls), alternating
   blocks after the ring is full: the same columns as the per-step part.
 
 ``auto`` in the per-call part is the default on gloo when every collective comes from Python: the
