@@ -243,7 +243,9 @@ class FrPoller:
         wait = self.interval_s  # between full polls (stretched while one is dear)
         tick = self.status_s  # between status reads (likewise)
         due = time.monotonic() + wait
-        while not self._stop.wait(tick):
+        sleep = tick
+        while not self._stop.wait(sleep):
+            sleep = tick
             if self.gate is not None:
                 try:
                     go = self.gate()
@@ -252,11 +254,12 @@ class FrPoller:
                     go = None
                 if go is False:
                     return
-                if go is None:
+                if go is None:  # not polling (yet): the gate is asked once an interval, as before
+                    sleep = self.interval_s
                     continue
             t0 = time.perf_counter_ns()
             status = self.read_status()
-            tick = min(self._stretch((time.perf_counter_ns() - t0) / 1e9, self.status_s), wait)
+            tick = sleep = min(self._stretch((time.perf_counter_ns() - t0) / 1e9, self.status_s), wait)
             if time.monotonic() < due:
                 continue
             if not self._quiet(status):

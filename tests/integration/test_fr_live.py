@@ -254,8 +254,9 @@ def test_s1_a_slow_rank_under_ddp(fast: Settings, live_job: Callable[..., LocalJ
     # (before, CI once got S3 and S2 here: "its own kernel time ... 78.8 ms against 10 ms healthy").
     # Every op's DONE record (CCLDRUN_DETAIL=all) is kept: with sampled details (a window of 5 ops)
     # the case passed 7 runs of 7, too few to call the sampled form stable (it was flaky before).
+    # the job outlives the watch (start-up took 18 s on a loaded machine); the test ends at the S1
     job = live_job(["--culprit", str(CULPRIT), "--slow-from", "40", "--slow-factor", "6", "--compute-ms", "30",
-                    "--duration-s", "45"], detail="all")  # fmt: skip
+                    "--duration-s", "120"], detail="all")  # fmt: skip
     v = first_verdict(fast, AnomalyKind.S1, 50, job)
     assert v.root_cause_ranks == (CULPRIT,), v.describe()
     job.kill()
@@ -272,7 +273,7 @@ def test_s1_a_rank_slow_from_the_first_step_under_ddp_and_the_default_source(
     # slow from the start. The default source sees DDP's all-reduce (the poller switches on).
     t0 = time.time()
     job = live_job(["--culprit", str(CULPRIT), "--slow-from", "0", "--slow-factor", "6", "--compute-ms", "30",
-                    "--duration-s", "45"], detail="all", source=None)  # fmt: skip
+                    "--duration-s", "120"], detail="all", source=None)  # fmt: skip
     v = first_verdict(fast, AnomalyKind.S1, 60, job)
     assert v.root_cause_ranks == (CULPRIT,), v.describe()
     assert v.details.get("judged_against") == "peers", v.describe()

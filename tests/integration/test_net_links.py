@@ -143,7 +143,8 @@ def test_moe_all_to_all_of_varying_sizes(
     if fault == "slow-expert":
         # at K > 1 the attachment details a dispatch with its combine (ccld.bounded.RunSample): each
         # sampled alone, the analyzer could not keep them apart and named nobody here
-        args = ["--duration-s", "50", "--fault", "slow", "--culprit", str(CULPRIT), "--at-step", "250",
+        # (the job outlives the watch: on a loaded machine step 250 came 22 s in, and the test ends at the S1)
+        args = ["--duration-s", "120", "--fault", "slow", "--culprit", str(CULPRIT), "--at-step", "250",
                 "--slow-factor", "6"]
     job = run_moe(tmp_path, fast, args)
     try:
