@@ -303,7 +303,9 @@ class FrPoller:
             if before is None and len(self._completed_at) >= 4 * self._names_max:
                 continue  # bounded (a job that makes groups without end): those exits stay midpoints
             self._completed_at[key] = (done, now)
-            if before is not None and done > before[0]:
+            if before is not None and done < before[0]:  # a new group under the old key: counts restart
+                self._windows.pop(key, None)
+            elif before is not None and done > before[0]:
                 q = self._windows.get(key)
                 if q is None:
                     q = self._windows[key] = deque(maxlen=WINDOWS_KEPT)
