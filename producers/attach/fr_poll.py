@@ -428,14 +428,15 @@ class FrPoller:
         its group's completed counter pass it; the midpoint, off by at most half that window."""
         lo = t_enter if prev is None else max(t_enter, prev)
         hi = now
-        q = self._windows.get(pid or "") if seq is not None else None
-        for first, last, t0, t1 in reversed(q or ()):  # the newest first; they follow the counter up
-            if first <= seq <= last:  # type: ignore[operator]
+        q = self._windows.get(pid or "") if seq is not None else None  # (p2p: no collective sequence)
+        n = -1 if seq is None else seq
+        for first, last, t0, t1 in reversed(q or ()):  # newest first: they follow the counter up
+            if first <= n <= last:
                 if max(lo, t0) <= min(hi, t1):
                     lo, hi = max(lo, t0), min(hi, t1)
                     self.stats.timed_exits += 1
                 break
-            if last < seq:  # type: ignore[operator]
+            if last < n:
                 break
         if hi < lo:
             return t_enter, 0
