@@ -282,7 +282,7 @@ def test_s1_rank_computes_slower(
 ) -> None:
     job = faulty_job([
         "--fault", "slow", "--slow-factor", "6", "--culprit", str(CULPRIT), "--at-step", str(at_step),
-        "--compute-ms", "30", "--duration-s", "40",
+        "--compute-ms", "30", "--duration-s", "120",  # outlives the watch; the test ends at the S1
     ])  # fmt: skip
     assert job.wait_for_line(CULPRIT, "ready", 60), job_logs(job)
     ready = time.time()
@@ -314,7 +314,7 @@ def test_s2_one_ranks_link_is_throttled(
         )  # fmt: skip
         try:
             worker_factory(fast).start()
-            assert job.wait_for_line(0, "ready", 30), job_logs(job)
+            assert job.wait_for_line(0, "ready", 60), job_logs(job)  # torch's start-up: 18 s on a loaded machine
             time.sleep(5)  # a healthy baseline first
             shaping = net.throttle(CULPRIT)
             v = first_verdict(fast, AnomalyKind.S2, 25, job)
