@@ -163,6 +163,7 @@ class WorkerApp:
         self._counters_at = time.monotonic()
         self._stuck: dict[int, tuple[int, int]] = {}  # partition -> (next offset, ticks it has stayed there behind)
         self._reading: dict[int, asyncio.Task[None]] = {}  # partition -> its read-back by _read_stuck
+        self._topic_retry_at = 0.0  # monotonic time before which _learn_topic does not ask the broker again
         self._agent_busy = False  # the metrics agent is inside a message (a slow deliver or checkpoint)
         self._agent_queue: Any = None  # the metrics agent's channel queue (empty: nothing fetched waits)
         self._counters_line = ""
@@ -219,6 +220,8 @@ class WorkerApp:
                 if reading is not None:  # in order: what the read-back handles comes before this message
                     await asyncio.wait([reading])
                 proc = state.processor(msg.partition)
+                if proc.topic_id is None:
+                    await self._learn_topic(proc)
                 if self._handled(proc, msg.offset):
                     # Delivered again (the consumer resumed below a snapshot, or a read-back got there first):
                     # analysed once only, so every record counts once; still held and checkpointed below.
@@ -469,6 +472,20 @@ class WorkerApp:
                 messages)
             log.error("partition %d: only %d of the %d messages between offsets %d and %d could be read back",
                       partition, len(messages), upto - start, start, upto - 1)
+
+    async def _learn_topic(self, proc: PartitionProcessor) -> None:
+        """Name the topic ``proc``'s offsets count in before it handles its first message.
+
+        Left to the topic timer, a broker that restarted empty before its first check (2 s after start)
+        made the new log look like the old one: its offsets below the old position were taken as handled
+        and skipped, records lost without a word (CI: a broker killed 2 s after the worker was ready)."""
+        if self.state.topic_id is None and time.monotonic() >= self._topic_retry_at:
+            try:
+                self.state.topic_id = await asyncio.to_thread(topic_id, self.settings)
+            except READ_ERRORS as exc:  # unreachable just now: the next message (at most once a second) asks again
+                self._topic_retry_at = time.monotonic() + 1.0
+                log.debug("topic id unknown: %s", exc)
+        proc.topic_id = self.state.topic_id
 
     async def _watch_topics(self) -> None:
         """The topic timer: ``_check_topics``, surviving anything."""
