@@ -483,8 +483,9 @@ class WorkerApp:
             try:
                 self.state.topic_id = await asyncio.to_thread(topic_id, self.settings)
             except READ_ERRORS as exc:  # unreachable just now: the next message (at most once a second) asks again
-                self._topic_retry_at = time.monotonic() + 1.0
                 log.debug("topic id unknown: %s", exc)
+            if self.state.topic_id is None:  # unreachable, or no such topic yet: not on every message
+                self._topic_retry_at = time.monotonic() + 1.0
         proc.topic_id = self.state.topic_id
 
     async def _watch_topics(self) -> None:
