@@ -50,6 +50,7 @@ class Analyzer:
             "stalls_unsaved": 0,  # stalled communicators the last state_dict left out (over STALL_ROWS_STATE_MAX)
         }
         self._held_starved = 0  # slow-communication findings held in forgotten jobs (see SlowDetector.held_starved)
+        self._held_cheap = 0  # ... and held for costing the job too little (SlowDetector.held_cheap)
         self._now = 0.0  # the newest analyzer time seen (ingest, evaluate, reports)
 
     # -- input ---------------------------------------------------------------------------------
@@ -143,6 +144,7 @@ class Analyzer:
 
     def _forget(self, key: tuple[str, int]) -> None:
         self._held_starved += self.jobs[key].slow.held_starved
+        self._held_cheap += self.jobs[key].slow.held_cheap
         del self.jobs[key]
         self._watch.pop(key, None)
         self.stage.forget(key)
@@ -261,4 +263,5 @@ class Analyzer:
     @property
     def stats(self) -> Mapping[str, int]:
         held = self._held_starved + sum(j.slow.held_starved for j in self.jobs.values())
-        return {**self._stats, "slow_held_starved": held}
+        cheap = self._held_cheap + sum(j.slow.held_cheap for j in self.jobs.values())
+        return {**self._stats, "slow_held_starved": held, "slow_held_cheap": cheap}

@@ -52,6 +52,7 @@ class OpRows:
     first_now: F64  # analyzer time the op was first seen
     late_gap: F64  # the late arriver's time outside collectives before this op (own clock, s)
     gap_sum: F64  # the same summed over all ranks that reported
+    t0: F64  # comm rank 0's entry on its own clock (s; nan: it has not reported): the op's cadence on one clock
 
     @property
     def n(self) -> int:
@@ -64,7 +65,7 @@ class OpRows:
     def empty(cls) -> OpRows:
         z = np.zeros(0, dtype=np.int64)
         f = np.zeros(0)
-        return cls(z, z, z, z, z, z, f, z, f, f, f, z, f, f, f)
+        return cls(z, z, z, z, z, z, f, z, f, f, f, z, f, f, f, f)
 
     @classmethod
     def concat(cls, parts: list[OpRows]) -> OpRows:
@@ -177,6 +178,7 @@ class OpTable:
             first_now=r.now[rows],
             late_gap=np.concatenate([gap, np.zeros(npr)]),
             gap_sum=np.concatenate([gap, np.zeros(npr)]),
+            t0=np.concatenate([np.where(r.crank[di] == 0, r.t_enter[di] * 1e-9, np.nan), np.full(npr, np.nan)]),
         )
         self.open = _fold(OpRows.concat([self.open, contrib]))
         return nd
@@ -210,6 +212,7 @@ def _fold(a: OpRows) -> OpRows:
     out.tmax = np.maximum.reduceat(s.tmax, start)
     out.first_now = np.minimum.reduceat(s.first_now, start)
     out.gap_sum = np.add.reduceat(s.gap_sum, start)
+    out.t0 = np.fmin.reduceat(s.t0, start)
     # the largest backlog and where it was seen (PROGRESS samples and standing-out DONE peaks carry one)
     out.lag = np.maximum.reduceat(s.lag, start)
     has = np.isfinite(s.lag)

@@ -55,6 +55,8 @@ OWN_WORK_OPS = P2P_OPS | {int(OpType.ALL_TO_ALL), int(OpType.BARRIER)}
 #: a straggling expert is last every time, at a lateness that varies with its load, and learning the
 #: ones that happen to pass the slow test would lift the baseline under it within seconds
 STREAK_OPS = 3
+#: the last this many ops of a baseline (judged or not) give its cadence, the time between its calls
+CADENCE_OPS = 32
 _OWN_WORK = np.array(sorted(OWN_WORK_OPS), dtype=np.int64)
 
 
@@ -88,6 +90,7 @@ class SlowFinding:
     sibling_s: float = 0.0  # healthy kernel time of the same op on the sibling communicators (0: none compared)
     pair_link: bool = False  # the link is a send/recv pair's one link (named by the pair, not by a backlog)
     cpu_wait_share: float | None = None  # members' hosts' median CPU stall share (PSI; None: unmeasured)
+    cost_share: float = float("inf")  # extra communication time per op / time between the op's calls (cost)
 
 
 class SlowDetector:
@@ -114,6 +117,9 @@ class SlowDetector:
         # (baseline -> the job time its window became alarmed), and how many so far
         self._held: dict[int, float] = {}
         self.held_starved = 0
+        # ... and those held because the extra time cost the job a sliver of the time between the op's calls
+        self._held_cheap: dict[int, float] = {}
+        self.held_cheap = 0
         self.b_hmax, self.b_hmin, self.b_hspr = z, z, z  # the top of the healthy range (HIGH_Q quantile)
         h = max(1, settings.baseline_ops)
         self.h_max = np.zeros((0, h))  # the recent healthy ops' times (nan: not yet), a ring per baseline
@@ -124,6 +130,9 @@ class SlowDetector:
         self.b_cfast = z  # job time of the newest judged op whose communication was not slow (-inf: none)
         self.b_sib, self.b_sibn = z, zi  # healthy kernel time of the sibling communicators (lower quartile), how many
         self.b_run, self.b_runn = zi, zi  # the late arriver of its last ops, and how many in a row (STREAK_OPS)
+        self.b_seen = zi  # ops of the baseline judged or learned so far
+        # comm rank 0's entry into its last CADENCE_OPS ops (nan: unknown) and their op sequences
+        self.r_t0, self.r_seq = np.zeros((0, CADENCE_OPS)), np.zeros((0, CADENCE_OPS))
         self._sib_at = -np.inf  # job time the sibling references were last computed
         w = self.w
         self.w_slow = np.zeros((0, w), dtype=bool)
@@ -200,6 +209,7 @@ class SlowDetector:
         self.b_cfast = g(self.b_cfast, -np.inf)
         self.b_sib, self.b_sibn = g(self.b_sib), g(self.b_sibn)
         self.b_run, self.b_runn = g(self.b_run, -1), g(self.b_runn)
+        self.b_seen, self.r_t0, self.r_seq = g(self.b_seen), g(self.r_t0, np.nan), g(self.r_seq, np.nan)
         self.w_slow = g(self.w_slow, False)
         self.w_cslow, self.w_lslow = g(self.w_cslow, False), g(self.w_lslow, False)
         self.w_late, self.w_lagr, self.w_seq = g(self.w_late, -1), g(self.w_lagr, -1), g(self.w_seq, -1)
@@ -303,6 +313,9 @@ class SlowDetector:
             self.w_ogap[bi, pos] = og
             self.w_sgap[bi, pos] = np.where(n >= s.baseline_min_ops, lg - self.b_hlgap[bi], np.nan)
             self.b_pos[bi] = (pos + 1) % self.w
+            self.r_t0[bi, self.b_seen[bi] % CADENCE_OPS] = ops.t0[i]
+            self.r_seq[bi, self.b_seen[bi] % CADENCE_OPS] = ops.seq[i]
+            self.b_seen[bi] += 1
             # the onset is the first slow op of the episode, not the one that completed the window
             clean = ~self.w_slow[bi].any(axis=1)
             self.b_onset[bi] = np.where(clean, np.nan, np.where(np.isnan(self.b_onset[bi]) & slow,
@@ -518,6 +531,21 @@ class SlowDetector:
                 if not comp:
                     return []
                 comm = False
+        cost = self.cost(bi, idx)
+        if comm and cost < s.slow_min_cost_share:
+            # A link is worth a page for what it costs the job: a send of 0.1 ms that takes 0.4 ms twice
+            # in a 100-ms step is 4x slower by every per-op test and costs the job 0.6 %. On a busy host
+            # that is what loopback gloo does for seconds on end with nothing wrong (test_long_real_job
+            # in CI: the same-host pair 1->0, 0.34-1.3 ms against 0.44 ms, 4 of 5 ops). A slow link costs
+            # a share of every step: the simulated tensor-parallel link at 37 % 5 %, a data-parallel one
+            # at 30 % 12 %, the shaped link of test_net_links half of each step.
+            since = float(self.b_since[bi])
+            if self._held_cheap.get(bi) != since:
+                self._held_cheap[bi] = since
+                self.held_cheap += 1
+            if not comp:
+                return []
+            comm = False
         lateness = _median([float(self.w_spr[bi, j]) for j in idx])
         late: int | None = None  # comm rank of the late arriver that computed slowly
         late_share = 0.0
@@ -603,7 +631,7 @@ class SlowDetector:
                     return []
                 link_src, unobserved = -1, counters
         mk = functools.partial(self._finding, js=js, bi=bi, idx=idx, p=p, lateness=lateness, unobserved=unobserved,
-                               cpu_share=cpu_share,
+                               cpu_share=cpu_share, cost=cost,
                                pair=sender is not None)
         if late is not None and link_src is not None and link_src in (late, -1):
             return [mk(AnomalyKind.S3, late, late_share, link=link_src >= 0)]
@@ -613,6 +641,29 @@ class SlowDetector:
         if link_src is not None:
             out.append(mk(AnomalyKind.S2, link_src, link_share, link=True))
         return out
+
+    def cost(self, bi: int, idx: list[int]) -> float:
+        """What the slow communication of ``bi``'s window costs the job: the median extra kernel time of its
+        slow ops' last arriver (pure communication) over the healthy one (the baseline's, or its sibling
+        communicators' where lower: a link slow from the start has learned its slowness) as a share of
+        the time between the communicator's calls (a slow link slows each of them).
+
+        That time is measured over the baseline's last ``CADENCE_OPS`` ops on one rank's clock (the
+        analyzer's sees a batch of ops at once), per op sequence number (a sampling source reports one
+        op in ten); the share is infinite while it is unknown."""
+        ref = float(self.b_min[bi])
+        if self.b_sibn[bi] >= 2:
+            ref = min(ref, float(self.b_sib[bi]))
+        comm = [j for j in idx if self.w_cslow[bi, j]] or idx
+        extra = _median([max(float(self.w_tmin[bi, j]) - ref, 0.0) for j in comm])
+        ok = ~np.isnan(self.r_t0[bi])
+        t, q = self.r_t0[bi][ok], self.r_seq[bi][ok]
+        if t.size < 2 or float(t.max()) <= float(t.min()) or float(q.max()) <= float(q.min()):
+            return float("inf")
+        # one rank's clock runs forward within a communicator's life: the first and last op span the calls
+        first, last = int(np.argmin(q)), int(np.argmax(q))
+        span = float(t[last]) - float(t[first])
+        return float("inf") if span <= 0 else extra * (float(q[last]) - float(q[first])) / span
 
     @staticmethod
     def _p2p_sender(js: JobState, cid: int) -> int | None:
@@ -639,6 +690,7 @@ class SlowDetector:
     def _finding(
         self, kind: AnomalyKind, crank: int, share: float, *, link: bool, js: JobState, bi: int, idx: list[int],
         p: float, lateness: float, unobserved: bool, pair: bool = False, cpu_share: float | None = None,
+        cost: float = float("inf"),
     ) -> SlowFinding:
         cid = int(self.b_cid[bi])
         sl = js.members_of(cid)
@@ -688,6 +740,7 @@ class SlowDetector:
             sibling_s=float(self.b_sib[bi]) if self.b_sibn[bi] >= 2 else 0.0,
             pair_link=pair and where is not None,
             cpu_wait_share=cpu_share,
+            cost_share=cost,
         )
 
     def resolved(self, bi: int) -> bool:

@@ -53,6 +53,7 @@ class Comm:
     comm_hash: int
     ranks: tuple[int, ...]
     seq: int = 0
+    stride: int = 1  # op sequence numbers between two ops written (a sampling probe reports one in ``stride``)
 
     @property
     def size(self) -> int:
@@ -91,7 +92,7 @@ class Probe:
         RecvCount runs 8 slots ahead of its SendCount and its successor's lags 8 behind.
         """
         seq = comm.seq
-        comm.seq += 1
+        comm.seq += comm.stride
         start = max(enters)
         exit_ = start + dur
         out: list[tuple[float, KernelRecord]] = []

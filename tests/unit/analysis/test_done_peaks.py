@@ -14,6 +14,9 @@ from ccld.settings import AnalyzerSettings
 from ccld.streams.analysis.replay import analyze_batches
 
 US_OP = 100e-6  # far shorter than the 100-ms poll: no PROGRESS sample ever lands inside
+#: the probe reports one all-reduce in 1,000 (one a 2-s step): called every 2 ms, a link that makes it 4x
+#: slower costs the job 15 % of its time (slow_min_cost_share)
+STRIDE = 1000
 
 
 def with_peaks(recs: list[tuple[float, KernelRecord]], seed: int, source: int | None = None,
@@ -39,10 +42,10 @@ def verdicts(recs: list[tuple[float, KernelRecord]], settings: AnalyzerSettings 
 
 def _slow_link_job(seed: int, source: int | None) -> list[tuple[float, KernelRecord]]:
     probe = Probe(channels=4)
-    tp = Comm(0x7A, tuple(range(8)))
+    tp = Comm(0x7A, tuple(range(8)), stride=STRIDE)
     recs = healthy_steps(probe, tp, 40, dur=US_OP, slow=4.0, from_step=20)  # no lag_rank: no PROGRESS sample
     assert not any(r.status == Status.PROGRESS for _, r in recs)
-    return with_peaks(recs, seed, source=source, from_seq=20)
+    return with_peaks(recs, seed, source=source, from_seq=20 * STRIDE)
 
 
 def test_done_peaks_name_the_slow_link_of_a_us_scale_op() -> None:
@@ -90,7 +93,7 @@ def test_peaks_count_only_after_the_healthy_level_is_learned_and_thresholds_are_
 def test_rows_without_a_known_peak_change_nothing() -> None:
     """Older probes and sources without per-kernel peaks (-1) keep the previous behaviour."""
     probe = Probe(channels=4)
-    tp = Comm(0x7D, tuple(range(8)))
+    tp = Comm(0x7D, tuple(range(8)), stride=STRIDE)
     recs = healthy_steps(probe, tp, 40, dur=US_OP, slow=4.0, from_step=20)
     unknown = [(t, dataclasses.replace(r, peak_lag=(-1,) * 4) if r.status == Status.DONE else r) for t, r in recs]
     a = [(v.kind, v.link, v.evidence) for v in verdicts(recs)]
@@ -110,8 +113,8 @@ def test_peaks_of_ops_that_do_not_forward_are_ignored() -> None:
              if r.status == Status.DONE else r) for t, r in recs]
     assert verdicts(recv) == []
     # slowed from step 20 on, with the receiver's peak growing too: still no link named from it
-    slow = healthy_steps(probe, Comm(0x7F, (0, 1)), 40, dur=US_OP, slow=4.0, from_step=20)
-    slow = [(t, dataclasses.replace(r, op_type=OpType.RECV, peak_lag=(64 if r.op_seq < 20 else 200,) * 2
+    slow = healthy_steps(probe, Comm(0x7F, (0, 1), stride=STRIDE), 40, dur=US_OP, slow=4.0, from_step=20)
+    slow = [(t, dataclasses.replace(r, op_type=OpType.RECV, peak_lag=(64 if r.op_seq < 20 * STRIDE else 200,) * 2
                                     if r.comm_rank == 1 else (0, 0)) if r.status == Status.DONE else r)
             for t, r in slow]
     assert [(v.kind, v.link) for v in verdicts(slow)] == [(AnomalyKind.S2, None)]
