@@ -63,8 +63,10 @@ class AnalyzerSettings:
     # a slow communication whose members' hosts stalled for CPUs this share of the wall time (Linux PSI "some":
     # some task waited for a CPU, KernelBatch.cpu_wait) is a loaded host, not a slow link: no S2 (0: never)
     starved_wait_share: float = 0.5
-    # a slow communication (S2, S3's link) is reported only when its extra time per call is at least this share
-    # of the time between the communicator's calls: what it costs the job (SlowDetector.cost; 0: always)
+    # ... and one whose hosts were stalled at least contended_wait_share (a transport timed on contended CPUs)
+    # is reported only when its extra time per call is at least slow_min_cost_share of the time between the
+    # communicator's calls: what it costs the job (SlowDetector.cost; 0: always reported)
+    contended_wait_share: float = 0.05
     slow_min_cost_share: float = 0.02
     # an S2 whose link no counter names is reported after this long alarmed, slow in every op of that time
     slow_link_wait_s: float = 10.0

@@ -266,7 +266,7 @@ def slow_candidate(ja: JobAnalysis, f: SlowFinding) -> Candidate:
                  # how loaded the members' hosts were (their median CPU stall share, PSI), where it was measured
                  **({"cpu_wait_share": f"{f.cpu_wait_share:.2f}"} if f.cpu_wait_share is not None else {}),
                  # what a slow link's extra time costs the job: a share of the time between the op's calls
-                 **({"cost_share": f"{f.cost_share:.3f}"} if f.kind != AnomalyKind.S1 and math.isfinite(f.cost_share)
+                 **({"cost_share": f"{f.cost_share:.3g}"} if f.kind != AnomalyKind.S1 and math.isfinite(f.cost_share)
                     else {}),
                  **({"link": LINK_NOT_OBSERVED} if f.link_unobserved else {}), **_nic(ja, f),
                  **_ends(ja, f)},
