@@ -375,6 +375,7 @@ def main(argv: list[str] | None = None) -> int:
                         "dead_letters": totals.get("ccld_worker_dead_letters_total", 0.0),
                         "verdicts_acknowledged": totals.get("ccld_worker_verdicts_total", 0.0),
                         "slow_held_starved": totals.get("ccld_worker_slow_held_starved_total", 0.0),
+                        "slow_held_cheap": totals.get("ccld_worker_slow_held_cheap_total", 0.0),
                         "cpu_s_during_run": worker_cpu}
     result["hogs"] = seen.get("hogs")
     result["restart"] = {"kill": seen["kill"], "incarnations_seen_by_worker": seen["incarnations"],
