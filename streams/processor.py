@@ -300,8 +300,8 @@ class PartitionProcessor(Outbox):
         out = dict(self.counters)
         out["analyzed_records"] = sum(int(j.analyzer.stats.get("records", 0)) for j in self.jobs.values())
         out["duplicate_batches"] = sum(int(j.analyzer.stats.get("duplicates", 0)) for j in self.jobs.values())
-        out["slow_held_starved"] = sum(int(j.analyzer.stats.get("slow_held_starved", 0)) for j in self.jobs.values())
-        out["slow_held_cheap"] = sum(int(j.analyzer.stats.get("slow_held_cheap", 0)) for j in self.jobs.values())
+        for held in ("slow_held_starved", "slow_held_cheap"):
+            out[held] = sum(int(j.analyzer.stats.get(held, 0)) for j in self.jobs.values())
         out["jobs"] = len(self.jobs)
         out["pending_verdicts"] = len(self._pending)
         out["open_incidents"] = sum(len(j.analyzer.book.open) for j in self.jobs.values())

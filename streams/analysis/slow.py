@@ -519,31 +519,25 @@ class SlowDetector:
         if js.cpu_wait:
             nows = [float(self.w_now[bi, j]) for j in idx]
             cpu_share = js.cpu_wait_share(js.m_grank[js.members_of(cid)].tolist(), min(nows), max(nows))
-        if comm and s.starved_wait_share > 0 and cpu_share is not None:
-            # communication that runs on the host's CPUs (gloo, a NIC's proxy thread) is slow on every
-            # link at once when other work holds those CPUs: while the members waited for a CPU that
-            # long, the slowness is the host's load, not a link, and no S2 is reported for it
-            if cpu_share >= s.starved_wait_share:
-                since = float(self.b_since[bi])
-                if self._held.get(bi) != since:
-                    self._held[bi] = since
-                    self.held_starved += 1
-                if not comp:
-                    return []
-                comm = False
+        # communication that runs on the host's CPUs (gloo, a NIC's proxy thread) is slow on every
+        # link at once when other work holds those CPUs: while the members waited for a CPU that
+        # long, the slowness is the host's load, not a link, and no S2 is reported for it
+        starved = comm and cpu_share is not None and 0 < s.starved_wait_share <= cpu_share
+        # Below starvation, a contended host still delays a transport that runs on its CPUs, by a
+        # scheduler's time slice at a time: a 0.1-ms loopback send that takes 0.4 ms once in a 100-ms
+        # step is 4x slower by every per-op test and costs the job 0.3 % (test_long_real_job in CI: the
+        # same-host pair 1->0, 0.34-1.3 ms against 0.44 ms in 4 of 5 ops, its host stalled 9 % of
+        # the time). Measured so, a slowdown that cheap cannot be told from the contention; a slow
+        # link costs a share of every step (the shaped veth of test_net_links: half of each step).
+        # Kernel-timed sources (the probe, the simulator) measure no CPU stalls and are not held.
         cost = self.cost(bi, idx)
-        if comm and cpu_share is not None and cpu_share >= s.contended_wait_share and cost < s.slow_min_cost_share:
-            # Below starvation, a contended host still delays a transport that runs on its CPUs, by a
-            # scheduler's time slice at a time: a 0.1-ms loopback send that takes 0.4 ms once in a 100-ms
-            # step is 4x slower by every per-op test and costs the job 0.3 % (test_long_real_job in CI: the
-            # same-host pair 1->0, 0.34-1.3 ms against 0.44 ms in 4 of 5 ops, its host stalled 9 % of
-            # the time). Measured so, a slowdown that cheap cannot be told from the contention; a slow
-            # link costs a share of every step (the shaped veth of test_net_links: half of each step).
-            # Kernel-timed sources (the probe, the simulator) measure no CPU stalls and are not held.
-            since = float(self.b_since[bi])
-            if self._held_cheap.get(bi) != since:
-                self._held_cheap[bi] = since
-                self.held_cheap += 1
+        cheap = (comm and not starved and cpu_share is not None and cpu_share >= s.contended_wait_share
+                 and cost < s.slow_min_cost_share)
+        if starved:
+            self.held_starved += self._new_episode(self._held, bi)
+        if cheap:
+            self.held_cheap += self._new_episode(self._held_cheap, bi)
+        if starved or cheap:
             if not comp:
                 return []
             comm = False
@@ -642,6 +636,15 @@ class SlowDetector:
         if link_src is not None:
             out.append(mk(AnomalyKind.S2, link_src, link_share, link=True))
         return out
+
+    def _new_episode(self, seen: dict[int, float], bi: int) -> int:
+        """1 the first time ``bi``'s current alarm episode (the job time it became alarmed) is held for
+        the reason whose episodes ``seen`` remembers, else 0: a held finding counts once per episode."""
+        since = float(self.b_since[bi])
+        if seen.get(bi) == since:
+            return 0
+        seen[bi] = since
+        return 1
 
     def cost(self, bi: int, idx: list[int]) -> float:
         """What the slow communication of ``bi``'s window costs the job: the median extra kernel time of its
