@@ -284,6 +284,39 @@ class Maker:
             return
         raise RuntimeError(f"no {target} network link for {kind} at {ranks} ranks")
 
+    def expert(self, kind: str, ranks: int) -> None:
+        """A mixture-of-experts job (expert groups of 2 to 8 data-parallel replicas, all_to_all
+        dispatch and combine) with ``kind`` on a rank (S1, H1) or on an expert group's link (S2, S3,
+        H3), or healthy (``kind`` "healthy")."""
+        r = self.rng
+        for _ in range(50):
+            sc = self.base(f"ep-{kind}", ranks)
+            dp = sc["layout"]["dp"]
+            eps = [e for e in (2, 4, 8) if dp % e == 0]
+            if not eps:
+                continue
+            sc["layout"]["ep"] = r.choice(eps)
+            sc["workload"]["moe_every"] = r.choice([1, 1, 2]) if sc["workload"]["layers"] >= 2 else 1
+            sc["workload"]["topk"] = r.choice([1, 2, 2, 4])
+            shape = Scenario.from_dict({**sc, "duration_s": 1.0})
+            if kind == "healthy":
+                sc["duration_s"] = self.p.healthy_s
+                self.add(sc)
+                return
+            on = self.onset(sc)
+            rank = self.rank(sc)
+            f = self.fault(sc, kind, rank, on)
+            if kind in LINK_KINDS:
+                f["comm"], f["peer"] = "ep", r.choice(shape.link_peers("ep", rank))
+            sc["faults"] = [f]
+            sc["expect"] = [{"kind": kind, "rank": rank}]
+            sc["duration_s"] = on + (self.p.hang_tail_s if kind.startswith("H") else self.p.slow_tail_s)
+            if kind == "H3" and not stopped_links(Scenario.from_dict(sc)):
+                continue
+            self.add(sc)
+            return
+        raise RuntimeError(f"no expert-parallel layout for {kind} at {ranks} ranks")
+
     def healthy(self, ranks: int) -> None:
         sc = self.base("healthy", ranks)
         sc["duration_s"] = self.p.healthy_s if ranks < 1024 else min(self.p.healthy_s, 110.0)
@@ -501,6 +534,33 @@ def build_network(seed: int, check: bool, profile: Profile, per: int,
     return m.out
 
 
+#: the expert-parallel family: a rank or an expert group's all_to_all link, and healthy MoE jobs
+EXPERT = ("S1", "H1", "S2", "S3", "H3", "healthy")
+
+
+def build_expert(seed: int, check: bool, profile: Profile, per: int,
+                 large: tuple[tuple[str, int], ...]) -> list[dict[str, Any]]:
+    """Mixture-of-experts jobs (``EXPERT``), ``per`` of each kind at 16 to 256 ranks and the ``large`` ones."""
+    m = Maker(seed, check, profile)
+    sizes, weights = [16, 32, 64, 128, 256], [22, 24, 18, 12, 8]
+    for _ in range(per):
+        for kind in EXPERT:
+            m.expert(kind, m.rng.choices(sizes, weights)[0])
+    for kind, ranks in large:
+        m.expert(kind, ranks)
+    return m.out
+
+
+def build_std_expert(seed: int = 20261204, check: bool = True) -> list[dict[str, Any]]:
+    """The expert-parallel family of the standard suite (its tail): ``STANDARD`` ranges, 16 to 2,048 ranks."""
+    return build_expert(seed, check, STANDARD, 5, (("H3", 1024), ("S2", 1024), ("H1", 2048)))
+
+
+def build_wide_expert(seed: int = 77041, check: bool = True) -> list[dict[str, Any]]:
+    """Held out: the expert-parallel family from ``WIDE`` ranges, drawn once its rules were final."""
+    return build_expert(seed, check, WIDE, 5, (("S1", 1024), ("H3", 2048), ("S2", 2048)))
+
+
 def build_std_network(seed: int = 20261131, check: bool = True) -> list[dict[str, Any]]:
     """The network link family of the standard suite (its tail): ``STANDARD`` ranges, 8 to 4,096 ranks."""
     return build_network(seed, check, STANDARD, 6, (("S2", "nic", 512), ("H3", "dp", 1024), ("S2", "pp", 2048),
@@ -509,8 +569,9 @@ def build_std_network(seed: int = 20261131, check: bool = True) -> list[dict[str
 
 def build(seed: int = 20261130, check: bool = True) -> list[dict[str, Any]]:
     """The standard suite: the Megatron-style workload with ``STANDARD`` ranges (tuned on), then the
-    network link family (its own stream, so the scenarios before it stay as they were)."""
-    return build_megatron(seed, check, STANDARD) + build_std_network(seed + 1, check)
+    network link family and the expert-parallel family (each its own stream, so the scenarios before
+    them stay as they were)."""
+    return build_megatron(seed, check, STANDARD) + build_std_network(seed + 1, check) + build_std_expert()
 
 
 def build_wide_network(seed: int = 77021, check: bool = True) -> list[dict[str, Any]]:
@@ -534,6 +595,9 @@ SUITES = {
     # the network link family alone (also the tail of standard), and its held-out draw (WIDE ranges)
     "network": (build_std_network, 20261131, OUT.with_name("network.jsonl")),
     "heldout-net": (build_wide_network, 77021, OUT.with_name("heldout-net.jsonl")),
+    # the expert-parallel family alone (also the tail of standard), and its held-out draw (WIDE ranges)
+    "expert": (build_std_expert, 20261204, OUT.with_name("expert.jsonl")),
+    "heldout-expert": (build_wide_expert, 77041, OUT.with_name("heldout-expert.jsonl")),
     "regression-v1": (build_v1, 20260101, OUT.with_name("regression-v1.jsonl")),
     "heldout-v1": (build_wide_v1, 77003, OUT.with_name("heldout-v1.jsonl")),
     # faults from the first step (tuned on), and a held-out draw of them from WIDE's jobs (scored once)

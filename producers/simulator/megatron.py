@@ -91,7 +91,7 @@ class _Comms:
     m_cid: I64
     m_lhost: I64  # member -> index into its comm's host table
     bwd_comm: I64  # rank on stage p+1 -> comm where it sends gradients to stage p (-1: none)
-    family: list[str]  # comm id -> "tp", "dp", "pp" (either direction), "world"
+    family: list[str]  # comm id -> "tp", "dp", "pp" (either direction), "ep", "world"
 
 
 def _comms(topo: Topology) -> _Comms:
@@ -125,6 +125,8 @@ def _comms(topo: Topology) -> _Comms:
     place(topo.pps_comm, np.zeros(n, dtype=np.int64))
     place(topo.ppr_comm, np.ones(n, dtype=np.int64))
     place(np.full(n, topo.world_comm, dtype=np.int64), r.copy())
+    if topo.ep_comm is not None and topo.ep_crank is not None:
+        place(topo.ep_comm, topo.ep_crank)
     place(bwd, np.zeros(n, dtype=np.int64))
     recv_b = np.full(n, -1, dtype=np.int64)
     has = bwd >= 0
@@ -222,6 +224,8 @@ class MegatronSim(FaultBook):
                                              | {src for f in sc.faults for _, src, _ in f.links}), dtype=np.int64)
         self.stopped: list[tuple[str, int, int]] = []  # links an H3 stopped (family, src, dst), for scenario authors
         self.pp_links = any(fam == "pp" for f in self.link_faults for fam, _, _ in f.links)
+        self.ep_links = any(fam == "ep" for f in self.link_faults for fam, _, _ in f.links)
+        self._grids: dict[tuple[Any, ...], I64] = {}
         self._clean: dict[tuple[Any, ...], bool] = {}
         self._layouts: dict[tuple[Any, ...], _Layout] = {}
         self.sizes = np.diff(np.append(self.c.off, nm))
@@ -256,7 +260,7 @@ class MegatronSim(FaultBook):
         self._upos += n
         return out
 
-    def _compute(self, ranks: I64, begin: F64, base_s: float, step_factor: float) -> F64:
+    def _compute(self, ranks: I64, begin: F64, base_s: float | F64, step_factor: float) -> F64:
         jit = self.sc.jitter
         c = base_s * step_factor * (1.0 + jit / 4 * self._t4(ranks.shape[0]))
         return begin + self._faulty_compute(ranks, begin, np.maximum(c, 0.2 * base_s))
@@ -892,8 +896,21 @@ class MegatronSim(FaultBook):
         t = self.clock[stage]
         count = w.act_elems // (topo.tp if w.seq_parallel else 1)
         seg: list[OpType] = []  # the layers' ops up to the next gradient bucket, played as one chain
+        half = k // 2
         for layer in range(w.layers):
-            if topo.tp > 1:
+            moe = topo.ep_comm is not None and (layer + 1) % w.moe_every == 0
+            if moe:  # attention, dispatch, experts, combine, then the MLP's tensor-parallel ops
+                if topo.tp > 1:
+                    t = self._chain(grid, topo.tp_comm, topo.tp_crank, t, seg + ops[:half], tp_s, count, family="tp",
+                                    key=("tp", p), compute=(per_layer / k, step_factor))
+                else:
+                    t = self._compute(stage, t, per_layer / 2, step_factor)
+                seg = []
+                t = self._moe(p, stage, grid, t, per_layer / 2, step_factor)
+                if topo.tp > 1:
+                    t = self._chain(grid, topo.tp_comm, topo.tp_crank, t, ops[half:k], tp_s, count, family="tp",
+                                    key=("tp", p))
+            elif topo.tp > 1:
                 seg += ops[:k]
                 if layer in buckets_after or layer == w.layers - 1:
                     t = self._chain(grid, topo.tp_comm, topo.tp_crank, t, seg, tp_s, count, family="tp",
@@ -910,6 +927,115 @@ class MegatronSim(FaultBook):
                 order = grid.T.ravel()
                 self.rs_exit[order] = np.maximum(self.rs_exit[order], ex)
         self.clock[stage] = t
+
+    def _moe(self, p: int, stage: I64, grid: I64, t: F64, expert_s: float, step_factor: float) -> F64:
+        """One MoE layer of stage ``p`` from the attention's end ``t`` (stage order): the dispatch
+        all_to_all over each expert group, the experts' compute, the combine all_to_all."""
+        topo, w = self.topo, self.w
+        ep = self.sc.layout.ep
+        egrid = self._layouts_grid(("epgrid", p), lambda: grid.reshape(topo.dp // ep, ep, topo.tp)
+                                   .transpose(0, 2, 1).reshape(-1, ep).copy())
+        order = egrid.ravel()
+        same = bool((topo.host_of[egrid] == topo.host_of[egrid[:, :1]]).all())
+        a2a_s = w.a2a_op_s(ep, same)
+        count = w.act_elems * w.topk
+        e, load = self.a2a(egrid, self._reorder(stage, order, t), a2a_s, count, key=("ep", p))
+        # an expert computes on what the router sent it: the most loaded one is last at the combine
+        e = self._compute(order, e, expert_s * load, step_factor)
+        e, _ = self.a2a(egrid, e, a2a_s, count, key=("ep", p), load=load)  # each sends back what it got
+        return self._reorder(order, stage, e)
+
+    def _layouts_grid(self, key: tuple[Any, ...], make: Any) -> I64:
+        g = self._grids.get(key)
+        if g is None:
+            g = self._grids[key] = make()
+        return g
+
+    def a2a(self, grid: I64, enter: F64, nominal_s: float, count: int, *, key: tuple[Any, ...],
+            load: F64 | None = None) -> tuple[F64, F64]:
+        """An all_to_all on the expert groups that are the rows of ``grid``; returns each rank's exit
+        and its load (its count over ``count``: drawn, or ``load`` as given).
+
+        Every member exchanges with every other, so the data moves once the last member arrived;
+        a member leaves when its own exchanges are done: a slow or dead link (``_a2a_links``) holds
+        its two ends only, the others leave on time (and wait for them in the next op). Each rank's
+        count is what the router sent it: one of eight levels from 0.75 to 1.19 of ``count``."""
+        topo = self.topo
+        assert topo.ep_comm is not None and topo.ep_crank is not None
+        groups, size = grid.shape
+        ranks = grid.ravel()
+        lay = self._layouts.get(key)
+        if lay is None:
+            lay = self._layout(key, ranks, topo.ep_comm[ranks], topo.ep_crank[ranks], groups)
+        enter = np.maximum(enter, self.mf[lay.gi, _F_EXIT])  # in order on its communicator
+        if self.any_h1:
+            enter = self._stop(ranks, enter)
+        start_g = enter.reshape(groups, size).max(axis=1)
+        dur_g = nominal_s * (1.0 + self.sc.jitter / 2 * np.abs(self._t4(groups)))
+        nn = ranks.shape[0]
+        start, dur = np.repeat(start_g, size), np.repeat(dur_g, size)
+        special: dict[str, npt.NDArray[Any]] = {}
+        hang = self._a2a_links(lay, start, dur, nominal_s, special) if self.ep_links else None
+        exit_ = start + dur * (1.0 + 0.01 * self._u(nn))
+        if hang is not None:
+            exit_ = np.where(hang, INF, exit_)
+        slots = _slots(nominal_s)
+        tmpls = lay.cache.get("a2a_tmpl")
+        if tmpls is None:
+            tmpls = lay.cache["a2a_tmpl"] = np.asarray(
+                [self._tmpl((int(OpType.ALL_TO_ALL), BF16, count * (12 + j) // 16, -1, slots, slots, slots))
+                 for j in range(8)], dtype=np.int64)
+        lvl = (self._u(nn) * 8).astype(np.int64) if load is None else np.rint(load * 16 - 12).astype(np.int64)
+        self._record(lay, enter, exit_, start, dur, tmpls[lvl], special)
+        fin = np.isfinite(exit_)
+        self.last_exit[ranks[fin]] = exit_[fin]
+        return exit_, (12 + lvl) / 16
+
+    def _a2a_links(self, lay: _Layout, start: F64, dur: F64, nominal_s: float,
+                   special: dict[str, npt.NDArray[Any]]) -> npt.NDArray[np.bool_] | None:
+        """Apply the expert-group link faults to one all_to_all (``dur`` in place, per member): a slow
+        link stretches its two ends' exchanges, a dead one (H3) leaves them inside the op with the
+        sender's data piled up (RecvCount ahead of SendCount) and the receiver's RecvCount behind."""
+        pos_of = lay.cache.get("pos")
+        if pos_of is None:
+            pos_of = lay.cache["pos"] = {r: i for i, r in enumerate(lay.ranks.tolist())}
+        nn = lay.ranks.shape[0]
+        hang: npt.NDArray[np.bool_] | None = None
+        for f in self.link_faults:
+            on = [(pos_of[s], pos_of[d]) for fam, s, d in f.links if fam == "ep" and s in pos_of and d in pos_of]
+            on = [(a, b) for a, b in on if math.isfinite(start[a])]
+            if not on:
+                continue
+            if f.kind == "H3":
+                if f not in self.pending_h3:
+                    continue
+                on = [(a, b) for a, b in on if start[a] + dur[a] > f.onset_s]
+                if not on:
+                    continue
+                self.pending_h3.remove(f)  # every link of the fault (a NIC's) that this op uses stops now
+                fr = special.setdefault("freeze", np.ones(nn))
+                for a, b in on:
+                    self.stopped.append(("ep", int(lay.ranks[a]), int(lay.ranks[b])))
+                    frac = (f.onset_s - start[a]) / dur[a] if start[a] < f.onset_s else self.rng.uniform(0.2, 0.8)
+                    hang = np.zeros(nn, dtype=bool) if hang is None else hang
+                    hang[a] = hang[b] = True
+                    fr[a] = min(fr[a], frac)
+                    fr[b] = min(fr[b], frac)
+            else:
+                on = [(a, b) for a, b in on if bool(f.active(np.asarray(start[a])))]
+                factor = f.factor if f.kind == "S2" else f.link_factor
+                stretched = np.zeros(nn, dtype=bool)
+                for a, b in on:
+                    stretched[a] = stretched[b] = True
+                dur[stretched] = np.maximum(dur[stretched], dur[stretched] / factor)
+            factor = 0.0 if f.kind == "H3" else f.factor if f.kind == "S2" else f.link_factor
+            for a, b in on:
+                sl_ = special.setdefault("send_lead", np.zeros(nn, np.int64))
+                rl_ = special.setdefault("recv_lead", np.zeros(nn, np.int64))
+                rl_[a] = IN_FLIGHT  # data came in but cannot leave
+                sl_[b] = IN_FLIGHT  # it sends on, but receives behind
+                special.setdefault("peak_lead", np.zeros(nn, np.int64))[a] = source_peak(_slots(nominal_s), factor)
+        return hang
 
     @staticmethod
     def _reorder(src_order: I64, dst_order: I64, values: F64) -> F64:

@@ -18,7 +18,9 @@ A link fault (H3, S2, S3) sits on one directed link ``rank -> peer`` of one comm
 ``comm``: ``tp`` (the default: ``peer`` the next rank of the tensor-parallel ring, NVLink inside a
 node), ``dp`` (the next rank of the data-parallel ring, ``rank + tp*pp`` wrapping: a network link
 when it crosses nodes) or ``pp`` (the pipeline send/recv pair to the adjacent stage, ``rank + tp``
-forward or ``rank - tp`` backward; default forward, backward on the last stage). Or, H3 and S2
+forward or ``rank - tp`` backward; default forward, backward on the last stage) or ``ep`` (an
+expert group's all_to_all: ``peer`` any other member of the group, default the next one; the
+layout's ``ep`` splits the data-parallel replicas into expert groups, ``Layout``). Or, H3 and S2
 only, on a whole host's network interface: ``{"kind": "S2", "nic": 3}`` (or ``"node-0003"``) and
 no rank or peer slows (stops) every network link leaving node 3 (its ring successors and pipeline
 partners on other nodes: ``Fault.links``). Links other than ``tp`` need the Megatron-style
@@ -49,7 +51,7 @@ SLOW_KINDS = kinds_of(Family.SLOW)
 BENIGN_KINDS = ("transient", "checkpoint", "restart", "recreate")
 RECREATE_FAMILIES = ("tp", "dp", "pp")
 MISMATCH_FIELDS = ("op", "dtype", "count", "order")
-LINK_COMMS = ("tp", "dp", "pp")  # communicator families a link fault may sit on
+LINK_COMMS = ("tp", "dp", "pp", "ep")  # communicator families a link fault may sit on
 #: NCCL runs up to 32 channels per communicator on current GPUs (more on newer versions); the
 #: probe folds channel c onto frame slot c % 8, and so does the simulator.
 MAX_HW_CHANNELS = 64
@@ -74,11 +76,16 @@ _TOP_KEYS = frozenset(
 
 @dataclass(frozen=True)
 class Layout:
-    """3-D parallel layout: tensor (fastest, inside a node), pipeline, data parallel."""
+    """3-D parallel layout: tensor (fastest, inside a node), pipeline, data parallel; ``ep`` experts.
+
+    Expert parallelism splits the data-parallel dimension as Megatron does: ``ep`` consecutive
+    data-parallel replicas of one (stage, tensor index) form an expert group, whose MoE layers
+    exchange tokens with all_to_all (``ep`` divides ``dp``; 1: a dense model)."""
 
     tp: int
     pp: int
     dp: int
+    ep: int = 1
 
     @property
     def size(self) -> int:
@@ -186,8 +193,19 @@ class Scenario:
         if comm == "dp":
             stride = lay.tp * lay.pp
             return ((rank + stride) % self.ranks,) if lay.dp > 1 else ()
+        if comm == "ep":  # every other member of its expert group, the next one first
+            return tuple(q for q in self.ep_members(rank) if q != rank) if lay.ep > 1 else ()
         stage = (rank // lay.tp) % lay.pp  # pp: forward to the next stage, backward to the previous
         return tuple(p for p, ok in ((rank + lay.tp, stage < lay.pp - 1), (rank - lay.tp, stage > 0)) if ok)
+
+    def ep_members(self, rank: int) -> tuple[int, ...]:
+        """The expert group of ``rank``, starting at the member after it (wrapping)."""
+        lay = self.layout
+        stride = lay.tp * lay.pp
+        dp_i, base = rank // stride, rank % stride
+        first = dp_i - dp_i % lay.ep
+        order = [first + (dp_i - first + j) % lay.ep for j in range(1, lay.ep + 1)]
+        return tuple(base + d * stride for d in order)
 
     def nic_links(self, node: int) -> tuple[tuple[str, int, int], ...]:
         """Every network link leaving ``node``: (family, src, dst) with src on it and dst on another node."""
@@ -227,6 +245,12 @@ class Scenario:
             workload=None if d.get("workload") is None else Workload.from_dict(d["workload"], sid),
             raw=dict(d),
         )
+        if layout.ep > 1 and sc.workload is None:
+            raise ScenarioError(f"scenario {sid}: expert parallelism (layout ep={layout.ep}) needs the Megatron-style "
+                                "workload (a 'workload' object)")
+        if layout.ep > 1 and sc.workload is not None and sc.workload.moe_every > sc.workload.layers:
+            raise ScenarioError(f"scenario {sid}: workload moe_every = {sc.workload.moe_every} > layers = "
+                                f"{sc.workload.layers}: no layer would be a mixture of experts")
         faults = d.get("faults", [])
         expect = d.get("expect", [])
         if not isinstance(faults, list) or not isinstance(expect, list):
@@ -278,16 +302,19 @@ def _layout(raw: Any, ranks: int, gpn: int, sid: str) -> Layout:
     if raw is None:
         tp = min(gpn, ranks)
         raw = {"tp": tp, "pp": 1, "dp": ranks // tp}
-    if not isinstance(raw, Mapping) or set(raw) - {"tp", "pp", "dp"}:
-        raise ScenarioError(f"scenario {sid}: 'layout' must be an object with keys tp, pp, dp")
+    if not isinstance(raw, Mapping) or set(raw) - {"tp", "pp", "dp", "ep"}:
+        raise ScenarioError(f"scenario {sid}: 'layout' must be an object with keys tp, pp, dp (and ep)")
     tp = _int(raw, "tp", 1, sid, lo=1)
     pp = _int(raw, "pp", 1, sid, lo=1)
     dp = _int(raw, "dp", max(ranks // (tp * pp), 1), sid, lo=1)
-    layout = Layout(tp, pp, dp)
+    ep = _int(raw, "ep", 1, sid, lo=1)
+    layout = Layout(tp, pp, dp, ep)
     if layout.size != ranks:
         raise ScenarioError(f"scenario {sid}: layout tp*pp*dp = {tp}*{pp}*{dp} = {layout.size} != ranks {ranks}")
     if tp > gpn or gpn % tp:
         raise ScenarioError(f"scenario {sid}: tensor-parallel groups ({tp}) must fit a node of {gpn} GPUs")
+    if dp % ep:
+        raise ScenarioError(f"scenario {sid}: expert groups (ep={ep}) must divide the data-parallel size {dp}")
     return layout
 
 
@@ -370,15 +397,18 @@ def _link_target(raw: Mapping[str, Any], vals: Mapping[str, Any], sc: Scenario, 
     peers = sc.link_peers(comm, rank)
     peer = (peers[0] if peers else -1) if vals["peer"] is None else _int(vals, "peer", None, sc.id, lo=0)
     if peer not in peers:
-        size = {"tp": sc.layout.tp, "dp": sc.layout.dp, "pp": sc.layout.pp}[comm]
+        size = {"tp": sc.layout.tp, "dp": sc.layout.dp, "pp": sc.layout.pp, "ep": sc.layout.ep}[comm]
         if comm == "tp":
             rule = "the next rank of the same tensor-parallel group"
         elif comm == "dp":
             rule = "the next rank of the same data-parallel ring (rank + tp*pp, wrapping)"
+        elif comm == "ep":
+            rule = "another member of the same expert group (ep consecutive data-parallel replicas)"
         else:
             rule = "the rank of the adjacent pipeline stage (rank + tp forward, rank - tp backward)"
         raise ScenarioError(
-            f"{where}: link {rank}->{peer} does not exist; a {comm} link fault needs peer = {rule} "
+            f"{where}: link {rank}->{peer} does not exist; {'an' if comm == 'ep' else 'a'} {comm} link fault "
+            f"needs peer = {rule} "
             f"({comm}={size}{', no links' if not peers else ', so peer ' + ' or '.join(map(str, peers))})"
         )
     return {"rank": rank, "peer": peer, "comm": comm, "links": ((comm, rank, peer),)}

@@ -4,9 +4,10 @@ Rank order is tensor-parallel fastest, then pipeline stage, then data-parallel r
 ``rank = (dp_i * pp + pp_i) * tp + tp_i``. Tensor groups are consecutive ranks inside one node
 (``rank // tp``) and their rings run in increasing rank order; data-parallel groups join the
 ranks of one (stage, tensor index); pipeline traffic uses one two-rank communicator per pair of
-adjacent stages (the way PyTorch creates a communicator per send/recv pair); ``world`` is used
-for barriers. Communicator hashes are derived only from a family tag and the group's ranks, so
-they are the same on every rank and in every run.
+adjacent stages (the way PyTorch creates a communicator per send/recv pair); expert groups
+(layout ``ep`` > 1) join ``ep`` consecutive data-parallel replicas of one (stage, tensor index) for
+the MoE layers' all_to_all; ``world`` is used for barriers. Communicator hashes are derived only
+from a family tag and the group's ranks, so they are the same on every rank and in every run.
 """
 
 from __future__ import annotations
@@ -57,6 +58,8 @@ class Topology:
     ppr_comm: I64  # rank -> pair comm where it receives from the previous stage (-1 on stage 0)
     ppr_lhost: I64
     world_comm: int
+    ep_comm: I64 | None = None  # rank -> expert group comm id (None: a dense model, ep == 1)
+    ep_crank: I64 | None = None
 
     @property
     def n_comms(self) -> int:
@@ -110,11 +113,20 @@ class Topology:
                 cid = add("pp", np.array([src, dst], dtype=np.int64))
                 pps_comm[src] = ppr_comm[dst] = cid
                 ppr_lhost[dst] = 0 if host_of[src] == host_of[dst] else 1
+        ep_comm = ep_crank = None
+        ep = sc.layout.ep
+        if ep > 1:
+            ep_comm, ep_crank = neg.copy(), dp_i % ep
+            for p in range(pp):
+                for t in range(tp):
+                    for g in range(dp // ep):
+                        members = r[(pp_i == p) & (tp_i == t) & (dp_i // ep == g)]
+                        ep_comm[members] = add("ep", members)
         world = add("world", r)
         return cls(
             n=n, tp=tp, pp=pp, dp=dp, host_of=host_of, hosts=hosts, comm_hash=tuple(hashes),
             comm_size=tuple(sizes), comm_hosts=tuple(chosts), comm_family=tuple(fams),
             tp_comm=tp_comm, tp_crank=tp_crank, dp_comm=dp_comm, dp_crank=dp_crank, dp_lhost=dp_lhost,
             pps_comm=pps_comm, pps_lhost=pps_lhost, ppr_comm=ppr_comm, ppr_lhost=ppr_lhost,
-            world_comm=world,
+            world_comm=world, ep_comm=ep_comm, ep_crank=ep_crank,
         )

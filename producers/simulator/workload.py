@@ -15,7 +15,12 @@ second per rank come out of the model rather than out of a constant:
 - data-parallel gradient reduce-scatter in ``dp_buckets`` buckets, issued during the backward
   pass of the last micro-batch and overlapping it, then the parameter all-gather (distributed
   optimizer) of the same buckets at the end of the step;
-- ``12 x hidden^2`` parameters per layer, sharded over the tensor-parallel group.
+- ``12 x hidden^2`` parameters per layer, sharded over the tensor-parallel group;
+- with expert parallelism (layout ``ep`` > 1), every ``moe_every``-th layer's MLP is a mixture of
+  experts: after the attention's tensor-parallel op the tokens of the micro-batch are dispatched to
+  their ``topk`` experts with an all_to_all over the expert group, the experts compute, and a second
+  all_to_all combines them (forward and backward); each rank's routed count differs from op to op
+  (what the router sent it), so the all_to_all's count is every rank's own.
 """
 
 from __future__ import annotations
@@ -47,6 +52,8 @@ class Workload:
     eval_steps: int = 2  # steps per evaluation phase
     pause_rate: float = 0.0  # chance per rank and step of a pause before its step (GC, data loader)
     pause_ms: float = 100.0  # how long such a pause lasts at most
+    moe_every: int = 1  # with layout ep > 1: every moe_every-th layer of a stage is a mixture of experts
+    topk: int = 2  # experts each token is routed to
 
     @classmethod
     def from_dict(cls, d: Any, sid: str) -> Workload:
@@ -63,7 +70,7 @@ class Workload:
             "microbatches": (1, 64), "layers": (1, 32), "layer_ms": (0.05, 1000.0), "hidden": (256, 65536),
             "seq_len": (64, 1 << 20), "dp_buckets": (1, 64), "nvlink_gbps": (1.0, 10000.0),
             "net_gbps": (0.1, 10000.0), "eval_every": (0, 100000), "eval_steps": (1, 1000),
-            "pause_rate": (0.0, 1.0), "pause_ms": (0.0, 60000.0),
+            "pause_rate": (0.0, 1.0), "pause_ms": (0.0, 60000.0), "moe_every": (1, 32), "topk": (1, 16),
         }
         out: dict[str, Any] = {}
         for name, f in known.items():
@@ -110,6 +117,12 @@ class Workload:
     def dp_op_s(self, tp: int, dp: int) -> float:
         """One bucket's reduce-scatter (or all-gather) over the data-parallel ring (network)."""
         return LATENCY_S + (dp - 1) / dp * self.grad_bytes(tp) / self.dp_buckets / (self.net_gbps * 1e9)
+
+    def a2a_op_s(self, ep: int, same_node: bool) -> float:
+        """One MoE dispatch (or combine) all_to_all: a micro-batch's tokens to their ``topk``
+        experts, of which ``(ep - 1) / ep`` leave the rank (NVLink or the network)."""
+        gbps = self.nvlink_gbps if same_node else self.net_gbps
+        return LATENCY_S + self.topk * (ep - 1) / ep * self.act_bytes / (gbps * 1e9)
 
     @property
     def fwd_s(self) -> float:

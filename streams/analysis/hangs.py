@@ -4,7 +4,8 @@
 while) and says what kind of stall it is: ranks missing (H1 candidates, or victims waiting
 elsewhere: the wait-for step decides), signatures that differ at one op sequence (H2), or
 everyone inside a consistent op with frozen counters (H3, with the link where the send/recv
-counter chain breaks). All comparisons across ranks use op sequences, signatures and counter
+counter chain breaks), or two members left inside an all_to_all the others finished (H3: the
+link between them). All comparisons across ranks use op sequences, signatures and counter
 values, never timestamps of different hosts. Cost is linear in the communicator size.
 """
 
@@ -23,6 +24,10 @@ I64 = npt.NDArray[np.int64]
 
 RING_OPS = frozenset({int(OpType.ALL_REDUCE), int(OpType.ALL_GATHER), int(OpType.REDUCE_SCATTER)})
 SEND, RECV = int(OpType.SEND), int(OpType.RECV)
+ALL_TO_ALL = int(OpType.ALL_TO_ALL)
+#: two members left inside an all_to_all are a dead link only once they reported frozen counters this
+#: long on their own clocks (a state sample after the freeze): until then they may just be leaving late
+LEFT_FROZEN_NS = 1_000_000_000
 
 
 @dataclass(frozen=True)
@@ -42,6 +47,9 @@ class CommDiag:
     wait_own_s: float = 0.0  # longest time a waiting rank has been inside, on its own clock
     frozen_own_s: float = 0.0  # shortest time the inside ranks' counters have not moved (own clocks)
     note: str = ""
+    #: the diagnosis may change with the next state samples alone (two ranks left inside an all_to_all
+    #: that have not reported frozen counters long enough yet): the worker diagnoses it again each tick
+    provisional: bool = False
 
     @property
     def op_name(self) -> str:
@@ -85,13 +93,58 @@ def diagnose(
         missing = _infer_ranks(granks)[seq < k]
     op_k = int(ops[at_k][0])
     if missing.size:
-        return CommDiag(cid, k, op_k, AnomalyKind.H1, waiting, missing, wait_own_s=wait_own, frozen_own_s=frozen_own)
+        left = _left_in_all_to_all(js, cid, sl, inside, k, wait_own, frozen_own)
+        if left is not None and left.kind == AnomalyKind.H3:
+            return left
+        return CommDiag(cid, k, op_k, AnomalyKind.H1, waiting, missing, wait_own_s=wait_own, frozen_own_s=frozen_own,
+                        provisional=left is not None)
     sigs = sig_code(ops, js.m_dtype[sl], js.m_count[sl], js.m_peer[sl])
     u, inv, cnt = np.unique(sigs, return_inverse=True, return_counts=True)
     if u.size > 1:
         exp = expected(k) if expected is not None else None
         return _mismatch(js, cid, sl, k, u, inv, cnt, known_sigs, exp, waiting, wait_own, frozen_own)
     return _frozen_ring(js, cid, sl, k, op_k, waiting, wait_own, frozen_own)
+
+
+def _left_in_all_to_all(
+    js: JobState, cid: int, sl: slice, inside: npt.NDArray[np.bool_], k: int, wait_own: float, frozen_own: float
+) -> CommDiag | None:
+    """H3: two members are still inside an all_to_all that every other member finished (the others
+    went on and wait for them in the communicator's next op), their counters frozen.
+
+    An all_to_all is pairwise exchanges: a member leaves once its own exchanges are done, so a dead
+    link holds exactly its two ends inside while everyone else leaves (a ring collective holds the
+    whole ring; a rank that stopped holds every member it exchanges with). The sender behind the
+    dead link has taken in data it cannot pass on (RecvCount ahead of SendCount), the receiver's
+    RecvCount is behind: the larger backlog is the link's source. None when the stall is not that."""
+    seq, granks = js.m_seq[sl], js.m_grank[sl]
+    behind = inside & (seq < k)
+    if int(behind.sum()) != 2 or bool(((seq < k) & ~behind).any()):
+        return None  # anyone else missing has not entered at all: H1
+    at = seq[behind]
+    ops = js.m_op[sl][behind]
+    if int(at[0]) != int(at[1]) or int(ops[0]) != ALL_TO_ALL:
+        return None
+    frozen = (js.m_t_sample[sl] - js.m_t_change[sl])[behind]
+    if int(frozen.min()) < LEFT_FROZEN_NS:
+        # not reported frozen long enough yet (a rank may just be late leaving; stopped ones never will):
+        # H1 for now, a provisional diagnosis that the next samples may turn into this H3
+        return CommDiag(cid, int(at[0]), ALL_TO_ALL, AnomalyKind.H1, js.m_grank[sl][inside], granks[behind],
+                        provisional=True)
+    ends = np.flatnonzero(behind)
+    back = (js.m_recv[sl] - js.m_send[sl])[ends].sum(axis=1)
+    src, dst = (ends[0], ends[1]) if back[0] >= back[1] else (ends[1], ends[0])
+    link = (int(granks[src]), int(granks[dst]))
+    n_done = int(granks.shape[0]) - 2
+    note = (
+        f"ranks {link[0]} and {link[1]} are left inside all_to_all #{int(at[0])}, which the other {n_done} "
+        f"members finished (they wait in #{k}); rank {link[0]} RecvCount runs {int(max(back.max(), 0))} slots "
+        f"ahead of its SendCount: the link {link[0]} -> {link[1]} stopped"
+    )
+    return CommDiag(
+        cid, int(at[0]), ALL_TO_ALL, AnomalyKind.H3, js.m_grank[sl][inside], np.zeros(0, dtype=np.int64),
+        np.asarray(link, dtype=np.int64), link=link, wait_own_s=wait_own, frozen_own_s=frozen_own, note=note,
+    )
 
 
 def _infer_ranks(granks: I64) -> I64:

@@ -30,7 +30,7 @@ class _JobView:
     seen: dict[int, float] = field(default_factory=dict)  # by shard: the job time of its newest report
     last_now: float = 0.0
     data_seen: float = -1.0  # the newest record of the job any shard took in (analyzer time)
-    roots_sig: tuple[tuple[str, float], ...] = ()
+    roots_sig: tuple[tuple[str, float, str, int], ...] = ()
     roots: list[tuple[HangRoot, Stall]] = field(default_factory=list)
     victims: set[int] = field(default_factory=set)  # ranks waiting on a hang root at the last evaluation
     freed: dict[int, float] = field(default_factory=dict)  # rank -> job time it stopped waiting on a root
@@ -119,8 +119,10 @@ class JobStage:
             v.roots_sig, v.roots = (), []
             self._track_victims(v, mark)
             return []
-        sig = tuple((st.comm, st.onset) for st in stalls)
-        if sig != v.roots_sig:  # the roots change only when a communicator stalls or moves again
+        # the roots change only when a communicator stalls or moves again, or its diagnosis changes (a
+        # provisional one: two ranks left in an all_to_all become an H3 once they reported frozen counters)
+        sig = tuple((st.comm, st.onset, st.diag.kind.value, st.diag.seq) for st in stalls)
+        if sig != v.roots_sig:
             v.roots_sig = sig
             diags: dict[int, CommDiag] = {i: st.diag for i, st in enumerate(stalls)}
             roots = resolve(diags, {i: st.stall_s for i, st in enumerate(stalls)})

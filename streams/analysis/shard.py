@@ -274,7 +274,7 @@ def shard_report(ja: JobAnalysis, watch: Watch, now: float, stats: dict[str, Any
             if waited < max(s.cut_min_s, 2.0 * float(js.c_maxop_s[cid])):
                 continue
         cached = ja.diag_cache.get(cid)
-        if cached is None or cached[0] != mark:
+        if cached is None or cached[0] != mark or (cached[1] is not None and cached[1].provisional):
             d = diagnose(js, cid, ja.known_sigs(cid), ja.expected_sig(cid))
             ja.diag_cache[cid] = (mark, d)
         else:

@@ -43,6 +43,7 @@ HIGH_Q = 0.9
 
 RING_OPS = frozenset({int(OpType.ALL_REDUCE), int(OpType.ALL_GATHER), int(OpType.REDUCE_SCATTER)})
 P2P_OPS = frozenset({int(OpType.SEND), int(OpType.RECV)})
+ALL_TO_ALL = int(OpType.ALL_TO_ALL)
 _P2P = np.array(sorted(P2P_OPS), dtype=np.int64)
 #: ops whose members do different work before them, so a late arriver is judged against its own healthy
 #: compute, never against its peers': a send/recv pair's two stages, an all_to_all's experts (each
@@ -712,6 +713,13 @@ class SlowDetector:
                 where = (culprit, int(js.m_grank[sl.start + (crank + 1) % size]))
             elif op_type in P2P_OPS and size == 2:
                 where = (culprit, int(js.m_grank[sl.start + 1 - crank]))
+            elif op_type == ALL_TO_ALL:
+                # the culprit exchanges with every member: the link's other end is the member whose
+                # in-flight samples received behind what it sent (the only other member of a pair)
+                short = js.m_deficit[sl].copy()
+                short[crank] = 0.0
+                if size == 2 or short.max() > 0:
+                    where = (culprit, int(js.m_grank[sl.start + (1 - crank if size == 2 else int(np.argmax(short)))]))
             lag = js.m_lagch[sl.start + crank]
             if lag.max() > 0:
                 channel = int(np.argmax(lag))

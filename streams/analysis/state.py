@@ -113,6 +113,9 @@ class JobState:
         "m_t_change": (np.int64, -1),
         "m_seen_now": (np.float64, -1.0),
         "m_last_done": (np.int64, -1),
+        # what in-flight samples saw the member receive behind what it sent (SendCount - RecvCount, summed
+        # over channels and samples): the receiving end of a slow link (an all_to_all's, see SlowDetector)
+        "m_deficit": (np.float64, 0.0),
     }
     COMM_FIELDS: dict[str, tuple[type, float | int | bool]] = {
         "c_off": (np.int64, 0),

@@ -131,9 +131,10 @@ def healthy_steps(probe: Probe, comm: Comm, steps: int, step_s: float = 2.0, dur
                   t0: float = 0.0, late: dict[int, float] | None = None,
                   slow: float = 1.0, lag_rank: int | None = None, from_step: int = 0,
                   jitter: Sequence[float] = (0.0, 0.013, 0.007, 0.021, 0.004, 0.017, 0.011, 0.002),
-                  ) -> list[tuple[float, KernelRecord]]:
+                  **kw: object) -> list[tuple[float, KernelRecord]]:
     """``steps`` ring ops, one per step; from ``from_step`` on, ``late`` ranks arrive that much later
-    and the op takes ``slow`` x longer (with the backlog at ``lag_rank``)."""
+    and the op takes ``slow`` x longer (with the backlog at ``lag_rank``); ``kw`` goes to every record
+    (another ``op_type``, say)."""
     out: list[tuple[float, KernelRecord]] = []
     for k in range(steps):
         base = t0 + k * step_s + 1.0
@@ -146,5 +147,5 @@ def healthy_steps(probe: Probe, comm: Comm, steps: int, step_s: float = 2.0, dur
             enters.append(e)
         d = dur * (slow if faulty else 1.0)
         sample = max(enters) + d / 2 if faulty and lag_rank is not None else None
-        out += probe.ring_op(comm, enters, d, lag_rank=lag_rank if faulty else None, sample_at=sample)
+        out += probe.ring_op(comm, enters, d, lag_rank=lag_rank if faulty else None, sample_at=sample, **kw)
     return out

@@ -55,7 +55,9 @@ def test_a_nic_is_every_network_link_leaving_its_node() -> None:
         ({"kind": "S2", "comm": "dp", "rank": 5, "peer": 6}, {}, "a dp link fault needs peer = the next rank of "
          "the same data-parallel ring (rank + tp*pp, wrapping) (dp=2, so peer 13)"),
         ({"kind": "S2", "comm": "pp", "rank": 1, "peer": 9}, {}, "link 1->9 does not exist; a pp link fault"),
-        ({"kind": "S2", "comm": "ep", "rank": 1}, {}, "comm must be one of ('tp', 'dp', 'pp')"),
+        ({"kind": "S2", "comm": "xp", "rank": 1}, {}, "comm must be one of ('tp', 'dp', 'pp', 'ep')"),
+        ({"kind": "S2", "comm": "ep", "rank": 1}, {}, "an ep link fault needs peer = another member of the same "
+         "expert group (ep consecutive data-parallel replicas) (ep=1, no links)"),
         ({"kind": "S2", "comm": "dp", "rank": 1}, {"workload": None}, "needs the Megatron-style workload"),
         ({"kind": "S2", "nic": 1, "rank": 4}, {}, "a NIC fault names its node only ('nic'), not ['rank']"),
         ({"kind": "S2", "nic": 4}, {}, "nic must be a node index 0..3 or 'node-NNNN', got 4"),
