@@ -284,13 +284,16 @@ class Maker:
             return
         raise RuntimeError(f"no {target} network link for {kind} at {ranks} ranks")
 
-    def expert(self, kind: str, ranks: int) -> None:
+    def expert(self, kind: str, ranks: int, nic: bool = False) -> None:
         """A mixture-of-experts job (expert groups of 2 to 8 data-parallel replicas, all_to_all
-        dispatch and combine) with ``kind`` on a rank (S1, H1) or on an expert group's link (S2, S3,
-        H3), or healthy (``kind`` "healthy")."""
+        dispatch and combine) with ``kind`` on a rank (S1, H1), on an expert group's link (S2, S3,
+        H3) or, ``nic``, on a node's network interface (S2, H3; 4 or 8 GPUs per node), or healthy
+        (``kind`` "healthy")."""
         r = self.rng
         for _ in range(50):
-            sc = self.base(f"ep-{kind}", ranks)
+            sc = self.base(f"ep-{kind}{'-nic' if nic else ''}", ranks)
+            if nic:
+                sc["gpus_per_node"] = r.choice([g for g in (4, 8) if g % sc["layout"]["tp"] == 0])
             dp = sc["layout"]["dp"]
             eps = [e for e in (2, 4, 8) if dp % e == 0]
             if not eps:
@@ -305,14 +308,27 @@ class Maker:
                 return
             on = self.onset(sc)
             rank = self.rank(sc)
-            f = self.fault(sc, kind, rank, on)
-            if kind in LINK_KINDS:
+            if nic:  # every network link of one node: its expert-group pairs (and rings, pipeline pairs) off it
+                nodes = [n for n in range(shape.nodes) if any(fam == "ep" for fam, _, _ in shape.nic_links(n))]
+                if not nodes:
+                    continue
+                node = r.choice(nodes)
+                f = {k: v for k, v in self.fault(sc, kind, 0, on).items() if k not in ("rank", "peer")}
+                f["nic"] = node
+                rank = min(src for _, src, _ in shape.nic_links(node))
+            else:
+                f = self.fault(sc, kind, rank, on)
+            if kind in LINK_KINDS and not nic:
                 f["comm"], f["peer"] = "ep", r.choice(shape.link_peers("ep", rank))
             sc["faults"] = [f]
             sc["expect"] = [{"kind": kind, "rank": rank}]
             sc["duration_s"] = on + (self.p.hang_tail_s if kind.startswith("H") else self.p.slow_tail_s)
-            if kind == "H3" and not stopped_links(Scenario.from_dict(sc)):
-                continue
+            if kind == "H3":
+                stopped = stopped_links(Scenario.from_dict(sc))
+                if not stopped:
+                    continue
+                if nic:  # a dead NIC stops the first op of each communicator through it: their sources
+                    sc["expect"][0]["rank"] = min(src for _, src, _ in stopped)
             self.add(sc)
             return
         raise RuntimeError(f"no expert-parallel layout for {kind} at {ranks} ranks")
@@ -540,7 +556,8 @@ EXPERT = ("S1", "H1", "S2", "S3", "H3", "healthy")
 
 def build_expert(seed: int, check: bool, profile: Profile, per: int,
                  large: tuple[tuple[str, int], ...]) -> list[dict[str, Any]]:
-    """Mixture-of-experts jobs (``EXPERT``), ``per`` of each kind at 16 to 256 ranks and the ``large`` ones."""
+    """Mixture-of-experts jobs (``EXPERT``), ``per`` of each kind at 16 to 256 ranks and the ``large`` ones,
+    then ``per // 2`` each of S2 and H3 on a node's network interface."""
     m = Maker(seed, check, profile)
     sizes, weights = [16, 32, 64, 128, 256], [22, 24, 18, 12, 8]
     for _ in range(per):
@@ -548,6 +565,9 @@ def build_expert(seed: int, check: bool, profile: Profile, per: int,
             m.expert(kind, m.rng.choices(sizes, weights)[0])
     for kind, ranks in large:
         m.expert(kind, ranks)
+    for _ in range(max(1, per // 2)):  # drawn last: the scenarios above stay as they were
+        for kind in ("S2", "H3"):
+            m.expert(kind, m.rng.choices(sizes, weights)[0], nic=True)
     return m.out
 
 
@@ -558,7 +578,7 @@ def build_std_expert(seed: int = 20261204, check: bool = True) -> list[dict[str,
 
 def build_wide_expert(seed: int = 77041, check: bool = True) -> list[dict[str, Any]]:
     """Held out: the expert-parallel family from ``WIDE`` ranges, drawn once its rules were final."""
-    return build_expert(seed, check, WIDE, 5, (("S1", 1024), ("H3", 2048), ("S2", 2048)))
+    return build_expert(seed, check, WIDE, 5, (("S1", 1024), ("S2", 2048), ("H3", 4096)))
 
 
 def build_std_network(seed: int = 20261131, check: bool = True) -> list[dict[str, Any]]:

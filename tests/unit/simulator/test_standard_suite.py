@@ -98,3 +98,22 @@ def test_standard_suite_has_the_network_link_family() -> None:
             assert all(s.node_of(a) != s.node_of(b) for _, a, b in f.links), s.id
     assert max(s.ranks for s in net) == 4096 and min(s.ranks for s in net) == 8
     assert sum(1 for s in net if not s.faults) >= 3
+
+
+def test_standard_suite_has_the_expert_parallel_family() -> None:
+    scs = load_scenarios(SUITE)
+    ep = [s for s in scs if s.id.startswith("ep-")]
+    assert [s.to_dict() for s in ep] == [s.to_dict() for s in load_scenarios(SUITES / "expert.jsonl")]
+    assert all(s.layout.ep > 1 and s.layout.dp % s.layout.ep == 0 for s in ep)
+    assert {s.layout.ep for s in ep} == {2, 4, 8}
+    faults = [f for s in ep for f in s.faults]
+    kinds = Counter((f.kind, f.comm) for f in faults)
+    for target in (("S1", ""), ("H1", ""), ("S2", "ep"), ("S3", "ep"), ("H3", "ep")):
+        assert kinds[target] >= 5, target
+    for s in ep:  # every expert link joins two members of one expert group; a NIC's include such links
+        for f in s.faults:
+            assert all(b in s.ep_members(a) for fam, a, b in f.links if fam == "ep"), s.id
+            assert f.nic < 0 or any(fam == "ep" for fam, _, _ in f.links), s.id
+    assert sum(1 for f in faults if f.nic >= 0 and f.kind == "S2") >= 2
+    assert sum(1 for f in faults if f.nic >= 0 and f.kind == "H3") >= 2
+    assert max(s.ranks for s in ep) >= 2048 and sum(1 for s in ep if not s.faults) >= 5
