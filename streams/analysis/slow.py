@@ -571,7 +571,8 @@ class SlowDetector:
                     lg = _median([float(self.w_lgap[bi, j]) for j in idx])
                     og = _median([float(self.w_ogap[bi, j]) for j in idx])
                     ok = ok and bool(_computed_clearly_longer(lg - og, og, s))
-                if late_share >= s.culprit_share and ok:  # (nan, no baseline of its own yet: not ok)
+                need_share = s.all_to_all_culprit_share if op_type == ALL_TO_ALL else s.culprit_share
+                if late_share >= need_share and ok:  # (nan, no baseline of its own yet: not ok)
                     # repeated counting is about the rank named: a window kept alarmed by other late
                     # arrivers (GC pauses rotating over the ranks, a victim of another stage) confirms
                     # nothing about the rank that leads it now; it must lead for culprit_confirm_s
