@@ -172,6 +172,7 @@ class JobState:
     m_t_change: I64
     m_seen_now: F64
     m_last_done: I64
+    m_deficit: F64
     c_off: I64
     c_size: I64
     c_progress_now: F64

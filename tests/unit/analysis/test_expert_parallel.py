@@ -123,4 +123,5 @@ def test_experts_taking_turns_last_are_not_named_while_a_link_slows_the_job() ->
         "faults": [{"kind": "S2", "rank": 71, "onset_s": 24.1, "peer": 103, "factor": 0.182, "comm": "ep"}],
     })
     vs = list({v.incident_id: v for v in analyze_batches(simulate(sc), tick_s=1.0)}.values())
-    assert [(v.kind, v.link) for v in vs] == [(AnomalyKind.S2, Link(71, 103))], [(v.kind, v.root_cause_ranks) for v in vs]
+    got = [(v.kind, v.link) for v in vs]
+    assert got == [(AnomalyKind.S2, Link(71, 103))], [(v.kind, v.root_cause_ranks) for v in vs]
