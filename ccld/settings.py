@@ -74,8 +74,8 @@ class AnalyzerSettings:
     baseline_warmup_s: float = 10.0  # ... and a communicator's first seconds (pipeline fill) are never judged
     baseline_ops: int = 32  # recent healthy ops per signature whose medians are its baseline (follows the phase)
     culprit_share: float = 0.6  # the late arriver / backlog rank must be the same in this share of slow ops
-    # ... of an all_to_all's slow ops: healthy experts take turns being last (what the router sent each),
-    # a straggling one is last every time; in a group of two, 2 of 3 is a coin's luck
+    # ... of an all_to_all's window of ops (slow or not): healthy experts take turns being last (what the
+    # router sent each), a straggling one is last every time; in a group of two, 2 of 3 is a coin's luck
     all_to_all_culprit_share: float = 0.8
     culprit_gap_share: float = 0.5  # late arriver computed >= this share of its lateness longer than peers, else victim
     culprit_gap_ratio: float = 0.15  # ... and >= this fraction of its peers' own compute gap (else it is jitter)

@@ -571,7 +571,13 @@ class SlowDetector:
                     lg = _median([float(self.w_lgap[bi, j]) for j in idx])
                     og = _median([float(self.w_ogap[bi, j]) for j in idx])
                     ok = ok and bool(_computed_clearly_longer(lg - og, og, s))
-                need_share = s.all_to_all_culprit_share if op_type == ALL_TO_ALL else s.culprit_share
+                need_share = s.culprit_share
+                if op_type == ALL_TO_ALL:
+                    # of the window's ops, not only its slow ones: a straggling expert is last at every op
+                    # of its (dispatch or combine) window, a loaded one at some, while other slowness (a
+                    # slow link, a peer's wait) keeps the window alarmed
+                    need_share = s.all_to_all_culprit_share
+                    late_share = votes.count(cr) / max(n_slow, int((self.w_seq[bi] >= 0).sum()))
                 if late_share >= need_share and ok:  # (nan, no baseline of its own yet: not ok)
                     # repeated counting is about the rank named: a window kept alarmed by other late
                     # arrivers (GC pauses rotating over the ranks, a victim of another stage) confirms
