@@ -245,6 +245,15 @@ class Maker:
             raise RuntimeError(f"{sc['id']}: the fault does not take effect")
         self.add(sc)
 
+    def nic_fault(self, sc: dict[str, Any], shape: Scenario, kind: str, on: float, nodes: list[int]
+                  ) -> tuple[dict[str, Any], int]:
+        """``kind`` on the network interface of one of ``nodes``, and its expected rank: the lowest
+        source of the node's network links."""
+        node = self.rng.choice(nodes)
+        f = {k: v for k, v in self.fault(sc, kind, 0, on).items() if k not in ("rank", "peer")}
+        f["nic"] = node
+        return f, min(src for _, src, _ in shape.nic_links(node))
+
     def network(self, kind: str, target: str, ranks: int) -> None:
         """A link fault on the network: a link of ``target`` (dp ring, pp pair) between two nodes, or
         every network link of one node (``target`` "nic"); 4 or 8 GPUs per node."""
@@ -259,10 +268,7 @@ class Maker:
                 nodes = [n for n in range(shape.nodes) if shape.nic_links(n)]
                 if not nodes or kind == "S3":
                     continue
-                node = r.choice(nodes)
-                f = {k: v for k, v in self.fault(sc, kind, 0, on).items() if k not in ("rank", "peer")}
-                f["nic"] = node
-                rank = min(src for _, src, _ in shape.nic_links(node))
+                f, rank = self.nic_fault(sc, shape, kind, on, nodes)
             else:
                 links = [(a, b) for a in range(ranks) for b in shape.link_peers(target, a)
                          if shape.node_of(a) != shape.node_of(b)]
@@ -312,10 +318,7 @@ class Maker:
                 nodes = [n for n in range(shape.nodes) if any(fam == "ep" for fam, _, _ in shape.nic_links(n))]
                 if not nodes:
                     continue
-                node = r.choice(nodes)
-                f = {k: v for k, v in self.fault(sc, kind, 0, on).items() if k not in ("rank", "peer")}
-                f["nic"] = node
-                rank = min(src for _, src, _ in shape.nic_links(node))
+                f, rank = self.nic_fault(sc, shape, kind, on, nodes)
             else:
                 f = self.fault(sc, kind, rank, on)
             if kind in LINK_KINDS and not nic:

@@ -294,7 +294,7 @@ class Engine(FaultBook):
                     hang_g[g] = True
                     freeze[g * size : (g + 1) * size] = frac
                 elif bool(f.active(np.asarray(start_g[g]))):
-                    dur_g[g] /= f.factor if f.kind == "S2" else f.link_factor
+                    dur_g[g] /= f.bandwidth
                 else:
                     continue
                 # data piles up behind the bad link: everyone but its two ends runs IN_FLIGHT slots ahead
@@ -302,8 +302,7 @@ class Engine(FaultBook):
                 recv_lead[g * size : (g + 1) * size] = IN_FLIGHT
                 send_lead[pos] = 0
                 recv_lead[nxt] = 0
-                factor = 0.0 if f.kind == "H3" else f.factor if f.kind == "S2" else f.link_factor
-                peak_lead[pos] = source_peak(slots, factor)
+                peak_lead[pos] = source_peak(slots, f.bandwidth)
         for f in list(self.pending_h2):
             if self._h2_target(f) != (family, op):
                 continue

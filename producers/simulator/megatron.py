@@ -225,7 +225,7 @@ class MegatronSim(FaultBook):
         self.stopped: list[tuple[str, int, int]] = []  # links an H3 stopped (family, src, dst), for scenario authors
         self.pp_links = any(fam == "pp" for f in self.link_faults for fam, _, _ in f.links)
         self.ep_links = any(fam == "ep" for f in self.link_faults for fam, _, _ in f.links)
-        self._grids: dict[tuple[Any, ...], I64] = {}
+        self._egrids: dict[int, I64] = {}  # stage -> its expert groups (rows)
         self._clean: dict[tuple[Any, ...], bool] = {}
         self._layouts: dict[tuple[Any, ...], _Layout] = {}
         self.sizes = np.diff(np.append(self.c.off, nm))
@@ -373,7 +373,7 @@ class MegatronSim(FaultBook):
             else:
                 on = [pos for pos in on if bool(f.active(np.asarray(start_g[pos // size])))]
                 for pos in on:
-                    dur_g[pos // size] /= f.factor if f.kind == "S2" else f.link_factor
+                    dur_g[pos // size] /= f.bandwidth
             for pos in on:
                 g = pos // size
                 nxt = g * size + (pos % size + 1) % size
@@ -384,8 +384,8 @@ class MegatronSim(FaultBook):
                 rl_[g * size : (g + 1) * size] = IN_FLIGHT
                 sl_[pos] = 0
                 rl_[nxt] = 0
-                factor = 0.0 if f.kind == "H3" else f.factor if f.kind == "S2" else f.link_factor
-                special.setdefault("peak_lead", np.zeros(nn, np.int64))[pos] = source_peak(_slots(nominal_s), factor)
+                peak = special.setdefault("peak_lead", np.zeros(nn, np.int64))
+                peak[pos] = source_peak(_slots(nominal_s), f.bandwidth)
         return hang_g
 
     def _p2p_links(self, src: I64, dst: I64, start: F64, dur: F64, nominal_s: float
@@ -417,10 +417,10 @@ class MegatronSim(FaultBook):
             else:
                 on = [i for i in on if bool(f.active(np.asarray(start[i])))]
                 for i in on:
-                    dur[i] /= f.factor if f.kind == "S2" else f.link_factor
-            factor = 0.0 if f.kind == "H3" else f.factor if f.kind == "S2" else f.link_factor
+                    dur[i] /= f.bandwidth
             for i in on:
-                special.setdefault("peak_lead", np.zeros(2 * m, np.int64))[i] = source_peak(_slots(nominal_s), factor)
+                peak = special.setdefault("peak_lead", np.zeros(2 * m, np.int64))
+                peak[i] = source_peak(_slots(nominal_s), f.bandwidth)
         return special, hang
 
     def _chain(
@@ -933,8 +933,9 @@ class MegatronSim(FaultBook):
         all_to_all over each expert group, the experts' compute, the combine all_to_all."""
         topo, w = self.topo, self.w
         ep = self.sc.layout.ep
-        egrid = self._layouts_grid(("epgrid", p), lambda: grid.reshape(topo.dp // ep, ep, topo.tp)
-                                   .transpose(0, 2, 1).reshape(-1, ep).copy())
+        egrid = self._egrids.get(p)  # rows: expert groups (ep consecutive replicas of one tensor index)
+        if egrid is None:
+            egrid = self._egrids[p] = grid.reshape(topo.dp // ep, ep, topo.tp).transpose(0, 2, 1).reshape(-1, ep).copy()
         order = egrid.ravel()
         same = bool((topo.host_of[egrid] == topo.host_of[egrid[:, :1]]).all())
         a2a_s = w.a2a_op_s(ep, same)
@@ -944,12 +945,6 @@ class MegatronSim(FaultBook):
         e = self._compute(order, e, expert_s * load, step_factor)
         e, _ = self.a2a(egrid, e, a2a_s, count, key=("ep", p), load=load)  # each sends back what it got
         return self._reorder(order, stage, e)
-
-    def _layouts_grid(self, key: tuple[Any, ...], make: Any) -> I64:
-        g = self._grids.get(key)
-        if g is None:
-            g = self._grids[key] = make()
-        return g
 
     def a2a(self, grid: I64, enter: F64, nominal_s: float, count: int, *, key: tuple[Any, ...],
             load: F64 | None = None) -> tuple[F64, F64]:
@@ -1023,18 +1018,16 @@ class MegatronSim(FaultBook):
                     fr[b] = min(fr[b], frac)
             else:
                 on = [(a, b) for a, b in on if bool(f.active(np.asarray(start[a])))]
-                factor = f.factor if f.kind == "S2" else f.link_factor
                 stretched = np.zeros(nn, dtype=bool)
                 for a, b in on:
                     stretched[a] = stretched[b] = True
-                dur[stretched] = np.maximum(dur[stretched], dur[stretched] / factor)
-            factor = 0.0 if f.kind == "H3" else f.factor if f.kind == "S2" else f.link_factor
+                dur[stretched] /= f.bandwidth  # an end on two slow links is as slow as one (a NIC's)
             for a, b in on:
                 sl_ = special.setdefault("send_lead", np.zeros(nn, np.int64))
                 rl_ = special.setdefault("recv_lead", np.zeros(nn, np.int64))
                 rl_[a] = IN_FLIGHT  # data came in but cannot leave
                 sl_[b] = IN_FLIGHT  # it sends on, but receives behind
-                special.setdefault("peak_lead", np.zeros(nn, np.int64))[a] = source_peak(_slots(nominal_s), factor)
+                special.setdefault("peak_lead", np.zeros(nn, np.int64))[a] = source_peak(_slots(nominal_s), f.bandwidth)
         return hang
 
     @staticmethod

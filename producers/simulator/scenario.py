@@ -121,6 +121,12 @@ class Fault:
     def is_benign(self) -> bool:
         return self.kind in BENIGN_KINDS
 
+    @property
+    def bandwidth(self) -> float:
+        """The share of its bandwidth a link fault leaves its links: ``factor`` (S2), ``link_factor``
+        (S3), none (H3)."""
+        return 0.0 if self.kind == "H3" else self.factor if self.kind == "S2" else self.link_factor
+
     def active(self, t: npt.NDArray[np.float64]) -> npt.NDArray[np.bool_]:
         """Whether the fault is in effect at true time ``t`` (any shape; ``inf`` is never)."""
         with np.errstate(invalid="ignore"):

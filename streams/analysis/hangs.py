@@ -12,7 +12,7 @@ values, never timestamps of different hosts. Cost is linear in the communicator 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import numpy.typing as npt
@@ -93,11 +93,8 @@ def diagnose(
         missing = _infer_ranks(granks)[seq < k]
     op_k = int(ops[at_k][0])
     if missing.size:
-        left = _left_in_all_to_all(js, cid, sl, inside, k, wait_own, frozen_own)
-        if left is not None and left.kind == AnomalyKind.H3:
-            return left
-        return CommDiag(cid, k, op_k, AnomalyKind.H1, waiting, missing, wait_own_s=wait_own, frozen_own_s=frozen_own,
-                        provisional=left is not None)
+        h1 = CommDiag(cid, k, op_k, AnomalyKind.H1, waiting, missing, wait_own_s=wait_own, frozen_own_s=frozen_own)
+        return _left_in_all_to_all(js, sl, inside, h1) or h1
     sigs = sig_code(ops, js.m_dtype[sl], js.m_count[sl], js.m_peer[sl])
     u, inv, cnt = np.unique(sigs, return_inverse=True, return_counts=True)
     if u.size > 1:
@@ -106,9 +103,7 @@ def diagnose(
     return _frozen_ring(js, cid, sl, k, op_k, waiting, wait_own, frozen_own)
 
 
-def _left_in_all_to_all(
-    js: JobState, cid: int, sl: slice, inside: npt.NDArray[np.bool_], k: int, wait_own: float, frozen_own: float
-) -> CommDiag | None:
+def _left_in_all_to_all(js: JobState, sl: slice, inside: npt.NDArray[np.bool_], h1: CommDiag) -> CommDiag | None:
     """H3: two members are still inside an all_to_all that every other member finished (the others
     went on and wait for them in the communicator's next op), their counters frozen.
 
@@ -116,7 +111,9 @@ def _left_in_all_to_all(
     link holds exactly its two ends inside while everyone else leaves (a ring collective holds the
     whole ring; a rank that stopped holds every member it exchanges with). The sender behind the
     dead link has taken in data it cannot pass on (RecvCount ahead of SendCount), the receiver's
-    RecvCount is behind: the larger backlog is the link's source. None when the stall is not that."""
+    RecvCount is behind: the larger backlog is the link's source. ``h1`` is the stall read as ranks
+    missing from op ``h1.seq``; None when it is not two left behind."""
+    k = h1.seq
     seq, granks = js.m_seq[sl], js.m_grank[sl]
     behind = inside & (seq < k)
     if int(behind.sum()) != 2 or bool(((seq < k) & ~behind).any()):
@@ -129,8 +126,7 @@ def _left_in_all_to_all(
     if int(frozen.min()) < LEFT_FROZEN_NS:
         # not reported frozen long enough yet (a rank may just be late leaving; stopped ones never will):
         # H1 for now, a provisional diagnosis that the next samples may turn into this H3
-        return CommDiag(cid, int(at[0]), ALL_TO_ALL, AnomalyKind.H1, js.m_grank[sl][inside], granks[behind],
-                        provisional=True)
+        return replace(h1, provisional=True)
     ends = np.flatnonzero(behind)
     back = (js.m_recv[sl] - js.m_send[sl])[ends].sum(axis=1)
     src, dst = (ends[0], ends[1]) if back[0] >= back[1] else (ends[1], ends[0])
@@ -141,10 +137,8 @@ def _left_in_all_to_all(
         f"members finished (they wait in #{k}); rank {link[0]} RecvCount runs {int(max(back.max(), 0))} slots "
         f"ahead of its SendCount: the link {link[0]} -> {link[1]} stopped"
     )
-    return CommDiag(
-        cid, int(at[0]), ALL_TO_ALL, AnomalyKind.H3, js.m_grank[sl][inside], np.zeros(0, dtype=np.int64),
-        np.asarray(link, dtype=np.int64), link=link, wait_own_s=wait_own, frozen_own_s=frozen_own, note=note,
-    )
+    return replace(h1, seq=int(at[0]), op_type=ALL_TO_ALL, kind=AnomalyKind.H3, waiting=granks[inside],
+                   missing=np.zeros(0, dtype=np.int64), culprits=np.asarray(link, dtype=np.int64), link=link, note=note)
 
 
 def _infer_ranks(granks: I64) -> I64:

@@ -150,8 +150,9 @@ class OpTable:
             rows_pos = pos.any(axis=1)
             np.add.at(js.m_lagch, r.gi[pi][rows_pos], np.where(pos[rows_pos], lagc[rows_pos], 0))
         short = lagc.sum(axis=1)
-        if (short < 0).any():  # and where data is missing: the other end of a slow link
-            np.add.at(js.m_deficit, r.gi[pi], np.maximum(-short, 0))
+        neg = short < 0
+        if neg.any():  # and where data is missing: the other end of a slow link
+            np.add.at(js.m_deficit, r.gi[pi][neg], -short[neg])
         # the kernels' own peak backlog, reported with DONE: seen even in ops no poll caught in flight
         pk_ch, pk_row = done_peaks(js, r, di, self.s)
         pk_hit = np.isfinite(pk_row)
