@@ -118,6 +118,8 @@ class IncidentBook:
     def report(self, c: Candidate, now: float) -> list[Verdict]:
         """Feed one detection; returns the OPEN or UPDATE verdict it causes, if any."""
         self._adopt_blind(c)
+        if (pair := self._blind_pair(c)) is not None:
+            return self._pair_update(pair, c, now)
         inc = self.open.get(c.match_key) or self._same_nic(c)
         if inc is not None and inc.quiet_since is None and SLOW_COMMS in inc.last.details:
             # an incident folded by its shared end: a finding through that end again adds to it or is
@@ -130,9 +132,15 @@ class IncidentBook:
         if inc is None and (shared := self._shared_end(c)) is not None:
             return self._ends_update(*shared, c, now)
         if inc is not None and inc.quiet_since is not None:
+            quiet, inc.quiet_since = inc.quiet_since, None
+            if c.onset_time < quiet:
+                # a part of this episode that began before its first part ended (an S3's link, slow on after
+                # its compute part ended): the same episode goes on, and ends when this part does
+                inc.ends_on = (c.communicator, *c.resolve_key)
+                return []
             # the same root cause again within reopen_s: one more episode of this incident, not a new one
-            inc.quiet_since = None
             inc.episodes.append(c.onset_time)
+            c = _keep_class(inc.last, c)
             upd = replace(
                 c, communicator=inc.first.communicator, op_seq=inc.first.op_seq, onset_time=inc.first.onset_time,
                 resolve_key=inc.first.resolve_key, details={**c.details, **inc.episode_details()},
@@ -149,7 +157,8 @@ class IncidentBook:
             # S3 without a link was a guess (no poll had caught the slow link): once a link is named
             # elsewhere in the communicator, the late rank computes slowly and that is all (S1)
             better = better or (c.kind == AnomalyKind.S1 and inc.last.kind == AnomalyKind.S3
-                                and inc.last.details.get("link") == LINK_NOT_OBSERVED)
+                                and inc.last.details.get("link") == LINK_NOT_OBSERVED
+                                and "slow_in" not in inc.last.details)
             mixed = mixed_slow(inc.last, c)
             if mixed is not None:  # its compute (one communicator) and its own link (another): S3
                 c, better = mixed, True
@@ -183,6 +192,38 @@ class IncidentBook:
         inc = self.open.get(blind)
         if inc is not None and inc.first.communicator == c.communicator:
             self.open[c.match_key] = self.open.pop(blind)
+
+    def _blind_pair(self, c: Candidate) -> Incident | None:
+        """The open slow incident of the same job whose first root is one end of ``c``, a communication slow
+        between two ranks with its link not named yet (no counter poll caught it), where ``c`` is new.
+
+        Between two ranks every link is one of theirs: the rank already found computing slowly (S1)
+        whose exchange with the other is slow too is the mixed case (S3) until a poll names the link,
+        not a second incident and a second page for the same two ranks."""
+        ends = _ends(c)
+        if c.family != "slow" or c.root_cause_ranks or c.link is not None or len(ends) != 2:
+            return None
+        mine = self.open.get(c.match_key)
+        for inc in [mine] if mine is not None else self.open.values():
+            first = inc.last.root_cause_ranks[:1]
+            if (inc.quiet_since is None and inc.first.family == "slow" and first and first[0] in ends
+                    and (inc.first.job, inc.first.incarnation) == (c.job, c.incarnation)):
+                self.open[c.match_key] = inc
+                return inc
+        return None
+
+    def _pair_update(self, inc: Incident, c: Candidate, now: float) -> list[Verdict]:
+        """Fold ``c`` (see ``_blind_pair``) into ``inc``: an S1 becomes S3 with its link unobserved; an
+        incident that already names a link or a mixed slowdown takes it as nothing new."""
+        old = inc.last
+        if old.kind != AnomalyKind.S1:
+            return []
+        upd = replace(old, kind=AnomalyKind.S3, p=c.p,
+                      evidence=f"{old.evidence}; and its exchange with rank "
+                               f"{next(r for r in _ends(c) if r != old.root_cause_ranks[0])} is slow too: {c.evidence}",
+                      details={**c.details, **old.details, "link": LINK_NOT_OBSERVED, "slow_in": c.communicator})
+        inc.last, inc.last_report = upd, now
+        return [upd.verdict(inc.incident_id, VerdictState.UPDATE, now)]
 
     def _same_nic(self, c: Candidate) -> Incident | None:
         """The open incident of the same job and family whose link leaves the same host as ``c``'s (a NIC):
@@ -408,6 +449,10 @@ def mixed_slow(a: Candidate, b: Candidate) -> Candidate | None:
     """S1 on a rank (its compute, seen in one communicator) and S2 on that rank's own outgoing link
     (seen in another: a network link of the data-parallel ring or the pipeline): one rank that computes
     slowly and whose link is slow, S3 naming both; None for any other pair."""
+    if a.kind == AnomalyKind.S3 and a.link is None and a.details.get("link") == LINK_NOT_OBSERVED:
+        # a guess without its link (_pair_update), whose link is named now
+        a = replace(a, kind=AnomalyKind.S1,
+                    details={k: v for k, v in a.details.items() if k not in ("link", "slow_in")})
     kinds = {a.kind, b.kind}
     if kinds != {AnomalyKind.S1, AnomalyKind.S2}:
         return None
@@ -417,6 +462,16 @@ def mixed_slow(a: Candidate, b: Candidate) -> Candidate | None:
     return replace(s2, kind=AnomalyKind.S3,
                    evidence=f"{s1.evidence}; and its own link is slow: {s2.evidence}",
                    details={**s1.details, **s2.details, "compute_in": s1.communicator})
+
+
+def _keep_class(last: Candidate, c: Candidate) -> Candidate:
+    """``c``, a new episode of the incident whose latest finding is ``last``, at ``last``'s class where that
+    is the more specific: an incident moves only up (an S3's compute part may end an episode before its
+    link's does, and the link alone is part of the same fault, not a lesser one)."""
+    if c.kind.info.precedence >= last.kind.info.precedence:
+        return c
+    return replace(c, kind=last.kind, link=c.link or last.link, root_cause_ranks=last.root_cause_ranks,
+                   root_cause_hosts=last.root_cause_hosts, details={**last.details, **c.details})
 
 
 def _cand_dict(c: Candidate) -> dict[str, Any]:
