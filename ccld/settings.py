@@ -83,6 +83,11 @@ class AnalyzerSettings:
     peer_gap_ratio: float = 0.5  # a collective's last arriver computing this much longer than its peers' mean is slow
     peer_link_factor: float = 2.0  # a communicator's own kernel time this x its sibling communicators' is a slow link
     peer_min_excess_s: float = 1e-3  # ... by at least this much (s): below it, no verdict without a learned baseline
+    # a ring whose links are all of one kind (one host's, or one rank per host) whose in-flight samples found the
+    # send backlog before the same member this many sampled ops in a row (and culprit_share of all its backlog
+    # there) is slow on that member's link against its other links, with no history (0: off, for hardware
+    # where one link of such a ring is always the slowest by design)
+    slow_link_pinned_ops: int = 8
     # a DONE record's per-kernel peak backlog (probe v2) counts as a slow link's backlog only where it
     # stands out from the communicator's learned healthy peak level (a rank normally receives a step
     # or two ahead of forwarding it): peak > level + max(peak_margin, peak_margin_ratio x level)

@@ -45,6 +45,7 @@ RING_OPS = frozenset({int(OpType.ALL_REDUCE), int(OpType.ALL_GATHER), int(OpType
 P2P_OPS = frozenset({int(OpType.SEND), int(OpType.RECV)})
 ALL_TO_ALL = int(OpType.ALL_TO_ALL)
 _P2P = np.array(sorted(P2P_OPS), dtype=np.int64)
+_RING = np.array(sorted(RING_OPS), dtype=np.int64)
 #: ops whose members do different work before them, so a late arriver is judged against its own healthy
 #: compute, never against its peers': a send/recv pair's two stages, an all_to_all's experts (each
 #: computes on what the router sent it: the most loaded one is late at the combine, and that is no fault)
@@ -131,6 +132,10 @@ class SlowDetector:
         self.b_cfast = z  # job time of the newest judged op whose communication was not slow (-inf: none)
         self.b_sib, self.b_sibn = z, zi  # healthy kernel time of the sibling communicators (lower quartile), how many
         self.b_run, self.b_runn = zi, zi  # the late arriver of its last ops, and how many in a row (STREAK_OPS)
+        # the member of its last sampled backlogs, and how many in a row (slow_link_pinned_ops)
+        self.b_pin, self.b_pinn = zi, zi
+        # per communicator: its links are all of one kind (1), not (0), not known yet (-1)
+        self._alike = np.zeros(0, dtype=np.int8)
         self.b_seen = zi  # ops of the baseline judged or learned so far
         # comm rank 0's entry into its last CADENCE_OPS ops (nan: unknown) and their op sequences
         self.r_t0, self.r_seq = np.zeros((0, CADENCE_OPS)), np.zeros((0, CADENCE_OPS))
@@ -210,6 +215,7 @@ class SlowDetector:
         self.b_cfast = g(self.b_cfast, -np.inf)
         self.b_sib, self.b_sibn = g(self.b_sib), g(self.b_sibn)
         self.b_run, self.b_runn = g(self.b_run, -1), g(self.b_runn)
+        self.b_pin, self.b_pinn = g(self.b_pin, -1), g(self.b_pinn)
         self.b_seen, self.r_t0, self.r_seq = g(self.b_seen), g(self.r_t0, np.nan), g(self.r_seq, np.nan)
         self.w_slow = g(self.w_slow, False)
         self.w_cslow, self.w_lslow = g(self.w_cslow, False), g(self.w_lslow, False)
@@ -289,6 +295,20 @@ class SlowDetector:
             far = s.peer_link_factor * ref
             sib = (self.b_sibn[bi] >= 2) & (self.b_min[bi] >= far) & (
                 (tmin - ops.terr[i]) > np.maximum(far, ref + s.slow_min_excess_s))
+            # ... and against its own other links: in a ring whose links are all of one kind (one host's, or
+            # one rank per host), data piles up before a different link at each sample when healthy, and
+            # before the same one, sample after sample, when that link is the slow one; no history and no
+            # sibling needed (a single tensor group slow from its first op: from-start-heldout's S3-8-043)
+            lagr = np.where(ops.lag[i] > 0, ops.lagr[i], -1)
+            seen = lagr >= 0
+            pinn = np.where(seen, np.where(lagr == self.b_pin[bi], self.b_pinn[bi] + 1, 1), self.b_pinn[bi])
+            self.b_pin[bi] = np.where(seen, lagr, self.b_pin[bi])
+            self.b_pinn[bi] = pinn
+            pinned = seen & (pinn >= max(s.slow_link_pinned_ops, 1)) & np.isin(ops.op_type[i], _RING)
+            pinned &= s.slow_link_pinned_ops > 0
+            if pinned.any():
+                pinned &= self._links_alike(js, ops.cid[i]) & self._backlog_alone(js, ops.cid[i], lagr)
+            sib = sib | pinned
             slow = hist | peer | sib
             l_slow = l_slow | peer
             c_slow = c_slow | sib
@@ -408,6 +428,28 @@ class SlowDetector:
         other = np.where(start, np.arange(idx.size) + 1, np.arange(idx.size) - 1)
         self.b_sib[idx[two]] = vals[other[two]]
         self.b_sibn[idx] = cnt[grp]
+
+    def _links_alike(self, js: JobState, cids: I64) -> npt.NDArray[np.bool_]:
+        """Per communicator of ``cids``: its ring's links are all of one kind, every member on one host
+        (NVLink) or each on its own (the network); False while a member's host is unknown."""
+        if self._alike.size < js.n_comms:
+            self._alike = np.concatenate([self._alike, np.full(js.n_comms - self._alike.size, -1, dtype=np.int8)])
+        for cid in np.unique(cids[self._alike[cids] < 0]).tolist():
+            hosts = js.m_host[js.members_of(cid)]
+            if (hosts >= 0).all():
+                self._alike[cid] = hosts.size > 2 and np.unique(hosts).size in (1, hosts.size)
+        return self._alike[cids] == 1
+
+    def _backlog_alone(self, js: JobState, cids: I64, crank: I64) -> npt.NDArray[np.bool_]:
+        """Per op: comm rank ``crank`` holds ``culprit_share`` of all the backlog its communicator's samples
+        ever saw: one link's, not the in-flight data every link of a healthy ring shows alike (where
+        the largest of equal backlogs is the same member each time)."""
+        out = np.zeros(cids.size, dtype=bool)
+        for k, (cid, cr) in enumerate(zip(cids.tolist(), crank.tolist(), strict=True)):
+            lag = js.m_lagch[js.members_of(cid)].sum(axis=1)
+            total = float(lag.sum())
+            out[k] = cr >= 0 and total > 0 and float(lag[cr]) >= self.s.culprit_share * total
+        return out
 
     def _network_pairs(self, js: JobState, p2p: npt.NDArray[np.bool_]) -> npt.NDArray[np.bool_]:
         """Of the baselines marked ``p2p``, those of two-rank communicators whose ranks are on two

@@ -11,10 +11,12 @@ finding came back as a "new episode".
 from __future__ import annotations
 
 import pytest
+from analysis_factories import Comm, Probe, batches_by_tick
 
 from ccld.producers.simulator.scenario import Scenario
 from ccld.producers.simulator.sim import simulate
-from ccld.records import AnomalyKind, Link, VerdictState
+from ccld.records import AnomalyKind, KernelRecord, Link, Status, VerdictState
+from ccld.settings import AnalyzerSettings
 from ccld.streams.analysis.incidents import LINK_NOT_OBSERVED, Candidate, IncidentBook
 from ccld.streams.analysis.replay import analyze_batches
 
@@ -91,3 +93,55 @@ def test_an_incident_keeps_its_class_when_its_compute_part_ends_first() -> None:
     (again,) = book.report(_slow(AnomalyKind.S2, "a2a", (5, 37), 70.0, link=Link(5, 37)), 75.0)
     assert again.incident_id == opened.incident_id and again.kind == AnomalyKind.S3
     assert again.details["episodes"] == "2"
+
+
+def _one_group(faults: list[dict[str, object]], seed: int = 466454) -> Scenario:
+    return Scenario.from_dict({
+        "id": "one-group", "seed": seed, "ranks": 8, "gpus_per_node": 8, "layout": {"tp": 8, "pp": 1, "dp": 1},
+        "channels": 16, "duration_s": 25.0, "clock_skew_s": 2.0, "jitter": 0.02,
+        "workload": {"microbatches": 1, "layers": 2, "layer_ms": 3.6, "hidden": 8192, "seq_parallel": True},
+        "faults": faults,
+    })
+
+
+@pytest.mark.parametrize(("fault", "want"), [
+    ({"kind": "S2", "rank": 3, "peer": 4, "onset_s": 0.0, "factor": 0.2}, (AnomalyKind.S2, Link(3, 4))),
+    ({"kind": "S3", "rank": 3, "peer": 4, "onset_s": 0.0, "link_factor": 0.19, "compute_factor": 2.7},
+     (AnomalyKind.S3, Link(3, 4))),
+])
+def test_a_link_slow_from_the_first_op_in_a_job_of_one_ring_is_slow_against_the_rings_other_links(
+        fault: dict[str, object], want: tuple[AnomalyKind, Link]) -> None:
+    """One tensor group of 8 on one host, its link 3->4 slow from the job's first op: no history and no
+    sibling group to compare with, but the send backlog sits before the same link at every sample
+    (from-start-heldout's S3-8-043 came out S1)."""
+    got = [(v.kind, v.link) for v in analyze_batches(list(simulate(_one_group([fault]))))
+           if v.state == VerdictState.OPEN]
+    assert got == [want]
+
+
+def test_a_healthy_job_of_one_ring_gets_no_verdict() -> None:
+    assert [v.describe() for v in analyze_batches(list(simulate(_one_group([], seed=5))))] == []
+
+
+def test_a_ring_whose_every_link_holds_data_in_flight_is_not_slow_on_one_of_them() -> None:
+    """Healthy rings have data in flight on every link: each member's RecvCount runs a little ahead of its
+    SendCount at every sample, all alike, so the largest is a tie that the same member wins each time.
+    The backlog before one link must be most of all the ring's backlog, not the winner of a tie."""
+    probe = Probe()
+    ring = Comm(0x71, tuple(range(8)))
+    recs: list[tuple[float, KernelRecord]] = []
+    for k in range(40):
+        t = 1.0 + 0.5 * k
+        enters = [t + 0.001 * ((i + k) % 5) for i in range(8)]
+        at = max(enters) + 0.01
+        for i in range(8):
+            recs.append((at, probe.rec(ring, i, ring.seq, Status.PROGRESS, enters[i], at, send=20, recv=24)))
+        recs += probe.ring_op(ring, enters, 0.02)
+    assert [v.describe() for v in analyze_batches(batches_by_tick(recs))] == []
+
+
+def test_the_rule_is_off_at_zero_pinned_ops() -> None:
+    fault = {"kind": "S2", "rank": 3, "peer": 4, "onset_s": 0.0, "factor": 0.2}
+    off = AnalyzerSettings(slow_link_pinned_ops=0)
+    assert [v for v in analyze_batches(list(simulate(_one_group([fault]))), off)
+            if v.state == VerdictState.OPEN] == []
