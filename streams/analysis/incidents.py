@@ -29,6 +29,9 @@ NIC_LINKS = "nic_links"
 ENDS = "ends"
 #: ``details["slow_comms"]``: the communicators of the findings an incident folded by their shared end
 SLOW_COMMS = "slow_comms"
+#: ``details["slow_in"]``: the communicator whose unnamed slow exchange of two ranks made an S1 an S3
+#: guess (``IncidentBook._pair_update``)
+SLOW_IN = "slow_in"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -158,7 +161,7 @@ class IncidentBook:
             # elsewhere in the communicator, the late rank computes slowly and that is all (S1)
             better = better or (c.kind == AnomalyKind.S1 and inc.last.kind == AnomalyKind.S3
                                 and inc.last.details.get("link") == LINK_NOT_OBSERVED
-                                and "slow_in" not in inc.last.details)
+                                and SLOW_IN not in inc.last.details)
             mixed = mixed_slow(inc.last, c)
             if mixed is not None:  # its compute (one communicator) and its own link (another): S3
                 c, better = mixed, True
@@ -221,7 +224,7 @@ class IncidentBook:
         upd = replace(old, kind=AnomalyKind.S3, p=c.p,
                       evidence=f"{old.evidence}; and its exchange with rank "
                                f"{next(r for r in _ends(c) if r != old.root_cause_ranks[0])} is slow too: {c.evidence}",
-                      details={**c.details, **old.details, "link": LINK_NOT_OBSERVED, "slow_in": c.communicator})
+                      details={**c.details, **old.details, "link": LINK_NOT_OBSERVED, SLOW_IN: c.communicator})
         inc.last, inc.last_report = upd, now
         return [upd.verdict(inc.incident_id, VerdictState.UPDATE, now)]
 
@@ -452,7 +455,7 @@ def mixed_slow(a: Candidate, b: Candidate) -> Candidate | None:
     if a.kind == AnomalyKind.S3 and a.link is None and a.details.get("link") == LINK_NOT_OBSERVED:
         # a guess without its link (_pair_update), whose link is named now
         a = replace(a, kind=AnomalyKind.S1,
-                    details={k: v for k, v in a.details.items() if k not in ("link", "slow_in")})
+                    details={k: v for k, v in a.details.items() if k not in ("link", SLOW_IN)})
     kinds = {a.kind, b.kind}
     if kinds != {AnomalyKind.S1, AnomalyKind.S2}:
         return None

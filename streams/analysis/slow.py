@@ -299,16 +299,7 @@ class SlowDetector:
             # one rank per host), data piles up before a different link at each sample when healthy, and
             # before the same one, sample after sample, when that link is the slow one; no history and no
             # sibling needed (a single tensor group slow from its first op: from-start-heldout's S3-8-043)
-            lagr = np.where(ops.lag[i] > 0, ops.lagr[i], -1)
-            seen = lagr >= 0
-            pinn = np.where(seen, np.where(lagr == self.b_pin[bi], self.b_pinn[bi] + 1, 1), self.b_pinn[bi])
-            self.b_pin[bi] = np.where(seen, lagr, self.b_pin[bi])
-            self.b_pinn[bi] = pinn
-            pinned = seen & (pinn >= max(s.slow_link_pinned_ops, 1)) & np.isin(ops.op_type[i], _RING)
-            pinned &= s.slow_link_pinned_ops > 0
-            if pinned.any():
-                pinned &= self._links_alike(js, ops.cid[i]) & self._backlog_alone(js, ops.cid[i], lagr)
-            sib = sib | pinned
+            sib = sib | self._pinned(js, ops, i, bi)
             slow = hist | peer | sib
             l_slow = l_slow | peer
             c_slow = c_slow | sib
@@ -429,27 +420,36 @@ class SlowDetector:
         self.b_sib[idx[two]] = vals[other[two]]
         self.b_sibn[idx] = cnt[grp]
 
-    def _links_alike(self, js: JobState, cids: I64) -> npt.NDArray[np.bool_]:
-        """Per communicator of ``cids``: its ring's links are all of one kind, every member on one host
-        (NVLink) or each on its own (the network); False while a member's host is unknown."""
+    def _links_alike(self, js: JobState, cid: int) -> bool:
+        """Communicator ``cid``'s ring's links are all of one kind, every member on one host (NVLink) or
+        each on its own (the network); False while a member's host is unknown."""
         if self._alike.size < js.n_comms:
             self._alike = np.concatenate([self._alike, np.full(js.n_comms - self._alike.size, -1, dtype=np.int8)])
-        for cid in np.unique(cids[self._alike[cids] < 0]).tolist():
+        if self._alike[cid] < 0:
             hosts = js.m_host[js.members_of(cid)]
             if (hosts >= 0).all():
                 self._alike[cid] = hosts.size > 2 and np.unique(hosts).size in (1, hosts.size)
-        return self._alike[cids] == 1
+        return bool(self._alike[cid] == 1)
 
-    def _backlog_alone(self, js: JobState, cids: I64, crank: I64) -> npt.NDArray[np.bool_]:
-        """Per op: comm rank ``crank`` holds ``culprit_share`` of all the backlog its communicator's samples
-        ever saw: one link's, not the in-flight data every link of a healthy ring shows alike (where
-        the largest of equal backlogs is the same member each time)."""
-        out = np.zeros(cids.size, dtype=bool)
-        for k, (cid, cr) in enumerate(zip(cids.tolist(), crank.tolist(), strict=True)):
-            lag = js.m_lagch[js.members_of(cid)].sum(axis=1)
-            total = float(lag.sum())
-            out[k] = cr >= 0 and total > 0 and float(lag[cr]) >= self.s.culprit_share * total
-        return out
+    def _pinned(self, js: JobState, ops: OpRows, i: I64, bi: I64) -> npt.NDArray[np.bool_]:
+        """Per op ``i`` (of baselines ``bi``): its ring's in-flight samples found the largest backlog before
+        the same member ``slow_link_pinned_ops`` sampled ops in a row (counted here), its links are all of
+        one kind, and that member holds ``culprit_share`` of all the backlog its communicator's samples
+        ever saw (``_backlog_rank``): one link's, not the in-flight data every link of a healthy ring
+        shows alike (where the largest of equal backlogs is the same member each time)."""
+        lagr = np.where(ops.lag[i] > 0, ops.lagr[i], -1)
+        seen = lagr >= 0
+        pinn = np.where(seen, np.where(lagr == self.b_pin[bi], self.b_pinn[bi] + 1, 1), self.b_pinn[bi])
+        self.b_pin[bi] = np.where(seen, lagr, self.b_pin[bi])
+        self.b_pinn[bi] = pinn
+        need = self.s.slow_link_pinned_ops
+        pinned = seen & (pinn >= need) & np.isin(ops.op_type[i], _RING) & (need > 0)
+        for k in np.flatnonzero(pinned).tolist():
+            cid = int(ops.cid[i[k]])
+            top = self._backlog_rank(js, cid)
+            pinned[k] = (self._links_alike(js, cid) and top is not None and top[0] == int(lagr[k])
+                         and top[1] >= self.s.culprit_share)
+        return pinned
 
     def _network_pairs(self, js: JobState, p2p: npt.NDArray[np.bool_]) -> npt.NDArray[np.bool_]:
         """Of the baselines marked ``p2p``, those of two-rank communicators whose ranks are on two
