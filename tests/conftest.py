@@ -1,13 +1,18 @@
 """Test-session wiring shared by every tier: makes tests/factories.py importable, marks the slow tiers.
 
 ``pytest -m "not slow"`` is the fast tier for the edit-test loop (tests/README.md says what it
-costs); the README's test command runs everything, as CI does.
+costs); the README's test command runs everything, as CI does, on two pytest-xdist workers
+(``-n 2``): every test of the tiers that start processes goes to one of them, in order, so those
+tests never run beside each other (real-time jobs, frozen brokers and CPU-pressure readings would
+disturb one another), while the pure tiers spread over both (``pytest_xdist_make_scheduler``).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -26,3 +31,22 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             continue
         if tier in SLOW_TIERS:
             item.add_marker(pytest.mark.slow)
+
+
+if importlib.util.find_spec("xdist") is not None:  # the test extra installs it; a bare pytest runs on without
+
+    def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+        """xdist's scope scheduler with one scope for all of ``SLOW_TIERS`` and one per test elsewhere.
+
+        The process tiers are one unit of work, sent whole to one worker in collection order; each
+        unit test is a unit of its own, handed to whichever worker is free. (xdist's ``loadgroup``
+        would do this from marks, but it renames node ids, which pytest 9.2 no longer lets it do.)
+        """
+        from xdist.scheduler import LoadScopeScheduling
+
+        class LiveTogether(LoadScopeScheduling):
+            def _split_scope(self, nodeid: str) -> str:
+                parts = nodeid.split("/", 2)
+                return "live" if len(parts) > 2 and parts[0] == HERE.name and parts[1] in SLOW_TIERS else nodeid
+
+        return LiveTogether(config, log)
