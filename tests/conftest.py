@@ -25,12 +25,25 @@ SLOW_TIERS = ("integration", "chaos", "gpu")
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
-        try:
-            tier = Path(str(item.fspath)).resolve().relative_to(HERE).parts[0]
-        except ValueError:
-            continue
-        if tier in SLOW_TIERS:
+        if _tier(item) in SLOW_TIERS:
             item.add_marker(pytest.mark.slow)
+    # the process tiers first, their real training jobs (marked torch) last among them: under -n 2 the
+    # unit tests run beside the first of the process tests, and a real job's slow and starved rules read
+    # the host's CPU (a busy neighbour has made healthy gloo jobs look slow before: benchmarks/RESULTS.md)
+    items.sort(key=_order)
+
+
+def _order(item: pytest.Item) -> int:
+    if _tier(item) not in SLOW_TIERS:
+        return 2
+    return 1 if item.get_closest_marker("torch") is not None else 0
+
+
+def _tier(item: pytest.Item) -> str:
+    try:
+        return Path(str(item.fspath)).resolve().relative_to(HERE).parts[0]
+    except ValueError:
+        return ""
 
 
 if importlib.util.find_spec("xdist") is not None:  # the test extra installs it; a bare pytest runs on without
