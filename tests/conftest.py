@@ -24,26 +24,24 @@ SLOW_TIERS = ("integration", "chaos", "gpu")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    for item in items:
-        if _tier(item) in SLOW_TIERS:
-            item.add_marker(pytest.mark.slow)
     # the process tiers first, their real training jobs (marked torch) last among them: under -n 2 the
     # unit tests run beside the first of the process tests, and a real job's slow and starved rules read
     # the host's CPU (a busy neighbour has made healthy gloo jobs look slow before: benchmarks/RESULTS.md)
-    items.sort(key=_order)
+    order: dict[str, int] = {}
+    for item in items:
+        if _tier(item.nodeid) in SLOW_TIERS:
+            item.add_marker(pytest.mark.slow)
+            order[item.nodeid] = 1 if item.get_closest_marker("torch") is not None else 0
+        else:
+            order[item.nodeid] = 2
+    items.sort(key=lambda it: order[it.nodeid])
 
 
-def _order(item: pytest.Item) -> int:
-    if _tier(item) not in SLOW_TIERS:
-        return 2
-    return 1 if item.get_closest_marker("torch") is not None else 0
-
-
-def _tier(item: pytest.Item) -> str:
-    try:
-        return Path(str(item.fspath)).resolve().relative_to(HERE).parts[0]
-    except ValueError:
-        return ""
+def _tier(nodeid: str) -> str:
+    """The tier (folder under tests/) of a test's node id, which is relative to the repository root
+    (pyproject.toml's folder); the one reading both the marks and the xdist scheduler use."""
+    parts = nodeid.split("/", 2)
+    return parts[1] if len(parts) > 2 and parts[0] == HERE.name else ""
 
 
 if importlib.util.find_spec("xdist") is not None:  # the test extra installs it; a bare pytest runs on without
@@ -59,7 +57,6 @@ if importlib.util.find_spec("xdist") is not None:  # the test extra installs it;
 
         class LiveTogether(LoadScopeScheduling):
             def _split_scope(self, nodeid: str) -> str:
-                parts = nodeid.split("/", 2)
-                return "live" if len(parts) > 2 and parts[0] == HERE.name and parts[1] in SLOW_TIERS else nodeid
+                return "live" if _tier(nodeid) in SLOW_TIERS else nodeid
 
         return LiveTogether(config, log)
