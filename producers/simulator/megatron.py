@@ -28,6 +28,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ccld.probe.ring_plan import fold_peaks
+from ccld.producers.simulator import record_kernel as rk
 from ccld.producers.simulator.engine import IN_FLIGHT, SLOT_RATE, FaultBook, fired, kernel_peaks, source_peak
 from ccld.producers.simulator.scenario import Fault, Scenario
 from ccld.producers.simulator.topology import Topology, comm_hash_of
@@ -183,6 +184,7 @@ class MegatronSim(FaultBook):
         self.mf[:, _F_PREV] = -1.0
         self.mf[:, _F_EXIT] = -INF  # no op yet: nothing to wait for
         self.mi = np.full((nm, 2), -1, dtype=np.int64)
+        self.m_exit = np.full(nm, -INF)  # the newest op's exit as the timing model sees it (mf's is recorded later)
         self.tmpl_ids: dict[Template, int] = {}
         self.tmpl = np.zeros((0, 7), dtype=np.int64)
         # members whose newest op a fault changed: a link backlog (send/recv lead) or a freeze
@@ -200,7 +202,7 @@ class MegatronSim(FaultBook):
         # each with the first and last delivery window of its rows, so a flush takes or keeps whole blocks
         self.pending: list[tuple[I64, F64, I64, int, int]] = []
         self.recreated = False  # a communicator got a new hash: batches are cut on the hash too
-        self._done: list[tuple[Any, ...]] = []  # DONE records noted in this step (see _rows_of)
+        self._log_reset()  # the step's ops, recorded at its end (_drain)
         self.window = 0
         self.batch_seq = 0
         dt = sc.sample_interval_s
@@ -292,7 +294,7 @@ class MegatronSim(FaultBook):
         if not blocking:
             # a communicator runs its ops in order (one stream): an op issued while the previous one
             # is still running (gradient buckets) starts on the GPU when that one ends, never before
-            enter = np.maximum(enter, self.mf[lay.gi, _F_EXIT])
+            enter = np.maximum(enter, self.m_exit[lay.gi])
         if self.any_h1:
             enter = self._stop(ranks, enter)
         start_g = enter.reshape(groups, size).max(axis=1)
@@ -494,69 +496,35 @@ class MegatronSim(FaultBook):
             t = exit_[j]
         slots = _slots(nominal_s)
         tmpls = [self._tmpl((int(op), BF16, count, -1, slots, slots, slots)) for op in ops]
-        if not self._record_chain(lay, enter, exit_, start_g, dur_g, tmpls):
-            for j in range(k):  # a state sample is due, or a rank never enters: op by op
-                start, dur = np.repeat(start_g[j], size), np.repeat(dur_g[j], size)
-                self._record(lay, enter[j], exit_[j], start, dur, tmpls[j], {})
-                fin = np.isfinite(exit_[j])
-                self.last_exit[ranks[fin]] = exit_[j][fin]
-        return exit_[-1].copy()
-
-    def _record_chain(self, lay: _Layout, enter: F64, exit_: F64, start_g: F64, dur_g: F64, tmpls: list[int]) -> bool:
-        """``_record`` for ``k`` successive ops of one layout at once (``(k, ranks)`` and ``(k, groups)``
-        arrays); False, with nothing done, when one of them needs the op-by-op path: a member's state
-        sample falls due before it, a rank does not enter it in time or never leaves, or the previous
-        op left a fault's marks on the members."""
-        dur_s = self.sc.duration_s
-        if (lay.cache.get("special") or float(enter.max()) > min(dur_s, lay.cache.get("nt", -INF))
-                or not bool(np.isfinite(exit_).all())):
-            return False
-        k, nn = enter.shape
-        groups = lay.cid_g.shape[0]
-        size = nn // groups
         seq0 = int(self.cseq[lay.cid_g[0]])  # the groups of a layout run in lockstep (see _sampled)
         self.cseq[lay.cid_g] += k
         if lay.has_rank0:
             self.ops_per_rank += k
         prev = np.empty((k, nn))
         prev[0] = self.last_exit[lay.ranks]
-        prev[1:] = exit_[:-1]
-        start, dur = np.repeat(start_g, size, axis=1), np.repeat(dur_g, size, axis=1)
-        fb = np.stack([enter, exit_, start, dur, prev], axis=-1)  # (k, ranks, _F_*)
-        self.mf[lay.gi] = fb[-1]
-        self.mi[lay.gi, _I_SEQ] = seq0 + k - 1
-        self.mi[lay.gi, _I_TMPL] = tmpls[-1]
-        self.last_exit[lay.ranks] = exit_[-1]
-        seqs = np.arange(seq0, seq0 + k, dtype=np.int64)
-        tmpl = np.asarray(tmpls, dtype=np.int64)
-        sampled = self._sampled_run(lay, seq0, k)
-        done = np.repeat(sampled, size, axis=1) & (exit_ <= dur_s)
-        first_g = np.ceil(start_g / POLL_S + 1e-9) * POLL_S
-        maybe = first_g < start_g + dur_g * 1.02
-        if not maybe.any():  # no poll catches any of them in flight: the DONE records, in op order
-            if done.any():
-                oj, om = np.nonzero(done)  # op-major, members in order: the order op by op
-                self._rows_of(lay.gi[om], exit_[oj, om], fb.reshape(k * nn, 5).take(oj * nn + om, axis=0), seqs[oj],
-                              tmpl[oj], final=True)
-            return True
-        for j in range(k):  # as _record does it, op by op: the in-flight sample, then the DONE records
-            if maybe[j].any():
-                first = np.repeat(first_g[j], size)
-                hit = np.repeat(maybe[j], size) & (first < exit_[j]) & (first <= dur_s)
-                if hit.any():
-                    h = np.flatnonzero(hit)
-                    win = np.floor(first[h] / self.dt + 1e-9).astype(np.int64)
-                    new = win != self.m_probewin[lay.gi[h]]
-                    if new.any():
-                        hn = h[new]
-                        self.m_probewin[lay.gi[hn]] = win[new]
-                        self._rows_of(lay.gi[hn], first[hn], fb[j].take(hn, axis=0), np.full(hn.shape[0], seqs[j]),
-                                      np.full(hn.shape[0], tmpl[j]), final=False)
-            m = np.flatnonzero(done[j])
-            if m.size:
-                self._rows_of(lay.gi[m], exit_[j, m], fb[j].take(m, axis=0), np.full(m.shape[0], seqs[j]),
-                              np.full(m.shape[0], tmpl[j]), final=True)
-        return True
+        fin = np.isfinite(exit_)
+        if bool(fin.all()):
+            prev[1:] = exit_[:-1]
+            self.last_exit[ranks] = exit_[-1]
+        else:  # a rank that never leaves an op keeps its last exit
+            for j in range(1, k):
+                prev[j] = np.where(fin[j - 1], exit_[j - 1], prev[j - 1])
+            for j in range(k):
+                self.last_exit[ranks[fin[j]]] = exit_[j][fin[j]]
+        ok = enter <= self.sc.duration_s
+        if bool(ok.all()):
+            self.m_exit[lay.gi] = exit_[-1]
+        else:
+            for j in range(k):
+                self.m_exit[lay.gi[ok[j]]] = exit_[j][ok[j]]
+        if bool(ok.any()):
+            write = bool(lay.cache.get("special"))
+            lay.cache["special"] = False
+            self._log(lay, k, np.stack([enter, exit_, np.repeat(start_g, size, axis=1), np.repeat(dur_g, size, axis=1),
+                                        prev], axis=-1),
+                      np.repeat(np.asarray(tmpls, dtype=np.int64), nn), seq0, self._sampled_run(lay, seq0, k),
+                      {} if write else None)
+        return exit_[-1].copy()
 
     def p2p(self, src: I64, dst: I64, enter_src: F64, enter_dst: F64, comm: I64, nominal_s: float,
             key: tuple[Any, ...]) -> tuple[F64, F64]:
@@ -567,7 +535,7 @@ class MegatronSim(FaultBook):
             ranks = np.concatenate([src, dst])
             cr = np.concatenate([np.zeros(m, np.int64), np.ones(m, np.int64)])
             lay = self._layout(key, ranks, np.concatenate([comm, comm]), cr, m)
-        enter_src = np.maximum(enter_src, self.mf[lay.gi[:m], _F_EXIT])  # in order on its communicator
+        enter_src = np.maximum(enter_src, self.m_exit[lay.gi[:m]])  # in order on its communicator
         if self.any_h1:
             enter_src, enter_dst = self._stop(src, enter_src), self._stop(dst, enter_dst)
         start = np.maximum(enter_src, enter_dst)
@@ -630,8 +598,8 @@ class MegatronSim(FaultBook):
         self, lay: _Layout, enter: F64, exit_: F64, start: F64, dur: F64, tmpl: int | I64,
         special: dict[str, npt.NDArray[Any]],
     ) -> None:
-        """Make one op of each group the newest op of its members (after sampling the previous one's
-        state up to its start), and queue its DONE records if its communicator's stride picks it."""
+        """One op of each group of ``lay``: it takes the groups' next sequence number and goes into the
+        step's log (``_log``), with the fault marks ``special`` holds for its members."""
         seq_g = self.cseq[lay.cid_g]
         self.cseq[lay.cid_g] += 1  # one op of each group's own communicator
         if lay.has_rank0:
@@ -640,53 +608,92 @@ class MegatronSim(FaultBook):
         allok = bool(ok.all())
         if not allok and not ok.any():
             return
-        gi = lay.gi if allok else lay.gi[ok]
-        en = enter if allok else enter[ok]
-        # state samples are due only when this op starts after a member's next sampling instant; the
-        # layout remembers the earliest such instant of its members, so most ops skip the check
-        nt = lay.cache.get("nt", -INF)
-        if float(en.max()) > nt:
-            self._states(gi, en)  # the previous op is the newest state until this one starts
-            lay.cache["nt"] = float(self.next_inst[lay.gi].min()) * self.dt
-        size = lay.gi.shape[0] // lay.cid_g.shape[0]
-        fb, ib = lay.cache.get("fb"), lay.cache.get("ib")
-        if fb is None or ib is None:
-            fb = lay.cache["fb"] = np.empty((enter.shape[0], 5))
-            ib = lay.cache["ib"] = np.empty((enter.shape[0], 2), dtype=np.int64)
-        fb[:, _F_ENTER], fb[:, _F_EXIT], fb[:, _F_START], fb[:, _F_DUR] = enter, exit_, start, dur
-        fb[:, _F_PREV] = self.last_exit[lay.ranks]
-        ib[:, _I_SEQ] = seq_g[0]  # the groups of a layout run in lockstep: one sequence number (see _sampled)
-        ib[:, _I_TMPL] = tmpl
-        self.mf[gi] = fb if allok else fb[ok]
-        self.mi[gi] = ib if allok else ib[ok]
-        if special or lay.cache.get("special"):
-            fields_ = ((self.m_sl, "send_lead", 0), (self.m_rl, "recv_lead", 0), (self.m_fr, "freeze", 1.0),
-                       (self.m_pl, "peak_lead", 0))
-            for arr, k, default in fields_:
-                v = special.get(k)
-                arr[gi] = default if v is None else (v if allok else v[ok])
+        self.m_exit[lay.gi if allok else lay.gi[ok]] = exit_ if allok else exit_[ok]
+        nn = enter.shape[0]
+        marks = None
+        if special or lay.cache.get("special"):  # the members' marks are written (else they keep theirs)
+            marks = special
             lay.cache["special"] = bool(special)
-        # the poller looks every POLL_S; a look that catches the op in flight (data moving) is shipped,
-        # one per member and interval: the live counters that show where a backlog builds. Data
-        # moves from the group's start (the last arrival) on, so the test is per group first.
-        start_g = start[::size]
-        first_g = np.ceil(start_g / POLL_S + 1e-9) * POLL_S
-        maybe = first_g < start_g + dur[::size] * 1.02
-        if maybe.any():
-            first = np.repeat(first_g, size)
-            hit = ok & np.repeat(maybe, size) & (first < exit_) & (first <= self.sc.duration_s)
-            if hit.any():
-                h = np.flatnonzero(hit)
-                win = np.floor(first[h] / self.dt + 1e-9).astype(np.int64)
-                new = win != self.m_probewin[lay.gi[h]]
-                if new.any():
-                    self.m_probewin[lay.gi[h[new]]] = win[new]
-                    self._rows(lay.gi[h[new]], first[h[new]], final=False)
-        sampled_g = self._sampled(lay, seq_g)
-        if sampled_g.any():
-            d = ok & np.repeat(sampled_g, size) & np.isfinite(exit_) & (exit_ <= self.sc.duration_s)
-            if d.any():
-                self._rows(lay.gi[d], exit_[d], final=True)
+        self._log(lay, 1, np.stack([enter, exit_, start, dur, self.last_exit[lay.ranks]], axis=-1),
+                  np.broadcast_to(np.asarray(tmpl, dtype=np.int64), (nn,)), int(seq_g[0]),
+                  self._sampled(lay, seq_g), marks)
+
+    # -- the step's log: recorded at its end --------------------------------------------------------
+    def _log_reset(self) -> None:
+        self._lg_gi: list[I64] = []
+        self._lg_f: list[F64] = []  # per member and op: its five floats (_F_*)
+        self._lg_tmpl: list[I64] = []
+        self._lg_samp: list[npt.NDArray[np.bool_]] = []
+        self._lg_mk: list[tuple[I64, F64]] = []
+        self._lg_meta: list[tuple[int, int, int, int, int]] = []  # per chunk: ops, members, group size, seq, marks
+
+    def _log(self, lay: _Layout, k: int, f: F64, tmpl: I64, seq0: int, samp: npt.NDArray[np.bool_],
+             marks: dict[str, npt.NDArray[Any]] | None) -> None:
+        """``k`` successive ops of ``lay``'s members (``f``: ``(k, members, 5)`` or ``(members, 5)``;
+        ``tmpl`` and ``samp`` op-major), sequence numbers from ``seq0``; ``marks``, when not None,
+        the fault marks the first op writes on its members (absent ones: no fault)."""
+        nn = lay.gi.shape[0]
+        self._lg_gi.append(lay.gi if k == 1 else np.tile(lay.gi, k))
+        self._lg_f.append(f.reshape(k * nn, 5))
+        self._lg_tmpl.append(tmpl)
+        self._lg_samp.append(samp.ravel())
+        mo = -1
+        if marks is not None:
+            mk = np.zeros((nn, 3), dtype=np.int64)
+            for c, name in enumerate(("send_lead", "recv_lead", "peak_lead")):
+                if name in marks:
+                    mk[:, c] = marks[name]
+            self._lg_mk.append((mk, marks["freeze"] if "freeze" in marks else np.ones(nn)))
+            mo = len(self._lg_mk) - 1
+        self._lg_meta.append((k, nn, nn // lay.cid_g.shape[0], seq0, mo))
+
+    def _drain(self) -> None:
+        """Record the step's log (``record_kernel.play``): its state samples and in-flight looks are
+        queued, then its DONE records with their kernel peaks."""
+        meta = self._lg_meta
+        if not meta:
+            return
+        gi = np.concatenate(self._lg_gi) if len(self._lg_gi) > 1 else self._lg_gi[0]
+        fop = np.concatenate(self._lg_f) if len(self._lg_f) > 1 else self._lg_f[0]
+        tmpl = np.concatenate(self._lg_tmpl)
+        samp = np.concatenate(self._lg_samp)
+        mks = self._lg_mk
+        mk_i = np.concatenate([m[0] for m in mks]) if mks else np.zeros((0, 3), dtype=np.int64)
+        mk_f = np.concatenate([m[1] for m in mks]) if mks else np.zeros(0)
+        mk_off = np.cumsum([0] + [m[0].shape[0] for m in mks]).tolist()
+        e_n: list[int] = []
+        e_size: list[int] = []
+        e_seq: list[int] = []
+        e_moff: list[int] = []
+        e_groups: list[int] = []
+        for k, nn, size, seq0, mo in meta:
+            e_n += [nn] * k
+            e_size += [size] * k
+            e_seq += range(seq0, seq0 + k)
+            e_groups += [nn // size] * k
+            e_moff += [mk_off[mo] if mo >= 0 else -1] + [-1] * (k - 1)
+        self._log_reset()
+        n_arr = np.asarray(e_n, dtype=np.int64)
+        e_off = np.concatenate([[0], np.cumsum(n_arr)[:-1]]).astype(np.int64)
+        e_goff = np.concatenate([[0], np.cumsum(e_groups)[:-1]]).astype(np.int64)
+        # room for every row: each op at most one look and one DONE per member, and the state
+        # samples of every member up to the last instant an op of the log enters after
+        en = fop[:, _F_ENTER]
+        last = float(en[en <= self.sc.duration_s].max(initial=0.0))
+        k_hi = min(int(math.ceil(last / self.dt)) + 1, self.n_inst)
+        n_states = int(np.maximum(k_hi - self.next_inst, 0).sum())
+        cap = gi.shape[0] + n_states
+        oi, of = np.empty((cap, rk.N_OI), dtype=np.int64), np.empty((cap, rk.N_OF))
+        di, df = np.empty((gi.shape[0], rk.N_OI), dtype=np.int64), np.empty((gi.shape[0], rk.N_OF))
+        no, nd = rk.play(self.mf, self.mi, self.m_sl, self.m_rl, self.m_pl, self.m_fr, self.m_probewin, self.next_inst,
+                      e_off, n_arr, np.asarray(e_size, dtype=np.int64), np.asarray(e_seq, dtype=np.int64), e_goff,
+                      np.asarray(e_moff, dtype=np.int64), gi, fop, tmpl, samp, mk_i, mk_f,
+                      float(self.sc.duration_s), float(self.dt), int(self.n_inst), POLL_S, oi, of, di, df)
+        if no:
+            self._queue(oi[:no], of[:no], None)
+        if nd:
+            self._done_rows(di[:nd], df[:nd])
+
 
     def _states(self, g: I64, upto: F64) -> None:
         """State samples of members ``g`` at every instant before ``upto`` not yet sampled."""
@@ -695,59 +702,52 @@ class MegatronSim(FaultBook):
         n = np.where(self.mi[g, _I_SEQ] >= 0, k1 - k0, 0)
         for j in range(int(n.max(initial=0))):
             sel = n > j
-            self._rows(g[sel], (k0[sel] + j) * self.dt, final=False)
+            self._rows(g[sel], (k0[sel] + j) * self.dt)
         self.next_inst[g] = np.maximum(k0, k1)
 
-    def _rows(self, g: I64, t: npt.NDArray[np.floating[Any]], *, final: bool) -> None:
-        """Records of members ``g`` at times ``t`` about their newest op."""
+    def _rows(self, g: I64, t: npt.NDArray[np.floating[Any]]) -> None:
+        """State records of members ``g`` at times ``t`` about their newest op, with the fault marks
+        they carry now."""
         # take() rather than fancy indexing for row gathers from 2-D tables: several times cheaper
         mi = self.mi.take(g, axis=0)
-        self._rows_of(g, t, self.mf.take(g, axis=0), mi[:, _I_SEQ], mi[:, _I_TMPL], final=final)
+        self._block(g, t, self.mf.take(g, axis=0), mi[:, _I_SEQ], mi[:, _I_TMPL], self.m_sl[g], self.m_rl[g],
+                    self.m_fr[g], None)
 
-    def _rows_of(self, g: I64, t: npt.NDArray[np.floating[Any]], f: F64, seq: I64, tmpl: I64, *,
-                 final: bool) -> None:
-        """Records of members ``g`` at times ``t`` about the ops whose times are ``f`` (``_F_*``),
-        sequence numbers ``seq`` and templates ``tmpl``: queued as one block (see ``_R_*``).
-
-        DONE records are only noted here, with the fault marks their members carry now, and made
-        together at the end of the step (``_done_rows``): most calls hold a few rows, and a block
-        costs the same few dozen array operations whatever its size."""
-        if final:
-            pl = self.m_pl[g]
-            self._done.append((g, t, f, seq, tmpl, self.m_sl[g], self.m_rl[g], self.m_fr[g], pl, bool((pl > 0).any())))
-            return
-        self._block(g, t, f, seq, tmpl, self.m_sl[g], self.m_rl[g], self.m_fr[g], None)
-
-    def _done_rows(self) -> None:
-        """The DONE records noted during the step, in the order they were noted. Their kernel peaks
-        come from their own random stream in that order too: consecutive notes without a slow
+    def _done_rows(self, di: I64, df: F64) -> None:
+        """The step's DONE records (``play``'s rows, in the order they were noted). Their kernel
+        peaks come from their own random stream in that order too: rows of ops without a slow
         link's source are drawn in one call (PCG64 hands out the same integers for one draw of
-        n + m as for draws of n then m), one with such a source in a call of its own (it draws twice)."""
-        done, self._done = self._done, []
-        if not done:
-            return
-        cat = [np.concatenate([d[i] for d in done]) for i in range(9)] if len(done) > 1 else list(done[0][:9])
-        tp = self.tmpl.take(cat[4], axis=0)
-        offs = np.cumsum([0] + [d[0].shape[0] for d in done]).tolist()
+        n + m as for draws of n then m), an op's rows with such a source in a call of their own
+        (it draws twice)."""
+        pl = di[:, rk.O_PL]
+        tp = self.tmpl.take(di[:, rk.O_TMPL], axis=0)
 
         def draw(a: int, b: int) -> I64:
-            return kernel_peaks(self.pk_rng, cat[8][a:b], self.sc.channels, tp[a:b, 5], tp[a:b, 6])
+            return kernel_peaks(self.pk_rng, pl[a:b], self.sc.channels, tp[a:b, 5], tp[a:b, 6])
 
-        peaks, run = [], 0  # run: the first note not drawn yet
-        for i, d in enumerate(done):
-            if d[9]:
-                if run < i:
-                    peaks.append(draw(offs[run], offs[i]))
-                peaks.append(draw(offs[i], offs[i + 1]))
-                run = i + 1
-        if run < len(done):
-            peaks.append(draw(offs[run], offs[-1]))
+        ent = di[:, rk.O_ENTRY]
+        src = np.unique(ent[pl > 0])  # ops whose DONE rows hold a slow link's source
+        peaks, run = [], 0  # run: the first row not drawn yet
+        for e in src.tolist():
+            lo, hi = int(np.searchsorted(ent, e, "left")), int(np.searchsorted(ent, e, "right"))
+            if run < lo:
+                peaks.append(draw(run, lo))
+            peaks.append(draw(lo, hi))
+            run = hi
+        if run < di.shape[0]:
+            peaks.append(draw(run, di.shape[0]))
         peak = fold_peaks(np.concatenate(peaks) if len(peaks) > 1 else peaks[0], MAX_CHANNELS)
-        self._block(cat[0], cat[1], cat[2], cat[3], cat[4], cat[5], cat[6], cat[7], peak)
+        self._queue(di, df, peak)
+
+    def _queue(self, oi: I64, of: F64, peak: I64 | None) -> None:
+        """Queue ``play``'s rows (``rk.O_*`` columns) as records (``_block``)."""
+        self._block(oi[:, rk.O_G], of[:, rk.O_T], of[:, rk.O_F0 : rk.O_F0 + 5], oi[:, rk.O_SEQ], oi[:, rk.O_TMPL],
+                    oi[:, rk.O_SL], oi[:, rk.O_RL], of[:, rk.O_FR], peak)
+
 
     def _block(self, g: I64, t: npt.NDArray[np.floating[Any]], f: F64, seq: I64, tmpl: I64, m_sl: I64, m_rl: I64,
                m_fr: F64, peak: I64 | None) -> None:
-        """Queue the records of ``_rows_of``: state samples, or DONE records when ``peak`` is given."""
+        """Queue records: state samples, or DONE records when ``peak`` is given."""
         final = peak is not None
         tp = self.tmpl.take(tmpl, axis=0)
         ex = f[:, _F_EXIT]
@@ -962,7 +962,7 @@ class MegatronSim(FaultBook):
         lay = self._layouts.get(key)
         if lay is None:
             lay = self._layout(key, ranks, topo.ep_comm[ranks], topo.ep_crank[ranks], groups)
-        enter = np.maximum(enter, self.mf[lay.gi, _F_EXIT])  # in order on its communicator
+        enter = np.maximum(enter, self.m_exit[lay.gi])  # in order on its communicator
         if self.any_h1:
             enter = self._stop(ranks, enter)
         start_g = enter.reshape(groups, size).max(axis=1)
@@ -1112,12 +1112,13 @@ class MegatronSim(FaultBook):
             return
         t = min(float(fin.max()), self.sc.duration_s)
         self._states(members, np.full(members.shape[0], t))
-        self._rows(members, np.full(members.shape[0], t), final=False)
+        self._rows(members, np.full(members.shape[0], t))
 
     def _forget(self, members: I64) -> None:
         """Members with no op yet: no state records until their communicator's next op."""
         self.mi[members, _I_SEQ] = -1
         self.mf[members, _F_EXIT] = -INF
+        self.m_exit[members] = -INF
         self.m_probewin[members] = -1
         self.m_sl[members], self.m_rl[members], self.m_fr[members] = 0, 0, 1.0
         for lay in self._layouts.values():
@@ -1167,7 +1168,7 @@ class MegatronSim(FaultBook):
         end = sc.duration_s if horizon_s is None else min(sc.duration_s, horizon_s)
         while float(np.min(self.clock)) <= end:
             self._step(step)
-            self._done_rows()
+            self._drain()
             if self.measure:  # every rank measures its communicators' op rate and picks the stride
                 el = max(float(np.min(self.clock)) - self.step_t0, 1e-6)
                 self.one_in = np.asarray([detail_one_in(c / el, self.budget) for c in self.cseq.tolist()],
@@ -1179,10 +1180,6 @@ class MegatronSim(FaultBook):
             step += 1
             frontier = float(np.min(self.clock))
             self._states(np.arange(self.next_inst.shape[0]), np.full(self.next_inst.shape[0], frontier))
-            if math.isfinite(frontier):
-                nt = math.ceil(frontier / self.dt - 1e-9) * self.dt  # every member's next instant is at or after
-                for lay in self._layouts.values():
-                    lay.cache["nt"] = max(lay.cache.get("nt", -INF), nt - 1e-9)
             yield from self._flush(frontier)
         n = self.next_inst.shape[0]
         self._states(np.arange(n), np.full(n, sc.duration_s + 1e-9))

@@ -1,0 +1,147 @@
+"""The simulator's recording rules, compiled: which records the probes send about a step's ops.
+
+The Megatron-style model (``megatron.py``) times each op for many ranks at once with numpy, and
+logs it; at the end of a step this kernel plays the step's log member by member, in op order, as
+the probe and its poller would see it:
+
+1. **state samples**: every sampling instant ``k x dt`` a member passed before this op entered
+   shows its previous op (PROGRESS while inside it, IDLE after); rows go out instant by instant;
+2. the op becomes the member's newest (its times, sequence number, template and, when the op
+   carries them, the fault marks a link fault or a freeze left on it);
+3. **in flight**: the poller looks every ``poll`` seconds; the first look after the group's data
+   starts moving, if the op is still running then, is shipped once per member and delivery window;
+4. **DONE**: when the communicator's stride picks the op (``samp``, decided by the model from the
+   Trace ID) and it ended inside the run.
+
+It is the loop numpy could only do with a few dozen array operations per op (the op-by-op cost was
+three quarters of the simulator's time); the rows are the same, in the same order. Nothing here
+draws random numbers or formats a record: the rows go back as members and times, and the model
+makes the records from them (``MegatronSim._block``). The rules keep two quirks of the op-by-op
+code they replaced, so every record stays byte for byte what it was: the poll test of a member
+reads its group's first member's start and duration (``size`` consecutive members make a group),
+and every member's sequence number is the entry's (the groups of a layout run in lockstep).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit
+
+# the columns of the float block of an op (one row per member and op, as MegatronSim.mf)
+F_ENTER, F_EXIT, F_START, F_DUR, F_PREV = range(5)
+# a row out: its member, sequence number, template, send lead, recv lead, peak lead and entry (ints);
+# its time, the op's five floats and the freeze fraction (floats)
+O_G, O_SEQ, O_TMPL, O_SL, O_RL, O_PL, O_ENTRY = range(7)
+N_OI = 7
+O_T, O_F0, O_FR = 0, 1, 6
+N_OF = 7
+
+
+@njit(cache=True, nogil=True)
+def _emit(oi, of, n, m, t, mf, mi, m_sl, m_rl, m_pl, m_fr, entry):  # type: ignore[no-untyped-def]
+    oi[n, O_G] = m
+    oi[n, O_SEQ] = mi[m, 0]
+    oi[n, O_TMPL] = mi[m, 1]
+    oi[n, O_SL] = m_sl[m]
+    oi[n, O_RL] = m_rl[m]
+    oi[n, O_PL] = m_pl[m]
+    oi[n, O_ENTRY] = entry
+    of[n, O_T] = t
+    for c in range(5):
+        of[n, O_F0 + c] = mf[m, c]
+    of[n, O_FR] = m_fr[m]
+
+
+@njit(cache=True, nogil=True)
+def play(  # type: ignore[no-untyped-def]
+    mf, mi, m_sl, m_rl, m_pl, m_fr, probewin, next_inst,
+    e_off, e_n, e_size, e_seq, e_goff, e_moff,
+    gi, fop, tmpl, samp, mk_i, mk_f,
+    duration, dt, n_inst, poll,
+    oi, of, di, df,
+):
+    """Play the log's entries (ops) in order; returns how many rows went to ``oi``/``of`` (state
+    samples and in-flight looks, in the order they are sent) and to ``di``/``df`` (DONE records).
+
+    State (one row per member, updated in place): ``mf``/``mi`` each member's newest op (floats as
+    ``F_*``; sequence number, template), ``m_sl``/``m_rl``/``m_pl``/``m_fr`` its fault marks,
+    ``probewin`` the delivery window of its last in-flight look, ``next_inst`` its next sampling
+    instant. Entry ``e``: members ``gi[e_off[e] : e_off[e] + e_n[e]]`` with the op's floats ``fop``
+    and templates ``tmpl`` on the same rows, groups of ``e_size[e]`` members, sequence number
+    ``e_seq[e]``, per group whether the stride picks it at ``samp[e_goff[e]:]``, and fault marks to
+    write at rows ``e_moff[e]`` of ``mk_i`` (send, recv, peak lead) and ``mk_f`` (freeze), or -1 to
+    keep the members' marks. A member whose op does not enter inside the run is left alone.
+    """
+    no = 0
+    nd = 0
+    big = 0
+    for e in range(e_n.shape[0]):
+        big = max(big, e_n[e])
+    cnt = np.empty(big, dtype=np.int64)
+    k0s = np.empty(big, dtype=np.int64)
+    for e in range(e_n.shape[0]):
+        a = e_off[e]
+        n = e_n[e]
+        size = e_size[e]
+        seq = e_seq[e]
+        go = e_goff[e]
+        mo = e_moff[e]
+        # 1. the previous op is the newest state until this one enters
+        most = 0
+        for j in range(n):
+            cnt[j] = 0
+            en = fop[a + j, F_ENTER]
+            if en <= duration:
+                m = gi[a + j]
+                k0 = next_inst[m]
+                k1 = min(int(math.ceil(min(en, 1e15) / dt - 1e-9)), n_inst)
+                k0s[j] = k0
+                if mi[m, 0] >= 0 and k1 > k0:
+                    cnt[j] = k1 - k0
+                    most = max(most, k1 - k0)
+                if k1 > k0:
+                    next_inst[m] = k1
+        for s in range(most):
+            for j in range(n):
+                if cnt[j] > s:
+                    _emit(oi, of, no, gi[a + j], float(k0s[j] + s) * dt, mf, mi, m_sl, m_rl, m_pl, m_fr, e)
+                    no += 1
+        # 2. the op becomes each member's newest
+        for j in range(n):
+            if fop[a + j, F_ENTER] <= duration:
+                m = gi[a + j]
+                for c in range(5):
+                    mf[m, c] = fop[a + j, c]
+                mi[m, 0] = seq
+                mi[m, 1] = tmpl[a + j]
+                if mo >= 0:
+                    m_sl[m] = mk_i[mo + j, 0]
+                    m_rl[m] = mk_i[mo + j, 1]
+                    m_pl[m] = mk_i[mo + j, 2]
+                    m_fr[m] = mk_f[mo + j]
+        # 3. the first poll after the group's data starts moving catches it in flight, if it still runs
+        for j in range(n):
+            if not fop[a + j, F_ENTER] <= duration:
+                continue
+            g0 = a + (j // size) * size
+            sg = fop[g0, F_START]
+            first = math.ceil(sg / poll + 1e-9) * poll if math.isfinite(sg) else math.inf
+            if not first < sg + fop[g0, F_DUR] * 1.02:
+                continue
+            if not (first < fop[a + j, F_EXIT] and first <= duration):
+                continue
+            win = int(math.floor(first / dt + 1e-9))
+            m = gi[a + j]
+            if win != probewin[m]:
+                probewin[m] = win
+                _emit(oi, of, no, m, first, mf, mi, m_sl, m_rl, m_pl, m_fr, e)
+                no += 1
+        # 4. DONE, when the stride picks the op and it ended inside the run
+        for j in range(n):
+            ex = fop[a + j, F_EXIT]
+            if fop[a + j, F_ENTER] <= duration and samp[go + j // size] and math.isfinite(ex) and ex <= duration:
+                _emit(di, df, nd, gi[a + j], ex, mf, mi, m_sl, m_rl, m_pl, m_fr, e)
+                nd += 1
+    return no, nd
