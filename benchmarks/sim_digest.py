@@ -7,9 +7,11 @@ and whether a NIC is named) of ``benchmarks/scenarios/standard.jsonl`` and ``net
 scenario (of at most 32 ranks where there is one); and ``sim_speed.py``'s Megatron-style job at 128 and
 1,024 ranks (30 simulated seconds). A scenario's digest is a SHA-256 over its whole stream, batch by
 batch: the delivery time, the batch's header (job, incarnation, communicator, world size, hosts,
-producer, sequence, lost records), every column, the counters and the peaks. ``--write`` records the
-digests of this checkout; ``--check`` recomputes them and names every scenario whose stream changed
-(exit 1). Record on the commit before a change, check after it: a record that moved by one byte shows.
+producer, sequence, lost records), every column, the counters and the peaks; its records digest is a
+SHA-256 over the same records as a set (sorted, hosts by name), blind to which batch carries a record.
+``--write`` records the digests of this checkout; ``--check`` recomputes them and names every scenario
+whose stream changed (exit 1): CHANGED when its records did, REBATCHED when only their batches did.
+Record on the commit before a change, check after it: a record that moved by one byte shows.
 ``tests/unit/simulator/test_sim_digest.py`` checks a few small ones of the same file on every run.
 """
 
@@ -46,10 +48,13 @@ def _array(h: Any, name: str, a: npt.NDArray[Any]) -> None:
     h.update(np.ascontiguousarray(a).tobytes())
 
 
-def stream_digest(stream: Iterable[tuple[float, KernelBatch]]) -> tuple[str, int, int]:
-    """SHA-256 of a whole ``simulate()`` stream, its batch count and its record count."""
+def stream_digest(stream: Iterable[tuple[float, KernelBatch]]) -> tuple[str, int, int, str]:
+    """SHA-256 of a whole ``simulate()`` stream, its batch count, its record count, and the SHA-256 of
+    its records alone (``record_digest``)."""
     h = hashlib.sha256()
     batches = records = 0
+    rows: list[npt.NDArray[np.int64]] = []
+    hosts: dict[str, int] = {}
     for t, b in stream:
         h.update(struct.pack("<d", t))
         head = (b.job, b.incarnation, b.comm_hash, b.world_size, b.hosts, b.producer, b.batch_seq,
@@ -62,7 +67,35 @@ def stream_digest(stream: Iterable[tuple[float, KernelBatch]]) -> tuple[str, int
         _array(h, "peak_lag", b.peaks)
         batches += 1
         records += b.n
-    return h.hexdigest(), batches, records
+        rows.append(_record_rows(t, b, hosts))
+    return h.hexdigest(), batches, records, record_digest(rows, hosts)
+
+
+def _record_rows(t: float, b: KernelBatch, hosts: dict[str, int]) -> npt.NDArray[np.int64]:
+    """One row per record of ``b``: everything the record says, whichever batch carries it (its
+    delivery time, job incarnation, communicator, host by name, columns, counters and peaks)."""
+    ids = np.asarray([hosts.setdefault(name, len(hosts)) for name in b.hosts], dtype=np.int64)
+    cols = [np.full(b.n, np.float64(t).view(np.int64)), np.full(b.n, b.incarnation), np.full(b.n, b.world_size),
+            ids[b.columns["host_idx"]] if b.n else np.zeros(0, dtype=np.int64)]
+    cols += [b.columns[name] for name in sorted(b.columns) if name != "host_idx"]
+    return np.concatenate([np.stack(cols, axis=1), b.send, b.recv, b.peaks], axis=1).astype(np.int64)
+
+
+def record_digest(rows: list[npt.NDArray[np.int64]], hosts: dict[str, int]) -> str:
+    """SHA-256 of a stream's records as a set: the same whether they come one communicator or one host
+    to a batch, in whatever order (host ids are renumbered by name, rows sorted on every column)."""
+    h = hashlib.sha256()
+    if not rows:
+        return h.hexdigest()
+    a = np.concatenate(rows)
+    names = sorted(hosts)
+    rename = np.empty(len(hosts), dtype=np.int64)
+    rename[[hosts[n] for n in names]] = np.arange(len(names))
+    a[:, 3] = rename[a[:, 3]]
+    a = a[np.lexsort(a.T[::-1])]
+    h.update(repr(names).encode())
+    h.update(np.ascontiguousarray(a).tobytes())
+    return h.hexdigest()
 
 
 def _signature(d: dict[str, Any]) -> tuple[Any, ...]:
@@ -108,8 +141,8 @@ def digests(only: set[str] | None = None, *, verbose: bool = False) -> dict[str,
         if only and sc.id not in only:
             continue
         t0 = time.perf_counter()
-        dig, batches, records = stream_digest(simulate(sc))
-        out[sc.id] = {"sha256": dig, "batches": batches, "records": records}
+        dig, batches, records, rec = stream_digest(simulate(sc))
+        out[sc.id] = {"sha256": dig, "batches": batches, "records": records, "records_sha256": rec}
         if verbose:
             print(f"{sc.id:<32} {batches:>7} batches {records:>9} records {time.perf_counter() - t0:6.2f} s "
                   f"{dig[:16]}", flush=True)
@@ -134,7 +167,9 @@ def main(argv: list[str] | None = None) -> int:
         bad = [k for k in got if want.get(k) != got[k]]
         missing = [k for k in want if k not in got and not args.only]
         for k in bad:
-            print(f"CHANGED {k}: {want.get(k)} -> {got[k]}")
+            same = {"records", "records_sha256"}
+            what = "REBATCHED" if all(want.get(k, {}).get(f) == got[k][f] for f in same) else "CHANGED"
+            print(f"{what} {k}: {want.get(k)} -> {got[k]}")
         for k in missing:
             print(f"MISSING {k}")
         tail = f", {len(missing)} missing" if missing else ""
