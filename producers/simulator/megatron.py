@@ -475,42 +475,24 @@ class MegatronSim(FaultBook):
             if compute is not None:
                 c_all = np.stack(c_noise)
         jit = self.sc.jitter
-        enter, exit_ = np.empty((k, nn)), np.empty((k, nn))
-        start_g = np.empty((k, groups))
         # written as _compute and coll write them, element by element, so every float is the same; what
-        # does not depend on the previous op is computed for all k ops at once, the rest per op
+        # does not depend on the previous op is computed for all k ops at once, the rest compiled
         dur_g = nominal_s * (1.0 + jit / 2 * np.abs(d_all))
-        spread = (1.0 + 0.01 * u_all).reshape(k, groups, size)
+        spread = 1.0 + 0.01 * u_all
+        comp = np.zeros((0, nn))
         if compute is not None and c_all is not None:
             base_s, step_factor = compute
             comp = np.maximum(base_s * step_factor * (1.0 + jit / 4 * c_all), 0.2 * base_s)
-        t = begin
-        for j in range(k):
-            if compute is not None:
-                t = t + comp[j]
-            enter[j] = t
-            sg = start_g[j] = t.reshape(groups, size).max(axis=1)
-            ex = exit_[j].reshape(groups, size)  # a view: the op's exits, group by group
-            np.multiply(dur_g[j][:, None], spread[j], out=ex)
-            ex += sg[:, None]  # start + duration x spread, as coll adds them
-            t = exit_[j]
+        fop = np.empty((k, nn, 5))
+        self.last_exit[ranks] = rk.chain_times(np.ascontiguousarray(begin, dtype=np.float64), comp, dur_g, spread, size,
+                                               self.last_exit[ranks], fop)
         slots = _slots(nominal_s)
         tmpls = [self._tmpl((int(op), BF16, count, -1, slots, slots, slots)) for op in ops]
         seq0 = int(self.cseq[lay.cid_g[0]])  # the groups of a layout run in lockstep (see _sampled)
         self.cseq[lay.cid_g] += k
         if lay.has_rank0:
             self.ops_per_rank += k
-        prev = np.empty((k, nn))
-        prev[0] = self.last_exit[lay.ranks]
-        fin = np.isfinite(exit_)
-        if bool(fin.all()):
-            prev[1:] = exit_[:-1]
-            self.last_exit[ranks] = exit_[-1]
-        else:  # a rank that never leaves an op keeps its last exit
-            for j in range(1, k):
-                prev[j] = np.where(fin[j - 1], exit_[j - 1], prev[j - 1])
-            for j in range(k):
-                self.last_exit[ranks[fin[j]]] = exit_[j][fin[j]]
+        enter, exit_ = fop[:, :, _F_ENTER], fop[:, :, _F_EXIT]
         ok = enter <= self.sc.duration_s
         if bool(ok.all()):
             self.m_exit[lay.gi] = exit_[-1]
@@ -520,10 +502,8 @@ class MegatronSim(FaultBook):
         if bool(ok.any()):
             write = bool(lay.cache.get("special"))
             lay.cache["special"] = False
-            self._log(lay, k, np.stack([enter, exit_, np.repeat(start_g, size, axis=1), np.repeat(dur_g, size, axis=1),
-                                        prev], axis=-1),
-                      np.repeat(np.asarray(tmpls, dtype=np.int64), nn), seq0, self._sampled_run(lay, seq0, k),
-                      {} if write else None)
+            self._log(lay, k, fop, np.repeat(np.asarray(tmpls, dtype=np.int64), nn), seq0,
+                      self._sampled_run(lay, seq0, k), {} if write else None)
         return exit_[-1].copy()
 
     def p2p(self, src: I64, dst: I64, enter_src: F64, enter_dst: F64, comm: I64, nominal_s: float,

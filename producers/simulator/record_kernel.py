@@ -145,3 +145,39 @@ def play(  # type: ignore[no-untyped-def]
                 _emit(di, df, nd, gi[a + j], ex, mf, mi, m_sl, m_rl, m_pl, m_fr, e)
                 nd += 1
     return no, nd
+
+
+@njit(cache=True, nogil=True)
+def chain_times(begin, comp, dur_g, spread, size, prev0, fop):  # type: ignore[no-untyped-def]
+    """The times of ``k`` successive blocking ring collectives of one layout (``MegatronSim._chain``)
+    into ``fop`` (``(k, members, 5)``, ``F_*``), as ``_compute`` then ``coll`` compute them op by op,
+    float for float: each op starts when its group's last member entered, ends after its duration
+    times each member's spread, and the next op (after ``comp[j]`` of compute, when ``comp`` has
+    rows) enters at that exit. ``prev0`` is each member's last exit before the chain; returns it
+    after (a member that never leaves an op keeps its last one)."""
+    k, nn = fop.shape[0], fop.shape[1]
+    groups = nn // size
+    t = begin.copy()
+    prev = prev0.copy()
+    for j in range(k):
+        if comp.shape[0]:
+            for r in range(nn):
+                t[r] = t[r] + comp[j, r]
+        for g in range(groups):
+            sg = t[g * size]
+            for i in range(1, size):
+                sg = max(sg, t[g * size + i])
+            d = dur_g[j, g]
+            for i in range(size):
+                r = g * size + i
+                fop[j, r, F_ENTER] = t[r]
+                fop[j, r, F_EXIT] = d * spread[j, g * size + i] + sg
+                fop[j, r, F_START] = sg
+                fop[j, r, F_DUR] = d
+                fop[j, r, F_PREV] = prev[r]
+        for r in range(nn):
+            ex = fop[j, r, F_EXIT]
+            if math.isfinite(ex):
+                prev[r] = ex
+            t[r] = ex
+    return prev
