@@ -8,7 +8,9 @@ not wait, the receiver does); the backward pass of the last micro-batch issues t
 reduce-scatter buckets, which run on the network while it goes on computing; the step ends with
 the parameter all-gather. Ops are evaluated for all groups of a stage at once (numpy over ranks),
 and successive ops of one layout that no fault touches as one chain (``_chain``: the same draws
-and floats as op by op, a few array operations per op, their records made together).
+and floats as op by op, the per-op loop compiled). Each op goes into the step's log; at the step's
+end the compiled recording rules (``record_kernel.play``) play the log member by member and say
+which records it makes, and ``_block`` makes them.
 
 What goes out is the bounded record format (docs/wire-format.md, "Record format and its cost"), not one
 record per op: per delivery interval, for every communicator a rank is in, its newest state

@@ -1,0 +1,166 @@
+"""The simulator's compiled recording rules (``record_kernel.play``) on logs small enough to check by hand:
+state samples before an op enters, one in-flight look per member and window, DONE only when picked and
+inside the run, fault marks written or kept, and an op that never enters leaves its members alone."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+from ccld.producers.simulator import record_kernel as rk
+
+DT, POLL, DURATION = 1.0, 0.1, 30.0
+
+
+@dataclass
+class Members:
+    """The kernel's per-member state for ``n`` members, none with an op yet."""
+
+    n: int
+    mf: npt.NDArray[np.float64] = field(init=False)
+    mi: npt.NDArray[np.int64] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.mf = np.full((self.n, 5), math.inf)
+        self.mf[:, rk.F_EXIT] = -math.inf
+        self.mi = np.full((self.n, 2), -1, dtype=np.int64)
+        self.sl = np.zeros(self.n, dtype=np.int64)
+        self.rl = np.zeros(self.n, dtype=np.int64)
+        self.pl = np.zeros(self.n, dtype=np.int64)
+        self.fr = np.ones(self.n)
+        self.probewin = np.full(self.n, -1, dtype=np.int64)
+        self.next_inst = np.zeros(self.n, dtype=np.int64)
+
+    def play(self, ops: list[dict], n_inst: int = 31) -> tuple[list[tuple], list[tuple]]:
+        """Play ``ops`` (each: members, enter, exit, seq, tmpl, sampled; optional size, marks); the rows
+        out as (member, time, seq) for state samples and looks, and for DONE records."""
+        gi, fl, tm, samp, e_off, e_n, e_size, e_seq, e_goff, e_moff = [], [], [], [], [], [], [], [], [], []
+        mk_i, mk_f = [], []
+        for op in ops:
+            g = list(op["members"])
+            size = op.get("size", len(g))
+            e_off.append(len(gi))
+            e_goff.append(len(samp))
+            e_n.append(len(g))
+            e_size.append(size)
+            e_seq.append(op["seq"])
+            gi += g
+            for i in range(len(g)):
+                enter, ex = op["enter"][i], op["exit"][i]
+                start = max(op["enter"][(i // size) * size : (i // size + 1) * size])
+                fl.append((enter, ex, start, ex - start if math.isfinite(ex) else 1.0, -1.0))
+                tm.append(op["tmpl"])
+            samp += [op["sampled"]] * (len(g) // size)
+            if "marks" in op:
+                e_moff.append(len(mk_f))
+                for _ in g:
+                    mk_i.append(op["marks"][:3])
+                    mk_f.append(op["marks"][3])
+            else:
+                e_moff.append(-1)
+        big = len(gi) + self.n * n_inst
+        oi, of = np.zeros((big, rk.N_OI), dtype=np.int64), np.zeros((big, rk.N_OF))
+        di, df = np.zeros((len(gi), rk.N_OI), dtype=np.int64), np.zeros((len(gi), rk.N_OF))
+
+        def i64(x: list) -> npt.NDArray[np.int64]:
+            return np.asarray(x, dtype=np.int64)
+
+        no, nd = rk.play(
+            self.mf, self.mi, self.sl, self.rl, self.pl, self.fr, self.probewin, self.next_inst,
+            i64(e_off), i64(e_n), i64(e_size), i64(e_seq), i64(e_goff), i64(e_moff),
+            i64(gi), np.asarray(fl, dtype=np.float64).reshape(-1, 5), i64(tm), np.asarray(samp, dtype=np.bool_),
+            np.asarray(mk_i, dtype=np.int64).reshape(-1, 3), np.asarray(mk_f, dtype=np.float64),
+            DURATION, DT, n_inst, POLL, oi, of, di, df)
+
+        def rows(i: npt.NDArray[np.int64], f: npt.NDArray[np.float64], n: int) -> list[tuple]:
+            return [(int(i[r, rk.O_G]), round(float(f[r, rk.O_T]), 9), int(i[r, rk.O_SEQ])) for r in range(n)]
+
+        return rows(oi, of, no), rows(di, df, nd)
+
+
+def op(members: list[int], enter: list[float], exit_: list[float], seq: int, *, sampled: bool = False,
+       **kw: object) -> dict:
+    return {"members": members, "enter": enter, "exit": exit_, "seq": seq, "tmpl": 0, "sampled": sampled, **kw}
+
+
+def test_state_samples_show_the_previous_op_until_the_next_enters() -> None:
+    m = Members(2)
+    m.play([op([0, 1], [0.02, 0.03], [0.05, 0.06], 0)])
+    # the next op enters at 2.5: instants 1 and 2 passed since; both members show op 0, instant by instant
+    states, done = m.play([op([0, 1], [2.5, 2.5], [2.51, 2.51], 1)])
+    assert states == [(0, 1.0, 0), (1, 1.0, 0), (0, 2.0, 0), (1, 2.0, 0)]
+    assert done == []
+    assert m.next_inst.tolist() == [3, 3] and m.mi[:, 0].tolist() == [1, 1]
+
+
+def test_a_member_without_an_op_sends_no_state_sample() -> None:
+    m = Members(1)
+    states, _ = m.play([op([0], [3.5], [3.51], 0)])
+    assert states == [] and m.next_inst.tolist() == [4]
+
+
+def test_one_in_flight_look_per_member_and_window() -> None:
+    m = Members(1)
+    # an op from 1.03 to 1.6: the poll at 1.1 catches it running; the next op in the same window is
+    # not looked at again, one in the next window is
+    states, _ = m.play([op([0], [1.03], [1.6], 0), op([0], [1.62], [1.95], 1), op([0], [2.03], [2.5], 2)])
+    looks = [r for r in states if r[1] not in (1.0, 2.0)]
+    assert looks == [(0, 1.1, 0), (0, 2.1, 2)]
+    # a short op between two polls is never caught in flight
+    m2 = Members(1)
+    states2, _ = m2.play([op([0], [1.11], [1.15], 0)])
+    assert [r for r in states2 if r[1] != 1.0] == []
+
+
+def test_done_only_when_picked_and_inside_the_run() -> None:
+    m = Members(2)
+    _, done = m.play([
+        op([0, 1], [0.2, 0.2], [0.25, 0.25], 0, sampled=True),
+        op([0, 1], [0.3, 0.3], [0.35, 0.35], 1, sampled=False),
+        op([0, 1], [29.9, 29.9], [30.5, 30.5], 2, sampled=True),  # ends after the run
+    ], n_inst=31)
+    assert done == [(0, 0.25, 0), (1, 0.25, 0)]
+
+
+def test_an_op_that_never_enters_leaves_its_members_alone() -> None:
+    m = Members(2)
+    m.play([op([0, 1], [0.2, 0.2], [0.25, 0.25], 0)])
+    _, done = m.play([op([0, 1], [math.inf, 0.5], [math.inf, 0.6], 1, sampled=True, size=1)])
+    assert m.mi[:, 0].tolist() == [0, 1]  # member 0 still shows op 0
+    assert done == [(1, 0.6, 1)]
+
+
+def test_fault_marks_are_written_with_the_op_or_kept() -> None:
+    m = Members(1)
+    m.play([op([0], [0.2], [0.25], 0, marks=(2, 3, 4, 0.5))])
+    assert (m.sl[0], m.rl[0], m.pl[0], m.fr[0]) == (2, 3, 4, 0.5)
+    m.play([op([0], [0.3], [0.35], 1)])  # an op without marks: the member keeps them
+    assert (m.sl[0], m.fr[0]) == (2, 0.5)
+    m.play([op([0], [0.4], [0.45], 2, marks=(0, 0, 0, 1.0))])  # written back to "no fault"
+    assert (m.sl[0], m.rl[0], m.pl[0], m.fr[0]) == (0, 0, 0, 1.0)
+
+
+def test_chain_times_match_the_op_by_op_arithmetic() -> None:
+    rng = np.random.default_rng(5)
+    k, groups, size = 3, 2, 4
+    nn = groups * size
+    begin = rng.uniform(0, 0.01, nn)
+    comp = rng.uniform(0.001, 0.002, (k, nn))
+    dur_g = rng.uniform(0.002, 0.003, (k, groups))
+    spread = 1.0 + 0.01 * rng.random((k, nn))
+    fop = np.empty((k, nn, 5))
+    prev = rk.chain_times(begin, comp, dur_g, spread, size, np.full(nn, -1.0), fop)
+    t, last = begin.copy(), np.full(nn, -1.0)
+    for j in range(k):  # as _compute then coll: numpy, op by op
+        t = t + comp[j]
+        assert np.array_equal(fop[j, :, rk.F_ENTER], t)
+        sg = t.reshape(groups, size).max(axis=1)
+        ex = (dur_g[j][:, None] * spread[j].reshape(groups, size) + sg[:, None]).ravel()
+        assert np.array_equal(fop[j, :, rk.F_EXIT], ex)
+        assert np.array_equal(fop[j, :, rk.F_START], np.repeat(sg, size))
+        assert np.array_equal(fop[j, :, rk.F_PREV], last)
+        t, last = ex, ex
+    assert np.array_equal(prev, last)
