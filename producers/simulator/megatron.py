@@ -15,7 +15,9 @@ which records it makes, and ``_block`` makes them.
 What goes out is the bounded record format (docs/wire-format.md, "Record format and its cost"), not one
 record per op: per delivery interval, for every communicator a rank is in, its newest state
 (PROGRESS with live counters while inside an op, IDLE after), plus the DONE record of every op
-that ``detail_sampled`` picks for that communicator's stride (the same ops on every rank).
+that ``detail_sampled`` picks for that communicator's stride (the same ops on every rank). Each
+host's records of a window go out as one batch (its communicators in the ``comm`` column), as the
+attachment's per-host aggregator sends them.
 Faults, noise and the scenario format are those of ``engine.py``; ``expect`` never leaves here.
 """
 
@@ -203,7 +205,10 @@ class MegatronSim(FaultBook):
         # queued records, each call's (int block, sampling times, peaks); see _R_* for the block's rows
         # each with the first and last delivery window of its rows, so a flush takes or keeps whole blocks
         self.pending: list[tuple[I64, F64, I64, int, int]] = []
-        self.recreated = False  # a communicator got a new hash: batches are cut on the hash too
+        # a batch holds one host's records (a table of its own name); each rank's host
+        self.m_host = np.asarray(topo.host_of, dtype=np.int64)
+        self.n_hosts = len(topo.hosts)
+        self.host_names = [(h,) for h in topo.hosts]
         self._log_reset()  # the step's ops, recorded at its end (_drain)
         self.window = 0
         self.batch_seq = 0
@@ -804,41 +809,36 @@ class MegatronSim(FaultBook):
             t = np.concatenate([p[1] for p in out_p])
             peak = np.concatenate([p[2] for p in out_p])
         win = np.floor(t / dt + 1e-9).astype(np.int64)
-        # one batch per window, incarnation and communicator (a communicator may be created again under
-        # a new hash, a job may restart as a new incarnation, inside one window), rows in time order: the
-        # three keys packed in one integer (each below its range), so the stable sort has two passes, not
-        # four; the hash only splits a communicator once one was created again
-        n_c = self.hash_arr.shape[0]
+        # one batch per window, incarnation and host, as the attachment's host aggregator sends them (a
+        # job may restart as a new incarnation inside one window), rows in time order: the three keys
+        # packed in one integer (each below its range), so the stable sort has two passes, not four
+        host = self.m_host.take(blk[_R_RANK])
         inc = blk[_R_INC]
-        key = (win * (int(inc.max()) + 1) + inc) * n_c + blk[_R_CID] if win.shape[0] else win
-        if self.recreated:
-            order = np.lexsort((t, blk[_R_HASH], key))
-        else:
-            order = np.lexsort((t, key))
+        key = (win * (int(inc.max()) + 1) + inc) * self.n_hosts + host if win.shape[0] else win
+        order = np.lexsort((t, key))
         # np.take gathers a row at a time: well over a third cheaper than fancy indexing of the block
         blk, peak, win, key = np.take(blk, order, axis=1), np.take(peak, order, axis=0), win[order], key[order]
-        change = np.diff(key) != 0
-        if self.recreated:
-            change |= np.diff(blk[_R_HASH]) != 0
-        cuts = np.flatnonzero(change) + 1
+        cuts = np.flatnonzero(np.diff(key) != 0) + 1
         bounds = np.concatenate([[0], cuts, [win.shape[0]]]).tolist()
         send2 = blk[_R_SEND][:, None] * self.slot_mult
         recv2 = blk[_R_RECV][:, None] * self.slot_mult
         firsts = bounds[:-1]
-        cid_l = blk[_R_CID][firsts].tolist()
+        host_l = (key[firsts] % self.n_hosts).tolist()
         win_l = win[firsts].tolist()
         inc_l = blk[_R_INC][firsts].tolist()
         hash_l = blk[_R_HASH][firsts].tolist()
-        hosts, job, producer, world = self.c.hosts, self.job, self.producer, self.topo.n
+        names, job, producer, world = self.host_names, self.job, self.producer, self.topo.n
         # a batch's columns are slices of the block's rows (1-D slicing is the cheapest view numpy makes);
-        # every rule KernelBatch checks holds by construction, so they are not checked again per batch
-        rows = [(k, blk[r]) for k, r in zip(_BATCH_NAMES, _BATCH_ROW_IX, strict=True)]
+        # every rule KernelBatch checks holds by construction, so they are not checked again per batch.
+        # Its hosts table is its host alone: every row's host_idx is 0
+        zero = np.zeros(win.shape[0], dtype=np.int64)
+        rows = [(k, zero if k == "host_idx" else blk[r]) for k, r in zip(_BATCH_NAMES, _BATCH_ROW_IX, strict=True)]
         seq0 = self.batch_seq
         dur_s = self.sc.duration_s
         make = KernelBatch.prebuilt
         for i, (a, b) in enumerate(zip(firsts, bounds[1:], strict=True)):
             batch = make(
-                job=job, incarnation=inc_l[i], comm_hash=hash_l[i], world_size=world, hosts=hosts[cid_l[i]],
+                job=job, incarnation=inc_l[i], comm_hash=hash_l[i], world_size=world, hosts=names[host_l[i]],
                 columns={k: row[a:b] for k, row in rows}, send=send2[a:b],
                 recv=recv2[a:b], producer=producer, batch_seq=seq0 + i, peak_lag=peak[a:b],
             )
@@ -1130,7 +1130,6 @@ class MegatronSim(FaultBook):
             self._last_word(np.arange(sl.start, sl.stop))
             self.c.hashes[c] = h
             self.hash_arr[c] = h
-            self.recreated = True
             self._forget(np.arange(sl.start, sl.stop))
         self.cseq[cids] = 0
 

@@ -38,7 +38,7 @@ def test_producers_25_s_ahead_and_behind_in_a_healthy_job_make_no_verdict(
         "workload": {"microbatches": 4, "layers": 2, "layer_ms": 4.0}, "faults": [], "expect": [],
     })
     batches = list(simulate(sc))
-    comms = sorted({b.comm_hash for _, b in batches})
+    hosts = sorted({b.hosts[0] for _, b in batches})  # one producer per host, as the attachment runs
     worker = chaos_worker.start()
     p = Producer({"bootstrap.servers": s.bootstrap, "linger.ms": 5})
     t0 = time.time()
@@ -47,7 +47,7 @@ def test_producers_25_s_ahead_and_behind_in_a_healthy_job_make_no_verdict(
         ahead = t0 + t - time.time()
         if ahead > 0:
             time.sleep(ahead)  # real time: the worker's wall clock and the job's move together
-        k = comms.index(b.comm_hash) % len(SKEW_S)
+        k = hosts.index(b.hosts[0]) % len(SKEW_S)
         b = dataclasses.replace(b, producer=f"skew-p{k}")
         p.produce(s.metrics_topic, encode_batch(b), partition=0, timestamp=int((t0 + t + SKEW_S[k]) * 1000))
         p.poll(0)

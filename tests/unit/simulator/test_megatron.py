@@ -58,15 +58,16 @@ def test_every_rank_details_the_same_ops_and_each_member_sends_its_state() -> No
     states: Counter[tuple[int, int, int]] = Counter()
     prev: list[int] = []
     for _, b in out:
-        st = b.columns["status"]
-        size[b.comm_hash] = int(b.columns["comm_size"][0])
+        st, comm = b.columns["status"], b.columns["comm"]  # a batch is one host's: several communicators
         for i in range(b.n):
+            c = int(comm[i])
+            size[c] = int(b.columns["comm_size"][i])
             if st[i] == Status.DONE:
-                done[(b.comm_hash, int(b.columns["op_seq"][i]))].add(int(b.columns["comm_rank"][i]))
+                done[(c, int(b.columns["op_seq"][i]))].add(int(b.columns["comm_rank"][i]))
             else:
                 assert st[i] in (Status.PROGRESS, Status.IDLE)
                 ts = (b.columns["t_sample_ns"][i] - EPOCH_NS) / 1e9  # this test's hosts have no clock skew
-                states[(b.comm_hash, int(b.columns["comm_rank"][i]), int(ts))] += 1
+                states[(c, int(b.columns["comm_rank"][i]), int(ts))] += 1
         prev.extend(b.columns["t_prev_exit_ns"][st == Status.DONE].tolist())
     assert done and np.mean(np.asarray(prev) > 0) > 0.9  # a sampled op says where the one before it ended
     complete = [len(r) == size[c] for (c, _), r in done.items()]
