@@ -10,7 +10,7 @@ the parameter all-gather. Ops are evaluated for all groups of a stage at once (n
 and successive ops of one layout that no fault touches as one chain (``_chain``: the same draws
 and floats as op by op, the per-op loop compiled). Each op goes into the step's log; at the step's
 end the compiled recording rules (``record_kernel.play``) play the log member by member and say
-which records it makes, and ``_block`` makes them.
+which records it makes, and ``record_kernel.format_rows`` makes them.
 
 What goes out is the bounded record format (docs/wire-format.md, "Record format and its cost"), not one
 record per op: per delivery interval, for every communicator a rank is in, its newest state
@@ -60,19 +60,13 @@ BF16 = int(DType.BFLOAT16)
 # for every op of the job: times in one float block, sequence and op template in one int block
 _F_ENTER, _F_EXIT, _F_START, _F_DUR, _F_PREV = range(5)
 _I_SEQ, _I_TMPL = range(2)
-# a queued record is one column of an int block (rows below, in the order they are sorted and
-# sliced into batches) plus its sampling time and per-channel peaks: one block per ``_rows`` call,
-# so a flush concatenates and reorders three arrays instead of twenty
-(_R_CID, _R_HASH, _R_INC, _R_SEQ, _R_OP, _R_DTYPE, _R_COUNT, _R_PEER, _R_RANK, _R_CRANK, _R_CSIZE, _R_LHOST,
- _R_STATUS, _R_ENTER, _R_EXIT, _R_SAMPLE, _R_PREV, _R_SEND, _R_RECV, _R_ZERO) = range(20)
-_N_ROWS = 20
 # the batch columns, in KernelBatch order, and the block row each comes from (t_exit_err_ns: the
 # simulator times exits exactly, 0; comm: every batch holds one communicator)
 _BATCH_ROWS = (
-    ("op_seq", _R_SEQ), ("op_type", _R_OP), ("dtype", _R_DTYPE), ("count", _R_COUNT), ("peer", _R_PEER),
-    ("rank", _R_RANK), ("comm_rank", _R_CRANK), ("comm_size", _R_CSIZE), ("status", _R_STATUS),
-    ("host_idx", _R_LHOST), ("t_enter_ns", _R_ENTER), ("t_exit_ns", _R_EXIT), ("t_sample_ns", _R_SAMPLE),
-    ("t_prev_exit_ns", _R_PREV), ("t_exit_err_ns", _R_ZERO), (COMM_COLUMN, _R_HASH),
+    ("op_seq", rk.R_SEQ), ("op_type", rk.R_OP), ("dtype", rk.R_DTYPE), ("count", rk.R_COUNT), ("peer", rk.R_PEER),
+    ("rank", rk.R_RANK), ("comm_rank", rk.R_CRANK), ("comm_size", rk.R_CSIZE), ("status", rk.R_STATUS),
+    ("host_idx", rk.R_LHOST), ("t_enter_ns", rk.R_ENTER), ("t_exit_ns", rk.R_EXIT), ("t_sample_ns", rk.R_SAMPLE),
+    ("t_prev_exit_ns", rk.R_PREV), ("t_exit_err_ns", rk.R_ZERO), (COMM_COLUMN, rk.R_HASH),
 )
 _BATCH_NAMES = tuple(k for k, _ in _BATCH_ROWS)
 _BATCH_ROW_IX = tuple(r for _, r in _BATCH_ROWS)
@@ -202,7 +196,7 @@ class MegatronSim(FaultBook):
         self.cseq = np.zeros(n_c, dtype=np.int64)
         self.one_in = np.ones(n_c, dtype=np.int64)
         self.hash_arr = np.asarray(self.c.hashes, dtype=np.int64)
-        # queued records, each call's (int block, sampling times, peaks); see _R_* for the block's rows
+        # queued records, each call's (int block, sampling times, peaks); see rk.R_* for the block's rows
         # each with the first and last delivery window of its rows, so a flush takes or keeps whole blocks
         self.pending: list[tuple[I64, F64, I64, int, int]] = []
         # a batch holds one host's records (a table of its own name); each rank's host
@@ -695,10 +689,15 @@ class MegatronSim(FaultBook):
     def _rows(self, g: I64, t: npt.NDArray[np.floating[Any]]) -> None:
         """State records of members ``g`` at times ``t`` about their newest op, with the fault marks
         they carry now."""
-        # take() rather than fancy indexing for row gathers from 2-D tables: several times cheaper
-        mi = self.mi.take(g, axis=0)
-        self._block(g, t, self.mf.take(g, axis=0), mi[:, _I_SEQ], mi[:, _I_TMPL], self.m_sl[g], self.m_rl[g],
-                    self.m_fr[g], None)
+        n = g.shape[0]
+        oi, of = np.zeros((n, rk.N_OI), dtype=np.int64), np.empty((n, rk.N_OF))
+        oi[:, rk.O_G] = g
+        oi[:, rk.O_SEQ : rk.O_TMPL + 1] = self.mi.take(g, axis=0)
+        oi[:, rk.O_SL], oi[:, rk.O_RL], oi[:, rk.O_PL] = self.m_sl[g], self.m_rl[g], self.m_pl[g]
+        of[:, rk.O_T] = t
+        of[:, rk.O_F0 : rk.O_F0 + 5] = self.mf.take(g, axis=0)
+        of[:, rk.O_FR] = self.m_fr[g]
+        self._queue(oi, of, None)
 
     def _done_rows(self, di: I64, df: F64) -> None:
         """The step's DONE records (``play``'s rows, in the order they were noted). Their kernel
@@ -726,55 +725,22 @@ class MegatronSim(FaultBook):
         peak = fold_peaks(np.concatenate(peaks) if len(peaks) > 1 else peaks[0], MAX_CHANNELS)
         self._queue(di, df, peak)
 
+
     def _queue(self, oi: I64, of: F64, peak: I64 | None) -> None:
-        """Queue ``play``'s rows (``rk.O_*`` columns) as records (``_block``)."""
-        self._block(oi[:, rk.O_G], of[:, rk.O_T], of[:, rk.O_F0 : rk.O_F0 + 5], oi[:, rk.O_SEQ], oi[:, rk.O_TMPL],
-                    oi[:, rk.O_SL], oi[:, rk.O_RL], of[:, rk.O_FR], peak)
-
-
-    def _block(self, g: I64, t: npt.NDArray[np.floating[Any]], f: F64, seq: I64, tmpl: I64, m_sl: I64, m_rl: I64,
-               m_fr: F64, peak: I64 | None) -> None:
-        """Queue records: state samples, or DONE records when ``peak`` is given."""
-        final = peak is not None
-        tp = self.tmpl.take(tmpl, axis=0)
-        ex = f[:, _F_EXIT]
-        n = g.shape[0]
-        inside = np.zeros(n, dtype=bool) if final else t < ex
-        start, dur = f[:, _F_START], f[:, _F_DUR]
-        with np.errstate(invalid="ignore", divide="ignore"):
-            frac = np.clip((t - start) / dur, 0.0, 1.0)
-        frac = np.where(np.isfinite(frac), frac, 0.0)
-        frac = np.minimum(frac, m_fr)
-        level = np.floor(frac * tp[:, 4]).astype(np.int64)
-        started = t > start
-        blk = np.empty((_N_ROWS, n), dtype=np.int64)
-        blk[_R_SEND] = np.where(started, np.minimum(tp[:, 5], level + m_sl), 0)
-        blk[_R_RECV] = np.where(started, np.minimum(tp[:, 6], level + m_rl), 0)
-        st = self.m_static.take(g, axis=1)
-        blk[_R_CID] = st[0]
-        blk[_R_HASH] = self.hash_arr[st[0]]
-        blk[_R_INC] = self.inc
-        blk[_R_SEQ] = seq
-        blk[_R_OP : _R_PEER + 1] = tp[:, :4].T
-        blk[_R_RANK : _R_LHOST + 1] = st[1:]
-        blk[_R_STATUS] = np.where(inside, int(Status.PROGRESS), int(Status.DONE if final else Status.IDLE))
-        prev = f[:, _F_PREV]
-        # the four timestamps at once, on the member's host clock
-        times = np.stack([f[:, _F_ENTER], np.where(inside, 0.0, ex), np.broadcast_to(t, (n,)), np.maximum(prev, 0.0)])
-        ns = EPOCH_NS + np.rint((times * self.m_scale[g] + self.m_skew[g]) * 1e9).astype(np.int64)
-        blk[_R_ENTER] = ns[0]
-        blk[_R_EXIT] = np.where(inside, -1, ns[1])
-        blk[_R_SAMPLE] = ns[2]
-        blk[_R_PREV] = np.where(prev >= 0, ns[3], -1)
-        blk[_R_ZERO] = 0
+        """Queue the records of ``play``'s rows (``rk.O_*`` columns): state samples, or DONE records
+        when ``peak`` (their kernel peaks) is given."""
+        n = oi.shape[0]
+        blk = np.empty((rk.N_ROWS, n), dtype=np.int64)
+        rk.format_rows(oi, of, self.tmpl, self.m_static, self.hash_arr, self.m_scale, self.m_skew, self.inc,
+                       peak is not None, EPOCH_NS, int(Status.PROGRESS), int(Status.DONE), int(Status.IDLE), blk)
         # DONE carries the peak backlog each kernel kept per channel (probe v2); other rows: unknown
         if peak is None:
             peak = np.full((n, min(self.sc.channels, MAX_CHANNELS)), -1, dtype=np.int64)
-        tt = np.broadcast_to(t, (n,))
+        t = of[:, rk.O_T].copy()
         # the window of the earliest and latest row (floor of a monotonic expression: the min and max windows)
-        w_lo = int(math.floor(float(tt.min()) / self.dt + 1e-9))
-        w_hi = int(math.floor(float(tt.max()) / self.dt + 1e-9))
-        self.pending.append((blk, tt, peak, w_lo, w_hi))
+        w_lo = int(math.floor(float(t.min()) / self.dt + 1e-9))
+        w_hi = int(math.floor(float(t.max()) / self.dt + 1e-9))
+        self.pending.append((blk, t, peak, w_lo, w_hi))
 
     # -- windows out ----------------------------------------------------------------------------
     def _flush(self, upto: float) -> Iterator[tuple[float, KernelBatch]]:
@@ -812,21 +778,21 @@ class MegatronSim(FaultBook):
         # one batch per window, incarnation and host, as the attachment's host aggregator sends them (a
         # job may restart as a new incarnation inside one window), rows in time order: the three keys
         # packed in one integer (each below its range), so the stable sort has two passes, not four
-        host = self.m_host.take(blk[_R_RANK])
-        inc = blk[_R_INC]
+        host = self.m_host.take(blk[rk.R_RANK])
+        inc = blk[rk.R_INC]
         key = (win * (int(inc.max()) + 1) + inc) * self.n_hosts + host if win.shape[0] else win
         order = np.lexsort((t, key))
         # np.take gathers a row at a time: well over a third cheaper than fancy indexing of the block
         blk, peak, win, key = np.take(blk, order, axis=1), np.take(peak, order, axis=0), win[order], key[order]
         cuts = np.flatnonzero(np.diff(key) != 0) + 1
         bounds = np.concatenate([[0], cuts, [win.shape[0]]]).tolist()
-        send2 = blk[_R_SEND][:, None] * self.slot_mult
-        recv2 = blk[_R_RECV][:, None] * self.slot_mult
+        send2 = blk[rk.R_SEND][:, None] * self.slot_mult
+        recv2 = blk[rk.R_RECV][:, None] * self.slot_mult
         firsts = bounds[:-1]
         host_l = (key[firsts] % self.n_hosts).tolist()
         win_l = win[firsts].tolist()
-        inc_l = blk[_R_INC][firsts].tolist()
-        hash_l = blk[_R_HASH][firsts].tolist()
+        inc_l = blk[rk.R_INC][firsts].tolist()
+        hash_l = blk[rk.R_HASH][firsts].tolist()
         names, job, producer, world = self.host_names, self.job, self.producer, self.topo.n
         # a batch's columns are slices of the block's rows (1-D slicing is the cheapest view numpy makes);
         # every rule KernelBatch checks holds by construction, so they are not checked again per batch.

@@ -15,8 +15,8 @@ the probe and its poller would see it:
 
 It is the loop numpy could only do with a few dozen array operations per op (the op-by-op cost was
 three quarters of the simulator's time); the rows are the same, in the same order. Nothing here
-draws random numbers or formats a record: the rows go back as members and times, and the model
-makes the records from them (``MegatronSim._block``). The rules keep two quirks of the op-by-op
+draws random numbers: the rows go back as members and times, the model draws the DONE records'
+kernel peaks, and ``format_rows`` makes the records (the int block ``R_*``). The rules keep two quirks of the op-by-op
 code they replaced, so every record stays byte for byte what it was: the poll test of a member
 reads its group's first member's start and duration (``size`` consecutive members make a group),
 and every member's sequence number is the entry's (the groups of a layout run in lockstep).
@@ -37,6 +37,11 @@ O_G, O_SEQ, O_TMPL, O_SL, O_RL, O_PL, O_ENTRY = range(7)
 N_OI = 7
 O_T, O_F0, O_FR = 0, 1, 6
 N_OF = 7
+# a queued record is one column of an int block, these rows in this order (MegatronSim sorts and slices
+# them into batches): the kernel formats them (``format_rows``)
+(R_CID, R_HASH, R_INC, R_SEQ, R_OP, R_DTYPE, R_COUNT, R_PEER, R_RANK, R_CRANK, R_CSIZE, R_LHOST,
+ R_STATUS, R_ENTER, R_EXIT, R_SAMPLE, R_PREV, R_SEND, R_RECV, R_ZERO) = range(20)
+N_ROWS = 20
 
 
 @njit(cache=True, nogil=True)
@@ -181,3 +186,47 @@ def chain_times(begin, comp, dur_g, spread, size, prev0, fop):  # type: ignore[n
                 prev[r] = ex
             t[r] = ex
     return prev
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def format_rows(oi, of, tmpl_tab, m_static, hash_arr, m_scale, m_skew, inc, final, epoch_ns,  # type: ignore[no-untyped-def]
+                progress, done, idle, blk):
+    """The records of ``play``'s rows (``oi``/``of``) into ``blk`` (``(N_ROWS, rows)``, ``R_*``): what
+    ``MegatronSim`` sends about a member's op at the row's time. Counters: the share of the op's
+    slots done by then (``tmpl_tab``'s slots, capped by the member's freeze), plus its send and recv
+    lead; ``final`` rows are DONE, the others PROGRESS while inside the op and IDLE after. Times on
+    the member's host clock (``m_scale``, ``m_skew``), in ns from ``epoch_ns``; an exit not reached
+    yet and a previous exit not known are -1. Float for float what numpy computed before."""
+    n = blk.shape[1]
+    for r in range(n):
+        m = oi[r, O_G]
+        tp = oi[r, O_TMPL]
+        t = of[r, O_T]
+        enter = of[r, O_F0 + F_ENTER]
+        ex = of[r, O_F0 + F_EXIT]
+        start = of[r, O_F0 + F_START]
+        prev = of[r, O_F0 + F_PREV]
+        inside = (not final) and t < ex
+        frac = (t - start) / of[r, O_F0 + F_DUR]
+        frac = 0.0 if math.isnan(frac) else min(max(frac, 0.0), 1.0)  # np.clip, then NaN (0/0, inf/inf) as 0
+        frac = min(frac, of[r, O_FR])
+        level = np.int64(math.floor(frac * tmpl_tab[tp, 4]))
+        started = t > start
+        blk[R_SEND, r] = min(tmpl_tab[tp, 5], level + oi[r, O_SL]) if started else 0
+        blk[R_RECV, r] = min(tmpl_tab[tp, 6], level + oi[r, O_RL]) if started else 0
+        cid = m_static[0, m]
+        blk[R_CID, r] = cid
+        blk[R_HASH, r] = hash_arr[cid]
+        blk[R_INC, r] = inc
+        blk[R_SEQ, r] = oi[r, O_SEQ]
+        for c in range(4):
+            blk[R_OP + c, r] = tmpl_tab[tp, c]
+        for c in range(4):
+            blk[R_RANK + c, r] = m_static[1 + c, m]
+        blk[R_STATUS, r] = progress if inside else (done if final else idle)
+        sc, sk = m_scale[m], m_skew[m]
+        blk[R_ENTER, r] = epoch_ns + np.int64(np.rint((enter * sc + sk) * 1e9))
+        blk[R_EXIT, r] = -1 if inside else epoch_ns + np.int64(np.rint((ex * sc + sk) * 1e9))
+        blk[R_SAMPLE, r] = epoch_ns + np.int64(np.rint((t * sc + sk) * 1e9))
+        blk[R_PREV, r] = epoch_ns + np.int64(np.rint((max(prev, 0.0) * sc + sk) * 1e9)) if prev >= 0 else -1
+        blk[R_ZERO, r] = 0

@@ -164,3 +164,31 @@ def test_chain_times_match_the_op_by_op_arithmetic() -> None:
         assert np.array_equal(fop[j, :, rk.F_PREV], last)
         t, last = ex, ex
     assert np.array_equal(prev, last)
+
+
+def test_format_rows_counts_the_share_done_on_the_host_clock() -> None:
+    # one member (comm 0, rank 3, comm rank 1 of 2, host slot 0), an op of 100 slots from 1.0 to 2.0
+    tmpl_tab = np.asarray([[2, 7, 4096, -1, 100, 100, 100]], dtype=np.int64)
+    m_static = np.asarray([[0], [3], [1], [2], [0]], dtype=np.int64)
+    hash_arr = np.asarray([-77], dtype=np.int64)
+    scale, skew = np.asarray([1.0 + 50e-6]), np.asarray([0.25])
+    oi = np.zeros((3, rk.N_OI), dtype=np.int64)
+    of = np.zeros((3, rk.N_OF))
+    oi[:, rk.O_SEQ], oi[:, rk.O_SL] = 9, 2
+    of[:, rk.O_F0 : rk.O_F0 + 5] = (0.9, 2.0, 1.0, 1.0, 0.5)  # entered 0.9, data from 1.0 for 1.0 s
+    of[:, rk.O_FR] = 1.0
+    of[:, rk.O_T] = (1.25, 2.5, 2.0)
+    of[2, rk.O_FR] = 0.1  # frozen at a tenth
+    blk = np.zeros((rk.N_ROWS, 3), dtype=np.int64)
+    rk.format_rows(oi, of, tmpl_tab, m_static, hash_arr, scale, skew, 4, False, 10**18, 1, 2, 3, blk)
+    assert blk[rk.R_STATUS].tolist() == [1, 3, 3]  # inside (PROGRESS), then after it (IDLE)
+    assert blk[rk.R_SEND].tolist() == [27, 100, 12]  # a quarter of 100 slots + a lead of 2, capped; the freeze
+    assert blk[rk.R_RECV].tolist() == [25, 100, 10]
+    assert blk[rk.R_EXIT, 0] == -1 and blk[rk.R_EXIT, 1] == 10**18 + round((2.0 * scale[0] + 0.25) * 1e9)
+    assert blk[rk.R_SAMPLE, 0] == 10**18 + round((1.25 * scale[0] + 0.25) * 1e9)
+    assert (blk[rk.R_HASH] == -77).all() and (blk[rk.R_INC] == 4).all() and (blk[rk.R_SEQ] == 9).all()
+    assert blk[rk.R_OP : rk.R_PEER + 1, 0].tolist() == [2, 7, 4096, -1]
+    assert blk[rk.R_RANK : rk.R_LHOST + 1, 0].tolist() == [3, 1, 2, 0]
+    done = np.zeros((rk.N_ROWS, 3), dtype=np.int64)
+    rk.format_rows(oi, of, tmpl_tab, m_static, hash_arr, scale, skew, 4, True, 10**18, 1, 2, 3, done)
+    assert done[rk.R_STATUS].tolist() == [2, 2, 2]  # DONE rows are never inside
