@@ -455,37 +455,24 @@ class MegatronSim(FaultBook):
         # the noise, drawn in the order the op-by-op model draws it (compute, op duration, exits); when
         # neither bulk buffer runs out inside the chain, op by op would take consecutive slices of them,
         # so the chain takes them as one slice each, shaped by op
-        per_t = groups + (nn if compute is not None else 0)
-        c_all: F64 | None = None
+        c_cols = nn if compute is not None else 0  # a row of tb: the compute noise (if any), then the ops'
+        per_t = groups + c_cols
         if self._tpos + k * per_t <= self._tbuf.shape[0] and self._upos + k * nn <= self._ubuf.shape[0]:
             tb = self._tbuf[self._tpos : self._tpos + k * per_t].reshape(k, per_t)
             self._tpos += k * per_t
-            d_all = tb[:, nn:] if compute is not None else tb
-            if compute is not None:
-                c_all = tb[:, :nn]
             u_all = self._ubuf[self._upos : self._upos + k * nn].reshape(k, nn)
             self._upos += k * nn
         else:
-            c_noise, d_noise, u_noise = [], [], []
+            t_noise, u_noise = [], []
             for _ in range(k):
-                if compute is not None:
-                    c_noise.append(self._t4(nn))
-                d_noise.append(self._t4(groups))
+                t_noise.append(np.concatenate([self._t4(nn), self._t4(groups)]) if c_cols else self._t4(groups))
                 u_noise.append(self._u(nn))
-            d_all, u_all = np.stack(d_noise), np.stack(u_noise)
-            if compute is not None:
-                c_all = np.stack(c_noise)
-        jit = self.sc.jitter
-        # written as _compute and coll write them, element by element, so every float is the same; what
-        # does not depend on the previous op is computed for all k ops at once, the rest compiled
-        dur_g = nominal_s * (1.0 + jit / 2 * np.abs(d_all))
-        spread = 1.0 + 0.01 * u_all
-        comp = np.zeros((0, nn))
-        if compute is not None and c_all is not None:
-            base_s, step_factor = compute
-            comp = np.maximum(base_s * step_factor * (1.0 + jit / 4 * c_all), 0.2 * base_s)
+            tb, u_all = np.stack(t_noise), np.stack(u_noise)
+        base_s, step_factor = compute if compute is not None else (0.0, 0.0)
         fop = np.empty((k, nn, 5))
-        self.last_exit[ranks] = rk.chain_times(np.ascontiguousarray(begin, dtype=np.float64), comp, dur_g, spread, size,
+        # written as _compute and coll write them, element by element, so every float is the same
+        self.last_exit[ranks] = rk.chain_times(np.ascontiguousarray(begin, dtype=np.float64), tb, c_cols, u_all,
+                                               self.sc.jitter, nominal_s, base_s, step_factor, size,
                                                self.last_exit[ranks], fop)
         slots = _slots(nominal_s)
         tmpls = [self._tmpl((int(op), BF16, count, -1, slots, slots, slots)) for op in ops]
@@ -614,7 +601,7 @@ class MegatronSim(FaultBook):
         ``tmpl`` and ``samp`` op-major), sequence numbers from ``seq0``; ``marks``, when not None,
         the fault marks the first op writes on its members (absent ones: no fault)."""
         nn = lay.gi.shape[0]
-        self._lg_gi.append(lay.gi if k == 1 else np.tile(lay.gi, k))
+        self._lg_gi.append(lay.gi)  # the chain's k ops share their members
         self._lg_f.append(f.reshape(k * nn, 5))
         self._lg_tmpl.append(tmpl)
         self._lg_samp.append(samp.ravel())
@@ -647,7 +634,11 @@ class MegatronSim(FaultBook):
         e_seq: list[int] = []
         e_moff: list[int] = []
         e_groups: list[int] = []
+        e_gio: list[int] = []
+        gio = 0
         for k, nn, size, seq0, mo in meta:
+            e_gio += [gio] * k
+            gio += nn
             e_n += [nn] * k
             e_size += [size] * k
             e_seq += range(seq0, seq0 + k)
@@ -663,12 +654,13 @@ class MegatronSim(FaultBook):
         last = float(en[en <= self.sc.duration_s].max(initial=0.0))
         k_hi = min(int(math.ceil(last / self.dt)) + 1, self.n_inst)
         n_states = int(np.maximum(k_hi - self.next_inst, 0).sum())
-        cap = gi.shape[0] + n_states
+        cap = fop.shape[0] + n_states
         oi, of = np.empty((cap, rk.N_OI), dtype=np.int64), np.empty((cap, rk.N_OF))
-        di, df = np.empty((gi.shape[0], rk.N_OI), dtype=np.int64), np.empty((gi.shape[0], rk.N_OF))
+        di, df = np.empty((fop.shape[0], rk.N_OI), dtype=np.int64), np.empty((fop.shape[0], rk.N_OF))
         no, nd = rk.play(self.mf, self.mi, self.m_sl, self.m_rl, self.m_pl, self.m_fr, self.m_probewin, self.next_inst,
                       e_off, n_arr, np.asarray(e_size, dtype=np.int64), np.asarray(e_seq, dtype=np.int64), e_goff,
-                      np.asarray(e_moff, dtype=np.int64), gi, fop, tmpl, samp, mk_i, mk_f,
+                      np.asarray(e_moff, dtype=np.int64), np.asarray(e_gio, dtype=np.int64), gi, fop, tmpl, samp,
+                      mk_i, mk_f,
                       float(self.sc.duration_s), float(self.dt), int(self.n_inst), POLL_S, oi, of, di, df)
         if no:
             self._queue(oi[:no], of[:no], None)

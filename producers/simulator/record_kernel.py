@@ -62,7 +62,7 @@ def _emit(oi, of, n, m, t, mf, mi, m_sl, m_rl, m_pl, m_fr, entry):  # type: igno
 @njit(cache=True, nogil=True)
 def play(  # type: ignore[no-untyped-def]
     mf, mi, m_sl, m_rl, m_pl, m_fr, probewin, next_inst,
-    e_off, e_n, e_size, e_seq, e_goff, e_moff,
+    e_off, e_n, e_size, e_seq, e_goff, e_moff, e_gio,
     gi, fop, tmpl, samp, mk_i, mk_f,
     duration, dt, n_inst, poll,
     oi, of, di, df,
@@ -73,11 +73,12 @@ def play(  # type: ignore[no-untyped-def]
     State (one row per member, updated in place): ``mf``/``mi`` each member's newest op (floats as
     ``F_*``; sequence number, template), ``m_sl``/``m_rl``/``m_pl``/``m_fr`` its fault marks,
     ``probewin`` the delivery window of its last in-flight look, ``next_inst`` its next sampling
-    instant. Entry ``e``: members ``gi[e_off[e] : e_off[e] + e_n[e]]`` with the op's floats ``fop``
-    and templates ``tmpl`` on the same rows, groups of ``e_size[e]`` members, sequence number
-    ``e_seq[e]``, per group whether the stride picks it at ``samp[e_goff[e]:]``, and fault marks to
-    write at rows ``e_moff[e]`` of ``mk_i`` (send, recv, peak lead) and ``mk_f`` (freeze), or -1 to
-    keep the members' marks. A member whose op does not enter inside the run is left alone.
+    instant. Entry ``e``: members ``gi[e_gio[e] : e_gio[e] + e_n[e]]`` (the ops of a chain share
+    them), with the op's floats ``fop`` and templates ``tmpl`` at rows ``e_off[e]`` on, groups of
+    ``e_size[e]`` members, sequence number ``e_seq[e]``, per group whether the stride picks it at
+    ``samp[e_goff[e]:]``, and fault marks to write at rows ``e_moff[e]`` of ``mk_i`` (send, recv,
+    peak lead) and ``mk_f`` (freeze), or -1 to keep the members' marks. A member whose op does not
+    enter inside the run is left alone.
     """
     no = 0
     nd = 0
@@ -88,6 +89,7 @@ def play(  # type: ignore[no-untyped-def]
     k0s = np.empty(big, dtype=np.int64)
     for e in range(e_n.shape[0]):
         a = e_off[e]
+        ga = e_gio[e]
         n = e_n[e]
         size = e_size[e]
         seq = e_seq[e]
@@ -99,7 +101,7 @@ def play(  # type: ignore[no-untyped-def]
             cnt[j] = 0
             en = fop[a + j, F_ENTER]
             if en <= duration:
-                m = gi[a + j]
+                m = gi[ga + j]
                 k0 = next_inst[m]
                 k1 = min(int(math.ceil(min(en, 1e15) / dt - 1e-9)), n_inst)
                 k0s[j] = k0
@@ -111,12 +113,12 @@ def play(  # type: ignore[no-untyped-def]
         for s in range(most):
             for j in range(n):
                 if cnt[j] > s:
-                    _emit(oi, of, no, gi[a + j], float(k0s[j] + s) * dt, mf, mi, m_sl, m_rl, m_pl, m_fr, e)
+                    _emit(oi, of, no, gi[ga + j], float(k0s[j] + s) * dt, mf, mi, m_sl, m_rl, m_pl, m_fr, e)
                     no += 1
         # 2. the op becomes each member's newest
         for j in range(n):
             if fop[a + j, F_ENTER] <= duration:
-                m = gi[a + j]
+                m = gi[ga + j]
                 for c in range(5):
                     mf[m, c] = fop[a + j, c]
                 mi[m, 0] = seq
@@ -138,7 +140,7 @@ def play(  # type: ignore[no-untyped-def]
             if not (first < fop[a + j, F_EXIT] and first <= duration):
                 continue
             win = int(math.floor(first / dt + 1e-9))
-            m = gi[a + j]
+            m = gi[ga + j]
             if win != probewin[m]:
                 probewin[m] = win
                 _emit(oi, of, no, m, first, mf, mi, m_sl, m_rl, m_pl, m_fr, e)
@@ -147,36 +149,40 @@ def play(  # type: ignore[no-untyped-def]
         for j in range(n):
             ex = fop[a + j, F_EXIT]
             if fop[a + j, F_ENTER] <= duration and samp[go + j // size] and math.isfinite(ex) and ex <= duration:
-                _emit(di, df, nd, gi[a + j], ex, mf, mi, m_sl, m_rl, m_pl, m_fr, e)
+                _emit(di, df, nd, gi[ga + j], ex, mf, mi, m_sl, m_rl, m_pl, m_fr, e)
                 nd += 1
     return no, nd
 
 
 @njit(cache=True, nogil=True)
-def chain_times(begin, comp, dur_g, spread, size, prev0, fop):  # type: ignore[no-untyped-def]
+def chain_times(begin, tb, c_cols, u, jit, nominal_s, base_s, step_factor, size, prev0, fop):  # type: ignore[no-untyped-def]
     """The times of ``k`` successive blocking ring collectives of one layout (``MegatronSim._chain``)
     into ``fop`` (``(k, members, 5)``, ``F_*``), as ``_compute`` then ``coll`` compute them op by op,
-    float for float: each op starts when its group's last member entered, ends after its duration
-    times each member's spread, and the next op (after ``comp[j]`` of compute, when ``comp`` has
-    rows) enters at that exit. ``prev0`` is each member's last exit before the chain; returns it
-    after (a member that never leaves an op keeps its last one)."""
+    float for float. Op ``j``'s noise: ``tb[j]`` holds the members' compute noise in its first
+    ``c_cols`` columns (none: no compute before the ops) and the groups' duration noise after them
+    (Student t), ``u[j]`` the members' spread (uniform). Each member computes ``base_s x step_factor``
+    with its noise (at least a fifth of ``base_s``), each op starts when its group's last member
+    entered, lasts ``nominal_s`` with the group's noise, and a member leaves after that times its
+    spread; the next op enters at that exit. ``prev0`` is each member's last exit before the chain;
+    returns it after (a member that never leaves an op keeps its last one)."""
     k, nn = fop.shape[0], fop.shape[1]
     groups = nn // size
     t = begin.copy()
     prev = prev0.copy()
+    bs = base_s * step_factor
+    floor_s = 0.2 * base_s
     for j in range(k):
-        if comp.shape[0]:
-            for r in range(nn):
-                t[r] = t[r] + comp[j, r]
+        for r in range(c_cols):
+            t[r] = t[r] + max(bs * (1.0 + jit / 4 * tb[j, r]), floor_s)
         for g in range(groups):
             sg = t[g * size]
             for i in range(1, size):
                 sg = max(sg, t[g * size + i])
-            d = dur_g[j, g]
+            d = nominal_s * (1.0 + jit / 2 * abs(tb[j, c_cols + g]))
             for i in range(size):
                 r = g * size + i
                 fop[j, r, F_ENTER] = t[r]
-                fop[j, r, F_EXIT] = d * spread[j, g * size + i] + sg
+                fop[j, r, F_EXIT] = d * (1.0 + 0.01 * u[j, r]) + sg
                 fop[j, r, F_START] = sg
                 fop[j, r, F_DUR] = d
                 fop[j, r, F_PREV] = prev[r]

@@ -70,7 +70,7 @@ class Members:
 
         no, nd = rk.play(
             self.mf, self.mi, self.sl, self.rl, self.pl, self.fr, self.probewin, self.next_inst,
-            i64(e_off), i64(e_n), i64(e_size), i64(e_seq), i64(e_goff), i64(e_moff),
+            i64(e_off), i64(e_n), i64(e_size), i64(e_seq), i64(e_goff), i64(e_moff), i64(e_off),
             i64(gi), np.asarray(fl, dtype=np.float64).reshape(-1, 5), i64(tm), np.asarray(samp, dtype=np.bool_),
             np.asarray(mk_i, dtype=np.int64).reshape(-1, 3), np.asarray(mk_f, dtype=np.float64),
             DURATION, DT, n_inst, POLL, oi, of, di, df)
@@ -147,20 +147,22 @@ def test_chain_times_match_the_op_by_op_arithmetic() -> None:
     rng = np.random.default_rng(5)
     k, groups, size = 3, 2, 4
     nn = groups * size
+    jit, nominal_s, base_s, factor = 0.05, 0.0025, 0.0015, 1.1
     begin = rng.uniform(0, 0.01, nn)
-    comp = rng.uniform(0.001, 0.002, (k, nn))
-    dur_g = rng.uniform(0.002, 0.003, (k, groups))
-    spread = 1.0 + 0.01 * rng.random((k, nn))
+    tb = rng.standard_t(4, (k, nn + groups))  # per op: the members' compute noise, then the groups' duration noise
+    u = rng.random((k, nn))
     fop = np.empty((k, nn, 5))
-    prev = rk.chain_times(begin, comp, dur_g, spread, size, np.full(nn, -1.0), fop)
+    prev = rk.chain_times(begin, tb, nn, u, jit, nominal_s, base_s, factor, size, np.full(nn, -1.0), fop)
     t, last = begin.copy(), np.full(nn, -1.0)
     for j in range(k):  # as _compute then coll: numpy, op by op
-        t = t + comp[j]
+        t = t + np.maximum(base_s * factor * (1.0 + jit / 4 * tb[j, :nn]), 0.2 * base_s)
         assert np.array_equal(fop[j, :, rk.F_ENTER], t)
         sg = t.reshape(groups, size).max(axis=1)
-        ex = (dur_g[j][:, None] * spread[j].reshape(groups, size) + sg[:, None]).ravel()
+        dur = nominal_s * (1.0 + jit / 2 * np.abs(tb[j, nn:]))
+        ex = np.repeat(sg, size) + np.repeat(dur, size) * (1.0 + 0.01 * u[j])
         assert np.array_equal(fop[j, :, rk.F_EXIT], ex)
         assert np.array_equal(fop[j, :, rk.F_START], np.repeat(sg, size))
+        assert np.array_equal(fop[j, :, rk.F_DUR], np.repeat(dur, size))
         assert np.array_equal(fop[j, :, rk.F_PREV], last)
         t, last = ex, ex
     assert np.array_equal(prev, last)
