@@ -582,9 +582,11 @@ class MegatronSim(FaultBook):
         if special or lay.cache.get("special"):  # the members' marks are written (else they keep theirs)
             marks = special
             lay.cache["special"] = bool(special)
-        self._log(lay, 1, np.stack([enter, exit_, start, dur, self.last_exit[lay.ranks]], axis=-1),
-                  np.broadcast_to(np.asarray(tmpl, dtype=np.int64), (nn,)), int(seq_g[0]),
-                  self._sampled(lay, seq_g), marks)
+        fop = np.empty((nn, 5))
+        fop[:, _F_ENTER], fop[:, _F_EXIT], fop[:, _F_START], fop[:, _F_DUR] = enter, exit_, start, dur
+        fop[:, _F_PREV] = self.last_exit[lay.ranks]
+        self._log(lay, 1, fop, np.full(nn, tmpl, dtype=np.int64) if isinstance(tmpl, int) else tmpl,
+                  int(seq_g[0]), self._sampled(lay, seq_g), marks)
 
     # -- the step's log: recorded at its end --------------------------------------------------------
     def _log_reset(self) -> None:
