@@ -595,6 +595,7 @@ class MegatronSim(FaultBook):
         self._lg_tmpl: list[I64] = []
         self._lg_samp: list[npt.NDArray[np.bool_]] = []
         self._lg_mk: list[tuple[I64, F64]] = []
+        self._lg_mk_rows = 0
         self._lg_meta: list[tuple[int, int, int, int, int]] = []  # per chunk: ops, members, group size, seq, marks
 
     def _log(self, lay: _Layout, k: int, f: F64, tmpl: I64, seq0: int, samp: npt.NDArray[np.bool_],
@@ -607,14 +608,15 @@ class MegatronSim(FaultBook):
         self._lg_f.append(f.reshape(k * nn, 5))
         self._lg_tmpl.append(tmpl)
         self._lg_samp.append(samp.ravel())
-        mo = -1
+        mo = -1  # the first row of its marks in the step's marks, if it writes them
         if marks is not None:
             mk = np.zeros((nn, 3), dtype=np.int64)
             for c, name in enumerate(("send_lead", "recv_lead", "peak_lead")):
                 if name in marks:
                     mk[:, c] = marks[name]
+            mo = self._lg_mk_rows
             self._lg_mk.append((mk, marks["freeze"] if "freeze" in marks else np.ones(nn)))
-            mo = len(self._lg_mk) - 1
+            self._lg_mk_rows += nn
         self._lg_meta.append((k, nn, nn // lay.cid_g.shape[0], seq0, mo))
 
     def _drain(self) -> None:
@@ -630,26 +632,22 @@ class MegatronSim(FaultBook):
         mks = self._lg_mk
         mk_i = np.concatenate([m[0] for m in mks]) if mks else np.zeros((0, 3), dtype=np.int64)
         mk_f = np.concatenate([m[1] for m in mks]) if mks else np.zeros(0)
-        mk_off = np.cumsum([0] + [m[0].shape[0] for m in mks]).tolist()
-        e_n: list[int] = []
-        e_size: list[int] = []
-        e_seq: list[int] = []
-        e_moff: list[int] = []
-        e_groups: list[int] = []
-        e_gio: list[int] = []
-        gio = 0
-        for k, nn, size, seq0, mo in meta:
-            e_gio += [gio] * k
-            gio += nn
-            e_n += [nn] * k
-            e_size += [size] * k
-            e_seq += range(seq0, seq0 + k)
-            e_groups += [nn // size] * k
-            e_moff += [mk_off[mo] if mo >= 0 else -1] + [-1] * (k - 1)
+        # per entry (op): members, group size, sequence number, where its members and floats begin
+        # and its marks (a chain's k ops are k entries on the same members; only its first writes marks)
+        m = np.asarray(meta, dtype=np.int64).reshape(-1, 5)
+        ks, nns = m[:, 0], m[:, 1]
+        head = np.cumsum(ks) - ks  # each chain's first entry
+        n_e = int(ks.sum())
+        n_arr = np.repeat(nns, ks)
+        e_size = np.repeat(m[:, 2], ks)
+        e_seq = np.repeat(m[:, 3] - head, ks) + np.arange(n_e)
+        e_gio = np.repeat(np.cumsum(nns) - nns, ks)
+        e_moff = np.full(n_e, -1, dtype=np.int64)
+        e_moff[head] = m[:, 4]
+        e_off = np.cumsum(n_arr) - n_arr
+        groups = n_arr // e_size
+        e_goff = np.cumsum(groups) - groups
         self._log_reset()
-        n_arr = np.asarray(e_n, dtype=np.int64)
-        e_off = np.concatenate([[0], np.cumsum(n_arr)[:-1]]).astype(np.int64)
-        e_goff = np.concatenate([[0], np.cumsum(e_groups)[:-1]]).astype(np.int64)
         # room for every row: each op at most one look and one DONE per member, and the state
         # samples of every member up to the last instant an op of the log enters after
         en = fop[:, _F_ENTER]
@@ -660,9 +658,7 @@ class MegatronSim(FaultBook):
         oi, of = np.empty((cap, rk.N_OI), dtype=np.int64), np.empty((cap, rk.N_OF))
         di, df = np.empty((fop.shape[0], rk.N_OI), dtype=np.int64), np.empty((fop.shape[0], rk.N_OF))
         no, nd = rk.play(self.mf, self.mi, self.m_sl, self.m_rl, self.m_pl, self.m_fr, self.m_probewin, self.next_inst,
-                      e_off, n_arr, np.asarray(e_size, dtype=np.int64), np.asarray(e_seq, dtype=np.int64), e_goff,
-                      np.asarray(e_moff, dtype=np.int64), np.asarray(e_gio, dtype=np.int64), gi, fop, tmpl, samp,
-                      mk_i, mk_f,
+                      e_off, n_arr, e_size, e_seq, e_goff, e_moff, e_gio, gi, fop, tmpl, samp, mk_i, mk_f,
                       float(self.sc.duration_s), float(self.dt), int(self.n_inst), POLL_S, oi, of, di, df)
         if no:
             self._queue(oi[:no], of[:no], None)

@@ -129,26 +129,29 @@ def play(  # type: ignore[no-untyped-def]
                     m_pl[m] = mk_i[mo + j, 2]
                     m_fr[m] = mk_f[mo + j]
         # 3. the first poll after the group's data starts moving catches it in flight, if it still runs
-        for j in range(n):
-            if not fop[a + j, F_ENTER] <= duration:
-                continue
-            g0 = a + (j // size) * size
+        for g in range(n // size):
+            g0 = a + g * size
             sg = fop[g0, F_START]
-            first = math.ceil(sg / poll + 1e-9) * poll if math.isfinite(sg) else math.inf
-            if not first < sg + fop[g0, F_DUR] * 1.02:
+            if not math.isfinite(sg):
                 continue
-            if not (first < fop[a + j, F_EXIT] and first <= duration):
+            first = math.ceil(sg / poll + 1e-9) * poll
+            if not (first < sg + fop[g0, F_DUR] * 1.02 and first <= duration):
                 continue
             win = int(math.floor(first / dt + 1e-9))
-            m = gi[ga + j]
-            if win != probewin[m]:
-                probewin[m] = win
-                _emit(oi, of, no, m, first, mf, mi, m_sl, m_rl, m_pl, m_fr, e)
-                no += 1
+            for j in range(g * size, (g + 1) * size):
+                if not (fop[a + j, F_ENTER] <= duration and first < fop[a + j, F_EXIT]):
+                    continue
+                m = gi[ga + j]
+                if win != probewin[m]:
+                    probewin[m] = win
+                    _emit(oi, of, no, m, first, mf, mi, m_sl, m_rl, m_pl, m_fr, e)
+                    no += 1
         # 4. DONE, when the stride picks the op and it ended inside the run
         for j in range(n):
+            if not samp[go + j // size]:
+                continue
             ex = fop[a + j, F_EXIT]
-            if fop[a + j, F_ENTER] <= duration and samp[go + j // size] and math.isfinite(ex) and ex <= duration:
+            if fop[a + j, F_ENTER] <= duration and math.isfinite(ex) and ex <= duration:
                 _emit(di, df, nd, gi[ga + j], ex, mf, mi, m_sl, m_rl, m_pl, m_fr, e)
                 nd += 1
     return no, nd
