@@ -470,28 +470,26 @@ class MegatronSim(FaultBook):
             tb, u_all = np.stack(t_noise), np.stack(u_noise)
         base_s, step_factor = compute if compute is not None else (0.0, 0.0)
         fop = np.empty((k, nn, 5))
-        # written as _compute and coll write them, element by element, so every float is the same
-        self.last_exit[ranks] = rk.chain_times(np.ascontiguousarray(begin, dtype=np.float64), tb, c_cols, u_all,
-                                               self.sc.jitter, nominal_s, base_s, step_factor, size,
-                                               self.last_exit[ranks], fop)
-        slots = _slots(nominal_s)
-        tmpls = [self._tmpl((int(op), BF16, count, -1, slots, slots, slots)) for op in ops]
+        # written as _compute and coll write them, element by element, so every float is the same; the
+        # kernel also moves the ranks' last exits and the members' newest exits the timing model reads
+        entered = rk.chain_times(np.ascontiguousarray(begin, dtype=np.float64), tb, c_cols, u_all, self.sc.jitter,
+                                 nominal_s, base_s, step_factor, size, ranks, self.last_exit, lay.gi, self.m_exit,
+                                 self.sc.duration_s, fop)
         seq0 = int(self.cseq[lay.cid_g[0]])  # the groups of a layout run in lockstep (see _sampled)
         self.cseq[lay.cid_g] += k
         if lay.has_rank0:
             self.ops_per_rank += k
-        enter, exit_ = fop[:, :, _F_ENTER], fop[:, :, _F_EXIT]
-        ok = enter <= self.sc.duration_s
-        if bool(ok.all()):
-            self.m_exit[lay.gi] = exit_[-1]
-        else:
-            for j in range(k):
-                self.m_exit[lay.gi[ok[j]]] = exit_[j][ok[j]]
-        if bool(ok.any()):
+        if entered:
+            slots = _slots(nominal_s)
+            tkey = ("tmpl", tuple(ops), count, slots)
+            tmpl = lay.cache.get(tkey)
+            if tmpl is None:
+                ids = [self._tmpl((int(op), BF16, count, -1, slots, slots, slots)) for op in ops]
+                tmpl = lay.cache[tkey] = np.repeat(np.asarray(ids, dtype=np.int64), nn)
             write = bool(lay.cache.get("special"))
             lay.cache["special"] = False
-            self._log(lay, k, fop, np.repeat(np.asarray(tmpls, dtype=np.int64), nn), seq0,
-                      self._sampled_run(lay, seq0, k), {} if write else None)
+            self._log(lay, k, fop, tmpl, seq0, self._sampled_run(lay, seq0, k), {} if write else None)
+        exit_ = fop[:, :, _F_EXIT]
         return exit_[-1].copy()
 
     def p2p(self, src: I64, dst: I64, enter_src: F64, enter_dst: F64, comm: I64, nominal_s: float,

@@ -158,7 +158,8 @@ def play(  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True, nogil=True)
-def chain_times(begin, tb, c_cols, u, jit, nominal_s, base_s, step_factor, size, prev0, fop):  # type: ignore[no-untyped-def]
+def chain_times(begin, tb, c_cols, u, jit, nominal_s, base_s, step_factor, size,  # type: ignore[no-untyped-def]
+                ranks, last_exit, gi, m_exit, duration, fop):
     """The times of ``k`` successive blocking ring collectives of one layout (``MegatronSim._chain``)
     into ``fop`` (``(k, members, 5)``, ``F_*``), as ``_compute`` then ``coll`` compute them op by op,
     float for float. Op ``j``'s noise: ``tb[j]`` holds the members' compute noise in its first
@@ -166,14 +167,17 @@ def chain_times(begin, tb, c_cols, u, jit, nominal_s, base_s, step_factor, size,
     (Student t), ``u[j]`` the members' spread (uniform). Each member computes ``base_s x step_factor``
     with its noise (at least a fifth of ``base_s``), each op starts when its group's last member
     entered, lasts ``nominal_s`` with the group's noise, and a member leaves after that times its
-    spread; the next op enters at that exit. ``prev0`` is each member's last exit before the chain;
-    returns it after (a member that never leaves an op keeps its last one)."""
+    spread; the next op enters at that exit.
+
+    As the op-by-op model does, in place: ``last_exit[ranks]`` (each rank's last exit: a rank that
+    never leaves an op keeps the one before) and ``m_exit[gi]`` (each member's newest op's exit, for
+    ops that enter inside the run, ``duration``). Returns whether any op entered inside the run."""
     k, nn = fop.shape[0], fop.shape[1]
     groups = nn // size
     t = begin.copy()
-    prev = prev0.copy()
     bs = base_s * step_factor
     floor_s = 0.2 * base_s
+    entered = False
     for j in range(k):
         for r in range(c_cols):
             t[r] = t[r] + max(bs * (1.0 + jit / 4 * tb[j, r]), floor_s)
@@ -188,13 +192,16 @@ def chain_times(begin, tb, c_cols, u, jit, nominal_s, base_s, step_factor, size,
                 fop[j, r, F_EXIT] = d * (1.0 + 0.01 * u[j, r]) + sg
                 fop[j, r, F_START] = sg
                 fop[j, r, F_DUR] = d
-                fop[j, r, F_PREV] = prev[r]
+                fop[j, r, F_PREV] = last_exit[ranks[r]]
         for r in range(nn):
             ex = fop[j, r, F_EXIT]
             if math.isfinite(ex):
-                prev[r] = ex
+                last_exit[ranks[r]] = ex
+            if fop[j, r, F_ENTER] <= duration:
+                m_exit[gi[r]] = ex
+                entered = True
             t[r] = ex
-    return prev
+    return entered
 
 
 @njit(cache=True, nogil=True, error_model="numpy")

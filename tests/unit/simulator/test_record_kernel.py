@@ -152,7 +152,12 @@ def test_chain_times_match_the_op_by_op_arithmetic() -> None:
     tb = rng.standard_t(4, (k, nn + groups))  # per op: the members' compute noise, then the groups' duration noise
     u = rng.random((k, nn))
     fop = np.empty((k, nn, 5))
-    prev = rk.chain_times(begin, tb, nn, u, jit, nominal_s, base_s, factor, size, np.full(nn, -1.0), fop)
+    ranks = np.arange(nn, dtype=np.int64)[::-1].copy()  # rank r's last exit is last_exit[r], wherever it sits
+    last_exit, m_exit = np.full(nn, -1.0), np.full(nn + 2, -np.inf)
+    members = np.arange(2, nn + 2, dtype=np.int64)
+    duration = 0.01 + 2 * nominal_s  # the third op enters after the run: it is not the members' newest
+    entered = rk.chain_times(begin, tb, nn, u, jit, nominal_s, base_s, factor, size, ranks, last_exit, members,
+                             m_exit, duration, fop)
     t, last = begin.copy(), np.full(nn, -1.0)
     for j in range(k):  # as _compute then coll: numpy, op by op
         t = t + np.maximum(base_s * factor * (1.0 + jit / 4 * tb[j, :nn]), 0.2 * base_s)
@@ -165,7 +170,10 @@ def test_chain_times_match_the_op_by_op_arithmetic() -> None:
         assert np.array_equal(fop[j, :, rk.F_DUR], np.repeat(dur, size))
         assert np.array_equal(fop[j, :, rk.F_PREV], last)
         t, last = ex, ex
-    assert np.array_equal(prev, last)
+    assert entered and np.array_equal(last_exit[ranks], last)
+    newest = np.where(fop[:, :, rk.F_ENTER] <= duration, fop[:, :, rk.F_EXIT], -np.inf).max(axis=0)
+    assert np.array_equal(m_exit[members], newest) and np.isinf(m_exit[:2]).all()
+    assert (fop[-1, :, rk.F_ENTER] > duration).any() and (fop[0, :, rk.F_ENTER] <= duration).all()
 
 
 def test_format_rows_counts_the_share_done_on_the_host_clock() -> None:
