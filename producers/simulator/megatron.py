@@ -501,6 +501,23 @@ class MegatronSim(FaultBook):
             ranks = np.concatenate([src, dst])
             cr = np.concatenate([np.zeros(m, np.int64), np.ones(m, np.int64)])
             lay = self._layout(key, ranks, np.concatenate([comm, comm]), cr, m)
+        slots = _slots(nominal_s)
+        send_t = self._tmpl((int(OpType.SEND), BF16, self.w.act_elems, 1, slots, slots, 0))
+        recv_t = self._tmpl((int(OpType.RECV), BF16, self.w.act_elems, 0, slots, 0, slots))
+        cached = lay.cache.get("p2p_tmpl")
+        if cached is None or cached[:2] != (send_t, recv_t):
+            both = np.concatenate([np.full(m, send_t, dtype=np.int64), np.full(m, recv_t, dtype=np.int64)])
+            cached = lay.cache["p2p_tmpl"] = (send_t, recv_t, both)
+        tmpl = cached[2]
+        if not (self.any_h1 or self.pp_links):  # no fault can act on it: compiled (the same draws and floats)
+            fop = np.empty((2 * m, 5))
+            dn = self._t4(m)
+            us, ud = self._u(m), self._u(m)
+            entered = rk.p2p_times(np.ascontiguousarray(enter_src, dtype=np.float64),
+                                   np.ascontiguousarray(enter_dst, dtype=np.float64), dn, us, ud, self.sc.jitter,
+                                   nominal_s, lay.ranks, self.last_exit, lay.gi, self.m_exit, self.sc.duration_s, fop)
+            self._log_op(lay, fop if entered else None, tmpl, {})
+            return fop[:m, _F_EXIT].copy(), fop[m:, _F_EXIT].copy()
         enter_src = np.maximum(enter_src, self.m_exit[lay.gi[:m]])  # in order on its communicator
         if self.any_h1:
             enter_src, enter_dst = self._stop(src, enter_src), self._stop(dst, enter_dst)
@@ -511,14 +528,6 @@ class MegatronSim(FaultBook):
         xd = start + dur * (1.0 + 0.01 * self._u(m))
         if hang is not None:
             xs, xd = np.where(hang, INF, xs), np.where(hang, INF, xd)
-        slots = _slots(nominal_s)
-        send_t = self._tmpl((int(OpType.SEND), BF16, self.w.act_elems, 1, slots, slots, 0))
-        recv_t = self._tmpl((int(OpType.RECV), BF16, self.w.act_elems, 0, slots, 0, slots))
-        cached = lay.cache.get("p2p_tmpl")
-        if cached is None or cached[:2] != (send_t, recv_t):
-            both = np.concatenate([np.full(m, send_t, dtype=np.int64), np.full(m, recv_t, dtype=np.int64)])
-            cached = lay.cache["p2p_tmpl"] = (send_t, recv_t, both)
-        tmpl = cached[2]
         self._record(lay, np.concatenate([enter_src, enter_dst]), np.concatenate([xs, xd]),
                      np.concatenate([start, start]), np.concatenate([dur, dur]), tmpl, special)
         fin = np.isfinite(xd)
@@ -566,23 +575,31 @@ class MegatronSim(FaultBook):
     ) -> None:
         """One op of each group of ``lay``: it takes the groups' next sequence number and goes into the
         step's log (``_log``), with the fault marks ``special`` holds for its members."""
+        ok = enter <= self.sc.duration_s  # inf (never entered) is not
+        allok = bool(ok.all())
+        entered = allok or bool(ok.any())
+        fop = None
+        if entered:
+            self.m_exit[lay.gi if allok else lay.gi[ok]] = exit_ if allok else exit_[ok]
+            fop = np.empty((enter.shape[0], 5))
+            fop[:, _F_ENTER], fop[:, _F_EXIT], fop[:, _F_START], fop[:, _F_DUR] = enter, exit_, start, dur
+            fop[:, _F_PREV] = self.last_exit[lay.ranks]
+        self._log_op(lay, fop, tmpl, special)
+
+    def _log_op(self, lay: _Layout, fop: F64 | None, tmpl: int | I64, special: dict[str, npt.NDArray[Any]]) -> None:
+        """``_record``'s second half: the sequence number, and the op's floats ``fop`` into the log
+        (None: no member entered it inside the run)."""
         seq_g = self.cseq[lay.cid_g]
         self.cseq[lay.cid_g] += 1  # one op of each group's own communicator
         if lay.has_rank0:
             self.ops_per_rank += 1
-        ok = enter <= self.sc.duration_s  # inf (never entered) is not
-        allok = bool(ok.all())
-        if not allok and not ok.any():
+        if fop is None:
             return
-        self.m_exit[lay.gi if allok else lay.gi[ok]] = exit_ if allok else exit_[ok]
-        nn = enter.shape[0]
+        nn = fop.shape[0]
         marks = None
         if special or lay.cache.get("special"):  # the members' marks are written (else they keep theirs)
             marks = special
             lay.cache["special"] = bool(special)
-        fop = np.empty((nn, 5))
-        fop[:, _F_ENTER], fop[:, _F_EXIT], fop[:, _F_START], fop[:, _F_DUR] = enter, exit_, start, dur
-        fop[:, _F_PREV] = self.last_exit[lay.ranks]
         self._log(lay, 1, fop, np.full(nn, tmpl, dtype=np.int64) if isinstance(tmpl, int) else tmpl,
                   int(seq_g[0]), self._sampled(lay, seq_g), marks)
 

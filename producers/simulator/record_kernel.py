@@ -204,6 +204,40 @@ def chain_times(begin, tb, c_cols, u, jit, nominal_s, base_s, step_factor, size,
     return entered
 
 
+@njit(cache=True, nogil=True)
+def p2p_times(enter_src, enter_dst, dn, us, ud, jit, nominal_s,  # type: ignore[no-untyped-def]
+              ranks, last_exit, gi, m_exit, duration, fop):
+    """One send/recv of each pair (``MegatronSim.p2p`` where no fault can act): ``fop`` rows ``i``
+    (the sender, member ``gi[i]``) and ``m + i`` (the receiver). The sender's op waits for its
+    previous op on the communicator (``m_exit``); the transfer starts when both are there, lasts
+    ``nominal_s`` with noise ``dn``, and each end leaves after that times its spread (``us``, ``ud``).
+    As ``_record`` and ``p2p`` do, in place: ``m_exit`` of the members whose op entered inside the
+    run, the receivers' ``last_exit`` (a sender does not wait). Returns whether any entered."""
+    m = enter_src.shape[0]
+    for i in range(m):
+        es = max(enter_src[i], m_exit[gi[i]])
+        ed = enter_dst[i]
+        st = max(es, ed)
+        d = nominal_s * (1.0 + jit / 2 * abs(dn[i]))
+        fop[i, F_ENTER] = es
+        fop[i, F_EXIT] = st + d * (1.0 + 0.01 * us[i])
+        fop[m + i, F_ENTER] = ed
+        fop[m + i, F_EXIT] = st + d * (1.0 + 0.01 * ud[i])
+        for r in (i, m + i):
+            fop[r, F_START] = st
+            fop[r, F_DUR] = d
+            fop[r, F_PREV] = last_exit[ranks[r]]
+    entered = False
+    for r in range(2 * m):
+        if fop[r, F_ENTER] <= duration:
+            m_exit[gi[r]] = fop[r, F_EXIT]
+            entered = True
+    for i in range(m, 2 * m):
+        if math.isfinite(fop[i, F_EXIT]):
+            last_exit[ranks[i]] = fop[i, F_EXIT]
+    return entered
+
+
 @njit(cache=True, nogil=True, error_model="numpy")
 def format_rows(oi, of, tmpl_tab, m_static, hash_arr, m_scale, m_skew, inc, final, epoch_ns,  # type: ignore[no-untyped-def]
                 progress, done, idle, blk):

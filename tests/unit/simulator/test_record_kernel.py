@@ -176,6 +176,33 @@ def test_chain_times_match_the_op_by_op_arithmetic() -> None:
     assert (fop[-1, :, rk.F_ENTER] > duration).any() and (fop[0, :, rk.F_ENTER] <= duration).all()
 
 
+def test_p2p_times_match_the_op_by_op_arithmetic() -> None:
+    rng = np.random.default_rng(9)
+    m, jit, nominal_s = 4, 0.05, 0.002
+    enter_src, enter_dst = rng.uniform(0, 0.01, m), rng.uniform(0, 0.01, m)
+    enter_dst[3] = np.inf  # a receiver that never comes: its sender waits forever
+    dn, us, ud = rng.standard_t(4, m), rng.random(m), rng.random(m)
+    ranks = np.arange(2 * m, dtype=np.int64)
+    last_exit = rng.uniform(-0.01, 0.0, 2 * m)
+    before = last_exit.copy()
+    members = np.arange(2 * m, dtype=np.int64)
+    m_exit = np.full(2 * m, -np.inf)
+    m_exit[1] = 0.02  # the sender's previous op on the communicator ends late: it waits for it
+    fop = np.empty((2 * m, 5))
+    assert rk.p2p_times(enter_src, enter_dst, dn, us, ud, jit, nominal_s, ranks, last_exit, members, m_exit, 30.0,
+                        fop)
+    es = np.maximum(enter_src, [-np.inf, 0.02, -np.inf, -np.inf])
+    start = np.maximum(es, enter_dst)
+    dur = nominal_s * (1.0 + jit / 2 * np.abs(dn))
+    xs, xd = start + dur * (1.0 + 0.01 * us), start + dur * (1.0 + 0.01 * ud)
+    assert np.array_equal(fop[:, rk.F_ENTER], np.concatenate([es, enter_dst]))
+    assert np.array_equal(fop[:, rk.F_EXIT], np.concatenate([xs, xd]))
+    assert np.array_equal(fop[:, rk.F_PREV], before)
+    assert np.array_equal(last_exit[:m], before[:m])  # a sender does not wait: its last exit stays
+    assert np.array_equal(last_exit[m:], np.where(np.isfinite(xd), xd, before[m:]))
+    assert np.array_equal(m_exit, np.where(np.concatenate([es, enter_dst]) <= 30.0, fop[:, rk.F_EXIT], -np.inf))
+
+
 def test_format_rows_counts_the_share_done_on_the_host_clock() -> None:
     # one member (comm 0, rank 3, comm rank 1 of 2, host slot 0), an op of 100 slots from 1.0 to 2.0
     tmpl_tab = np.asarray([[2, 7, 4096, -1, 100, 100, 100]], dtype=np.int64)
