@@ -481,11 +481,12 @@ class MegatronSim(FaultBook):
             self.ops_per_rank += k
         if entered:
             slots = _slots(nominal_s)
-            tkey = ("tmpl", tuple(ops), count, slots)
-            tmpl = lay.cache.get(tkey)
+            known = lay.cache.setdefault("tmpl", {})  # (ops, count, slots) -> the chain's templates, member by member
+            tkey = (tuple(ops), count, slots)
+            tmpl = known.get(tkey)
             if tmpl is None:
                 ids = [self._tmpl((int(op), BF16, count, -1, slots, slots, slots)) for op in ops]
-                tmpl = lay.cache[tkey] = np.repeat(np.asarray(ids, dtype=np.int64), nn)
+                tmpl = known[tkey] = np.repeat(np.asarray(ids, dtype=np.int64), nn)
             write = bool(lay.cache.get("special"))
             lay.cache["special"] = False
             self._log(lay, k, fop, tmpl, seq0, self._sampled_run(lay, seq0, k), {} if write else None)
