@@ -24,10 +24,31 @@ and every member's sequence number is the entry's (the groups of a layout run in
 
 from __future__ import annotations
 
+import logging
 import math
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 from numba import njit
+
+log = logging.getLogger(__name__)
+
+
+def compiled(**opts: Any) -> Callable[[Callable[..., Any]], Any]:
+    """``numba.njit(**opts)``, its machine code cached on disk (beside this file, else in the user's
+    cache directory) so a process loads it instead of compiling it again (about 2 s); where neither
+    can be written (a read-only install without a home) numba refuses to cache at all, so each
+    process compiles it once instead."""
+
+    def wrap(fn: Callable[..., Any]) -> Any:
+        try:
+            return njit(cache=True, **opts)(fn)
+        except RuntimeError as e:  # "cannot cache function ...: no locator available"
+            log.info("simulator kernels compiled in every process: %s", e)
+            return njit(cache=False, **opts)(fn)
+
+    return wrap
 
 # the columns of the float block of an op (one row per member and op, as MegatronSim.mf)
 F_ENTER, F_EXIT, F_START, F_DUR, F_PREV = range(5)
@@ -44,7 +65,7 @@ N_OF = 7
 N_ROWS = 20
 
 
-@njit(cache=True, nogil=True)
+@compiled(nogil=True)
 def _emit(oi, of, n, m, t, mf, mi, m_sl, m_rl, m_pl, m_fr, entry):  # type: ignore[no-untyped-def]
     oi[n, O_G] = m
     oi[n, O_SEQ] = mi[m, 0]
@@ -59,7 +80,7 @@ def _emit(oi, of, n, m, t, mf, mi, m_sl, m_rl, m_pl, m_fr, entry):  # type: igno
     of[n, O_FR] = m_fr[m]
 
 
-@njit(cache=True, nogil=True)
+@compiled(nogil=True)
 def play(  # type: ignore[no-untyped-def]
     mf, mi, m_sl, m_rl, m_pl, m_fr, probewin, next_inst,
     e_off, e_n, e_size, e_seq, e_goff, e_moff, e_gio,
@@ -157,7 +178,7 @@ def play(  # type: ignore[no-untyped-def]
     return no, nd
 
 
-@njit(cache=True, nogil=True)
+@compiled(nogil=True)
 def chain_times(begin, tb, c_cols, u, jit, nominal_s, base_s, step_factor, size,  # type: ignore[no-untyped-def]
                 ranks, last_exit, gi, m_exit, duration, fop):
     """The times of ``k`` successive blocking ring collectives of one layout (``MegatronSim._chain``)
@@ -204,7 +225,7 @@ def chain_times(begin, tb, c_cols, u, jit, nominal_s, base_s, step_factor, size,
     return entered
 
 
-@njit(cache=True, nogil=True)
+@compiled(nogil=True)
 def p2p_times(enter_src, enter_dst, dn, us, ud, jit, nominal_s,  # type: ignore[no-untyped-def]
               ranks, last_exit, gi, m_exit, duration, fop):
     """One send/recv of each pair (``MegatronSim.p2p`` where no fault can act): ``fop`` rows ``i``
@@ -238,7 +259,7 @@ def p2p_times(enter_src, enter_dst, dn, us, ud, jit, nominal_s,  # type: ignore[
     return entered
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@compiled(nogil=True, error_model="numpy")
 def format_rows(oi, of, tmpl_tab, m_static, hash_arr, m_scale, m_skew, inc, final, epoch_ns,  # type: ignore[no-untyped-def]
                 progress, done, idle, blk):
     """The records of ``play``'s rows (``oi``/``of``) into ``blk`` (``(N_ROWS, rows)``, ``R_*``): what

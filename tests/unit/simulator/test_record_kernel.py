@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
+import pytest
 
 from ccld.producers.simulator import record_kernel as rk
 
@@ -229,3 +230,24 @@ def test_format_rows_counts_the_share_done_on_the_host_clock() -> None:
     done = np.zeros((rk.N_ROWS, 3), dtype=np.int64)
     rk.format_rows(oi, of, tmpl_tab, m_static, hash_arr, scale, skew, 4, True, 10**18, 1, 2, 3, done)
     assert done[rk.R_STATUS].tolist() == [2, 2, 2]  # DONE rows are never inside
+
+
+def test_kernels_compile_uncached_where_numba_cannot_cache(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A read-only install without a writable home: numba refuses ``cache=True`` at decoration; the
+    kernels are then compiled in each process instead of failing the simulator's import."""
+    real = rk.njit
+    asked: list[bool] = []
+
+    def njit(**opts: object) -> object:
+        asked.append(bool(opts["cache"]))
+        if opts["cache"]:
+            raise RuntimeError("cannot cache function 'f': no locator available for file 'x.py'")
+        return real(**opts)
+
+    monkeypatch.setattr(rk, "njit", njit)
+
+    @rk.compiled(nogil=True)
+    def twice(x):  # type: ignore[no-untyped-def]
+        return 2 * x
+
+    assert asked == [True, False] and twice(21) == 42
