@@ -58,7 +58,7 @@ BF16 = int(DType.BFLOAT16)
 
 # the newest op of each member (communicator x comm rank) is kept packed, because it is rewritten
 # for every op of the job: times in one float block, sequence and op template in one int block
-_F_ENTER, _F_EXIT, _F_START, _F_DUR, _F_PREV = range(5)
+_F_ENTER, _F_EXIT, _F_START, _F_DUR, _F_PREV = rk.F_ENTER, rk.F_EXIT, rk.F_START, rk.F_DUR, rk.F_PREV
 _I_SEQ, _I_TMPL = range(2)
 # the batch columns, in KernelBatch order, and the block row each comes from (t_exit_err_ns: the
 # simulator times exits exactly, 0; comm: every batch holds one communicator)
