@@ -47,7 +47,10 @@ class AnalyzerSettings:
     pause_memory: int = 8  # benign pauses remembered per communicator
     cadence_ops: int = 64  # recent ops per communicator learned as a signature pattern (H2 without majority)
     wait_edge_min_s: float = 2.0  # a communicator counts as waiting (wait-for edge) after this stall
-    cut_min_s: float = 1.0  # silent this long, a stall no rank was seen waiting in longer than its op lasts is a cut
+    # silent this long (longer than a delivery interval, shorter than any hang threshold), a stall no rank was
+    # seen waiting in longer than its ops have lasted is a cut: the job ended, or its link to the broker did
+    cut_min_s: float = 3.0
+    cut_wait_min_s: float = 1.0  # ... nor for this long (own clock)
 
     # --- slowness
     slow_factor: float = 1.3  # an op is slow when its time exceeds slow_factor x the learned baseline
@@ -81,8 +84,12 @@ class AnalyzerSettings:
     culprit_gap_ratio: float = 0.15  # ... and >= this fraction of its peers' own compute gap (else it is jitter)
     # a rank slow from the job's first step has no healthy history to be judged against; its peers are:
     peer_gap_ratio: float = 0.5  # a collective's last arriver computing this much longer than its peers' mean is slow
-    peer_link_factor: float = 2.0  # a communicator's own kernel time this x its sibling communicators' is a slow link
+    peer_link_factor: float = 1.4  # a communicator's own kernel time this x its sibling communicators' is a slow link
     peer_min_excess_s: float = 1e-3  # ... by at least this much (s): below it, no verdict without a learned baseline
+    # a collective's late arriver that computed longer, and holds this share of the time its peers wait in it
+    blame_share: float = 0.8
+    blame_min_share: float = 0.1  # ... costing them this share of the time between its calls, is slow against them
+    blame_ops: int = 16  # ... averaged over this many of its ops (0: off)
     # a ring whose links are all of one kind (one host's, or one rank per host) whose in-flight samples found the
     # send backlog before the same member this many sampled ops in a row (and culprit_share of all its backlog
     # there) is slow on that member's link against its other links, with no history (0: off, for hardware

@@ -41,6 +41,13 @@ log = logging.getLogger(__name__)
 
 KINDS = HANG_KINDS + SLOW_KINDS
 Runner = Callable[[Scenario], list[Verdict]]
+#: Every scenario is played on past its end with no record from any rank for this long (job time): what a
+#: live worker sees when a job ends. Longer than ``incident_close_silent_s`` (60 s), so the silence closes
+#: what is open, and than every hang threshold that a stall at the end could reach.
+PAST_END_S = 120.0
+#: A verdict this long after the scenario's last second came after its end: the last records arrive a
+#: delivery interval late and are judged at the next tick.
+AFTER_END_GRACE_S = 2.0
 
 
 # --------------------------------------------------------------------------------------------
@@ -124,7 +131,9 @@ def score_scenario(sc: Scenario, verdicts: Sequence[Verdict]) -> dict[str, Any]:
                          # one fault, one incident: more is a page too many (a flapping link re-opened)
                          "incidents": len(correct)})
     stray = [i for i in incs if i.incident_id not in matched_incidents]
-    ok = all(r["matched"] for r in exp_rows) and not stray
+    # what the silence after the job's end brought: a new incident, or a claim changed (kind, roots)
+    after = after_end(verdicts, sc.duration_s + AFTER_END_GRACE_S)
+    ok = all(r["matched"] for r in exp_rows) and not stray and not after
     return {
         "id": sc.id,
         "ranks": sc.ranks,
@@ -134,8 +143,24 @@ def score_scenario(sc: Scenario, verdicts: Sequence[Verdict]) -> dict[str, Any]:
         "expectations": exp_rows,
         "false_alarms": len(incs) if sc.is_healthy else 0,
         "stray": [i.final.kind.value for i in stray],
+        "after_end": [f"{v.state.value} {v.kind.value}@{'/'.join(map(str, v.root_cause_ranks))}" for v in after],
         "ok": ok,
     }
+
+
+def after_end(verdicts: Iterable[Verdict], end: float) -> list[Verdict]:
+    """The verdicts detected after ``end`` that say something new: an OPEN, or an UPDATE whose kind or
+    root ranks differ from its incident's claim before (closing and resolving are what the end should do)."""
+    claim: dict[str, tuple[str, tuple[int, ...]]] = {}
+    out = []
+    for v in sorted(verdicts, key=lambda v: v.detected_time):
+        if v.state not in (VerdictState.OPEN, VerdictState.UPDATE):
+            continue
+        now = (v.kind.value, tuple(v.root_cause_ranks))
+        if v.detected_time > end and (v.state == VerdictState.OPEN or claim.get(v.incident_id) != now):
+            out.append(v)
+        claim[v.incident_id] = now
+    return out
 
 
 def score(scenarios: Sequence[Scenario], verdicts_by_scenario: Mapping[str, Sequence[Verdict]]) -> dict[str, Any]:
@@ -158,6 +183,8 @@ def score(scenarios: Sequence[Scenario], verdicts_by_scenario: Mapping[str, Sequ
         "rank_accuracy": _ratio(len(found), len(exps)),
         "class_accuracy": _ratio(sum(e["predicted"] == e["kind"] for e in found), len(found)),
         "false_alarms": sum(r["false_alarms"] for r in rows),
+        # new incidents or changed claims in the silence after the jobs' ends (PAST_END_S)
+        "after_end": sum(len(r["after_end"]) for r in rows),
         # incidents per expected fault it matched: 1 is ideal; "extra" counts every incident beyond the first
         "incidents_per_fault_mean": _ratio(sum(e["incidents"] for e in exps if e["matched"]),
                                            sum(1 for e in exps if e["matched"])),
@@ -231,27 +258,29 @@ def plot_confusion(conf: Mapping[str, Any], path: Path) -> None:
 # --------------------------------------------------------------------------------------------
 # running
 # --------------------------------------------------------------------------------------------
-def analyze_in_process(sc: Scenario, settings: Settings | None = None) -> list[Verdict]:
-    """simulate -> analyze_batches, on the simulated clock; the analyzer never sees ``expect``."""
+def analyze_in_process(sc: Scenario, settings: Settings | None = None, past_end_s: float = PAST_END_S
+                       ) -> list[Verdict]:
+    """simulate -> analyze_batches, on the simulated clock, then ``past_end_s`` of silence (the job's
+    end as a live worker sees it); the analyzer never sees ``expect``."""
     from ccld.producers.simulator.sim import simulate
     from ccld.streams.analysis.replay import analyze_batches
 
     analyzer = None if settings is None else settings.analyzer
     groups = 1 if settings is None else settings.analysis_groups
-    return list(analyze_batches(simulate(sc), settings=analyzer, tick_s=1.0, groups=groups))
+    return list(analyze_batches(simulate(sc), settings=analyzer, tick_s=1.0, groups=groups, past_end_s=past_end_s))
 
 
-def _run_one(item: tuple[dict[str, Any], Settings | None]) -> tuple[str, list[dict[str, Any]], float]:
-    raw, settings = item
+def _run_one(item: tuple[dict[str, Any], Settings | None, float]) -> tuple[str, list[dict[str, Any]], float]:
+    raw, settings, past_end_s = item
     sc = Scenario.from_dict(raw)
     t0 = time.perf_counter()
-    verdicts = analyze_in_process(sc, settings)
+    verdicts = analyze_in_process(sc, settings, past_end_s)
     return sc.id, [v.to_dict() for v in verdicts], time.perf_counter() - t0
 
 
 def run_suite(
     scenarios: Sequence[Scenario], runner: Runner | None = None, *, settings: Settings | None = None, jobs: int = 1,
-    progress: Callable[[int, Scenario, list[Verdict], float], None] | None = None,
+    progress: Callable[[int, Scenario, list[Verdict], float], None] | None = None, past_end_s: float = PAST_END_S,
 ) -> dict[str, list[Verdict]]:
     """Verdicts per scenario id. ``runner`` is the hook for other paths (``--through-kafka``:
     a callable ``run_through_kafka(scenario) -> list[Verdict]``); the default runs in process,
@@ -260,13 +289,13 @@ def run_suite(
     by_id = {sc.id: sc for sc in scenarios}
     if runner is None and jobs > 1:
         with ProcessPoolExecutor(max_workers=jobs) as pool:
-            items = [(sc.to_dict(), settings) for sc in scenarios]
+            items = [(sc.to_dict(), settings, past_end_s) for sc in scenarios]
             for i, (sid, vds, wall) in enumerate(pool.map(_run_one, items), 1):
                 out[sid] = [Verdict.from_dict(v) for v in vds]
                 if progress:
                     progress(i, by_id[sid], out[sid], wall)
         return out
-    run = runner or (lambda sc: analyze_in_process(sc, settings))
+    run = runner or (lambda sc: analyze_in_process(sc, settings, past_end_s))
     for i, sc in enumerate(scenarios, 1):
         t0 = time.perf_counter()
         out[sc.id] = run(sc)
@@ -296,16 +325,19 @@ class KafkaSuiteRunner:
     after everything published before it, and the shift is taken off its verdicts again. After a
     scenario is flushed the runner waits until the worker's consumer group has committed every
     message sent, then ``settle_s`` more for the last evaluation, and keeps that job's verdicts.
+    ``past_end_s`` more is the silence after the job's end: the worker's clock of a job that sends
+    nothing runs on with the wall clock, so it costs that much wall time per scenario.
     """
 
     GAP_S = 600.0  # simulated seconds between two scenarios on the worker's clock
 
     def __init__(self, settings: Settings, *, settle_s: float = 4.0, timeout_s: float = 300.0,
-                 workers: int = 1) -> None:
+                 workers: int = 1, past_end_s: float = 0.0) -> None:
         tag = f"{int(time.time())}-{os.getpid()}"
         self.settings = settings.replace(worker_app_id=f"ccld-bench-{tag}", topic_prefix=f"ccld-bench-{tag}.",
                                          worker_commit_interval_s=0.5)
         self.settle_s = settle_s
+        self.past_end_s = past_end_s
         self.timeout_s = timeout_s
         self.workers = workers
         self.offset_s = 0.0
@@ -377,7 +409,7 @@ class KafkaSuiteRunner:
                 log.warning("%s: the worker did not catch up within %.0f s", sc.id, self.timeout_s)
                 break
             time.sleep(0.5)
-        time.sleep(self.settle_s)
+        time.sleep(self.settle_s + self.past_end_s)
         with self._lock:
             got = list(self._verdicts.get(sc.id, ()))
         return [dataclasses.replace(v, onset_time=v.onset_time - offset, detected_time=v.detected_time - offset)
@@ -398,6 +430,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     acc.add_argument("--id", action="append", default=[], dest="ids", help="only this scenario id (repeatable)")
     acc.add_argument("--jobs", type=int, default=1, help="processes for the in-process path (default 1)")
     acc.add_argument("--workers", type=count_arg, default=1, help="worker processes for --through-kafka (default 1)")
+    acc.add_argument("--past-end-s", type=float, default=None,
+                     help=f"seconds of silence played after each scenario's end (default {PAST_END_S:.0f} in "
+                          "process; through Kafka they are wall time, default 0)")
     acc.add_argument("--groups", type=int, default=0,
                      help="spread each job over this many communicator groups (analysis_groups): through Kafka, "
                           "one metrics partition each; in process, shards and one job stage (default: the setting)")
@@ -417,7 +452,8 @@ def print_table(report: Mapping[str, Any]) -> None:
     print(f"\nscenarios {o['scenarios']} (ok {o['ok']}), expected root causes {o['expected']}, incidents "
           f"{o['incidents']}")
     print(f"precision {_fmt(o['precision'])}  recall {_fmt(o['recall'])}  rank accuracy {_fmt(o['rank_accuracy'])}"
-          f"  class accuracy {_fmt(o['class_accuracy'])}  false alarms {o['false_alarms']}")
+          f"  class accuracy {_fmt(o['class_accuracy'])}  false alarms {o['false_alarms']}  after the end "
+          f"{o['after_end']}")
     print(f"incidents per fault: mean {_fmt(o['incidents_per_fault_mean'])}, max {o['incidents_per_fault_max']}, "
           f"extra incidents {o['extra_incidents']}")
     print(f"time to verdict: p50 {_fmt(o['ttv_p50_s'], '.1f')} s, p95 {_fmt(o['ttv_p95_s'], '.1f')} s; hang p95 "
@@ -444,17 +480,22 @@ def main(args: argparse.Namespace, settings: Settings) -> int:
         got = ",".join(shown[:4]) + (f",+{len(shown) - 4} more" if len(shown) > 4 else "") or "-"
         ttvs = [e["ttv_s"] for e in row["expectations"] if e["ttv_s"] is not None]
         ttv = f" ttv {max(ttvs):.1f}s" if ttvs else ""
+        late = f" after the end: {','.join(row['after_end'])}" if row["after_end"] else ""
         print(f"[{i:>{len(str(total))}}/{total}] {'ok  ' if row['ok'] else 'FAIL'} {sc.id:28} {sc.ranks:5d} ranks "
-              f"expect {exp:18} got {got}{ttv} ({wall:.2f}s)", flush=True)
+              f"expect {exp:18} got {got}{ttv}{late} ({wall:.2f}s)", flush=True)
 
     if args.groups:
         settings = settings.replace(analysis_groups=args.groups,
                                     metrics_partitions=max(settings.metrics_partitions, args.groups))
+    if args.past_end_s is not None and args.past_end_s < 0:
+        raise CcldError(f"--past-end-s must be >= 0, got {args.past_end_s}")
     if args.through_kafka:
-        with KafkaSuiteRunner(settings, workers=args.workers) as kafka:
+        with KafkaSuiteRunner(settings, workers=args.workers, past_end_s=args.past_end_s or 0.0) as kafka:
             verdicts = run_suite(scenarios, kafka, settings=settings, progress=progress)
     else:
-        verdicts = run_suite(scenarios, None, settings=settings, jobs=max(1, args.jobs), progress=progress)
+        past = PAST_END_S if args.past_end_s is None else args.past_end_s
+        verdicts = run_suite(scenarios, None, settings=settings, jobs=max(1, args.jobs), progress=progress,
+                             past_end_s=past)
     report = score(scenarios, verdicts)
     report["overall"]["wall_s"] = round(time.perf_counter() - t_start, 1)
     print_table(report)

@@ -608,6 +608,192 @@ def build_wide(seed: int = 77011, check: bool = True) -> list[dict[str, Any]]:
     return build_megatron(seed, check, WIDE, scale=0.6)
 
 
+#: The shapes of the any-shape family: pure data parallel (one all-reduce-like reduce-scatter and
+#: all-gather a step, or ZeRO-style buckets), pipeline only, tensor only, mixture of experts, and 3D.
+SHAPES = ("dp", "dp-zero", "pp", "tp", "moe", "3d")
+#: Kinds drawn per scenario of the family (healthy jobs and their traps included), by weight.
+ANY_KINDS = (("H1", 2), ("H2", 1), ("H3", 2), ("S1", 3), ("S2", 3), ("S3", 2), ("healthy", 2), ("transient", 1),
+             ("checkpoint", 1))
+
+
+@dataclass(frozen=True)
+class AnyProfile:
+    """Ranges of the any-shape family: every shape, faults from the first step or late, mild ones too."""
+
+    max_ranks: int = 512
+    from_start: float = 0.4  # share of faults present from the first step
+    onset_s: tuple[float, float] = (8.0, 40.0)  # the others
+    s1: tuple[float, float] = (1.3, 4.0)
+    s2: tuple[float, float] = (0.15, 0.7)  # a link at this share of its bandwidth
+    s3_compute: tuple[float, float] = (1.3, 3.0)
+    s3_link: tuple[float, float] = (0.2, 0.7)
+    stall_s: tuple[float, float] = (5.0, 15.0)  # a one-off stall of a healthy job: below hang_min_s (20 s)
+    hang_tail_s: float = 40.0
+    slow_tail_s: float = 35.0
+    healthy_s: float = 60.0
+
+
+ANY = AnyProfile()
+
+
+class AnyShape:
+    """Draws jobs of any shape (``SHAPES``) with one fault or a healthy trap each, from one seeded stream."""
+
+    def __init__(self, seed: int, profile: AnyProfile = ANY) -> None:
+        self.p = profile
+        self.rng = random.Random(seed)
+        self.n = 0
+        self.out: list[dict[str, Any]] = []
+
+    def layout(self, shape: str) -> tuple[int, int, int, int, int]:
+        """(tp, pp, dp, ep, gpus_per_node) of one job of ``shape``."""
+        r = self.rng
+        while True:
+            tp, pp, dp, ep = 1, 1, 1, 1
+            if shape in ("dp", "dp-zero"):
+                dp = r.choice([2, 4, 8, 16, 32, 64, 128])
+            elif shape == "pp":
+                pp, dp = r.randint(2, 16), r.choice([1, 2, 2, 4])
+            elif shape == "tp":
+                tp = r.choice([2, 4, 8])
+            elif shape == "moe":
+                tp, pp, ep = r.choice([1, 2, 4]), r.choice([1, 2, 4]), r.choice([2, 4, 8])
+                dp = ep * r.choice([1, 2, 4])
+            else:
+                tp, pp, dp = r.choice([2, 4, 8]), r.randint(2, 8), r.choice([2, 4, 8])
+            gpn = r.choice([g for g in (1, 2, 4, 8) if g % tp == 0])
+            if 2 <= tp * pp * dp <= self.p.max_ranks:
+                return tp, pp, dp, ep, gpn
+
+    def base(self, shape: str, kind: str) -> dict[str, Any]:
+        r = self.rng
+        tp, pp, dp, ep, gpn = self.layout(shape)
+        ranks = tp * pp * dp
+        self.n += 1
+        lay: dict[str, int] = {"tp": tp, "pp": pp, "dp": dp}
+        wl: dict[str, Any] = {
+            "microbatches": r.choice([1, 2, 4, 8]) if pp == 1 else r.choice([1, 2, 4, 8, 16, 32, 64]),
+            "layers": r.choice([1, 2, 3, 4]),
+            "layer_ms": round(r.uniform(1.5, 12.0), 2),
+            "hidden": r.choice([1024, 2048, 4096, 8192]),
+            "seq_parallel": tp > 1 and r.random() < 0.3,
+            "dp_buckets": r.choice([2, 4, 8, 16]) if shape in ("dp-zero", "3d", "moe") else 1,
+            "pause_rate": r.choice([0.0, 0.0, 0.005, 0.02]),
+            "eval_every": r.choice([0, 0, 0, 25, 60]),
+        }
+        wl["microbatches"] = min(wl["microbatches"], max(1, 256 // pp))  # 64 micro-batches of 16 stages: a minute a step
+        if ep > 1:
+            lay["ep"] = ep
+            wl["moe_every"] = r.choice([1, 1, 2]) if wl["layers"] >= 2 else 1
+            wl["topk"] = r.choice([1, 2, 2, 4])
+        return {
+            "id": f"any-{shape}-{kind}-{ranks}-{self.n:03d}",
+            "seed": r.randrange(1, 1_000_000),
+            "ranks": ranks,
+            "gpus_per_node": gpn,
+            "layout": lay,
+            "channels": r.choice([1, 2, 4, 8, 16, 32]),
+            "duration_s": 0.0,
+            "clock_skew_s": round(r.uniform(0.0, 10.0), 2),
+            "jitter": round(r.uniform(0.005, 0.08), 3),
+            "clock_drift_ppm": round(r.uniform(0.0, 100.0), 1),
+            "workload": wl,
+            "faults": [],
+            "expect": [],
+        }
+
+    def onset(self, kind: str, sc: dict[str, Any]) -> float:
+        if self.rng.random() < self.p.from_start:
+            return 0.0
+        return float(round(self.rng.uniform(*self.p.onset_s), 1))
+
+    def draw(self) -> None:
+        """One scenario: a shape, then a kind the shape can have, then where."""
+        r = self.rng
+        for _ in range(100):
+            shape = r.choice(SHAPES)
+            kind = r.choices([k for k, _ in ANY_KINDS], [w for _, w in ANY_KINDS])[0]
+            sc = self.base(shape, kind)
+            if self._fill(sc, kind):
+                Scenario.from_dict(sc)
+                self.out.append(sc)
+                return
+            self.n -= 1
+        raise RuntimeError("no shape fits")
+
+    def _fill(self, sc: dict[str, Any], kind: str) -> bool:
+        r, p = self.rng, self.p
+        lay = sc["layout"]
+        shape = Scenario.from_dict({**sc, "duration_s": 1.0})
+        collective = lay["tp"] > 1 or lay["dp"] > 1  # a rank has peers doing the same work
+        rank = r.randrange(sc["ranks"])
+        if kind == "healthy":
+            sc["duration_s"] = p.healthy_s
+            return True
+        if kind == "transient":
+            on = float(round(r.uniform(*p.onset_s), 1))
+            sc["faults"] = [{"kind": "transient", "rank": rank, "onset_s": on, "delay_s": round(r.uniform(*p.stall_s), 1)}]
+            sc["duration_s"] = on + p.healthy_s / 2 + 20
+            return True
+        if kind == "checkpoint":
+            on = float(round(r.uniform(*p.onset_s), 1))
+            f: dict[str, Any] = {"kind": "checkpoint", "onset_s": on, "writer_rank": rank,
+                                 "pause_s": round(r.uniform(2.0, 15.0), 1)}
+            if r.random() < 0.4:
+                f["every_s"] = float(r.choice([20, 25, 30]))
+            sc["faults"] = [f]
+            sc["duration_s"] = on + (3 * f["every_s"] + 10 if "every_s" in f else p.healthy_s / 2 + 20)
+            return True
+        on = self.onset(kind, sc)
+        if kind in ("S1", "S3") and on == 0.0 and not collective:
+            return False  # a pipeline of single ranks: nobody does a slow stage's work to compare it with
+        f = {"kind": kind, "rank": rank, "onset_s": on}
+        if kind == "H2":
+            if not collective:
+                return False
+            f["mismatch"] = r.choice(["op", "dtype", "count"] + (["order"] if lay["dp"] > 1 else []))
+        elif kind == "S1":
+            f["factor"] = round(r.uniform(*p.s1), 2)
+        elif kind == "S2":
+            f["factor"] = round(r.uniform(*p.s2), 3)
+        elif kind == "S3":
+            f["compute_factor"] = round(r.uniform(*p.s3_compute), 3)
+            f["link_factor"] = round(r.uniform(*p.s3_link), 3)
+        expect = rank
+        if kind in LINK_KINDS:
+            fams = [c for c in ("tp", "dp", "pp", "ep") if shape.link_peers(c, rank)]
+            nics = [n for n in range(shape.nodes) if shape.nic_links(n)] if kind != "S3" else []
+            choices = fams + (["nic"] if nics else [])
+            if not choices:
+                return False
+            fam = r.choice(choices)
+            if fam == "nic":
+                node = r.choice(nics)
+                f = {k: v for k, v in f.items() if k != "rank"}
+                f["nic"] = node
+                expect = min(src for _, src, _ in shape.nic_links(node))
+            else:
+                f["comm"], f["peer"] = fam, r.choice(shape.link_peers(fam, rank))
+        sc["faults"] = [f]
+        sc["expect"] = [{"kind": kind, "rank": expect}]
+        sc["duration_s"] = on + (p.hang_tail_s if kind.startswith("H") else p.slow_tail_s) + (10.0 if on == 0 else 0.0)
+        if kind == "H3":
+            stopped = stopped_links(Scenario.from_dict(sc))
+            if not stopped:
+                return False
+            if "nic" in f:
+                sc["expect"][0]["rank"] = min(src for _, src, _ in stopped)
+        return all(manifested(Scenario.from_dict(sc)))
+
+
+def build_any_shape(seed: int, check: bool = True, n: int = 120) -> list[dict[str, Any]]:
+    """The any-shape family: ``n`` jobs of every shape (``SHAPES``), each with one fault or a healthy trap."""
+    m = AnyShape(seed)
+    for _ in range(n):
+        m.draw()
+    return m.out
+
+
 SUITES = {
     "standard": (build, 20261130, OUT),
     "heldout": (build_wide, 77011, OUT.with_name("heldout.jsonl")),
@@ -627,6 +813,9 @@ SUITES = {
     "from-start": (build_from_start, 20261202, OUT.with_name("from-start.jsonl")),
     "from-start-heldout": (lambda seed, check=True: build_from_start(seed, check, FROM_START_WIDE), 77031,
                            OUT.with_name("from-start-heldout.jsonl")),
+    # jobs of every shape (pure data parallel, pipeline only, tensor only, MoE, 3D), faults from the first
+    # step or late, mild ones too (tuned on); the held-out draw of it is made once its rules are final
+    "any-shape": (build_any_shape, 20261205, OUT.with_name("any-shape.jsonl")),
 }
 
 

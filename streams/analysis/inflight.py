@@ -45,7 +45,10 @@ ROW_FIELDS = ("m_grank", "m_seq", "m_done", "m_op", "m_dtype", "m_count", "m_pee
 #: Saved as ``m_t_sample - value`` (an own-clock duration: small).
 ROW_DELTAS = ("m_t_enter", "m_t_change")
 #: Communicator fields saved (``c_off`` follows from the restore, ``c_size`` is saved apart).
-COMM_FIELDS = ("c_progress_now", "c_inside", "c_maxop_s", "c_counters", "c_first_now", "c_pk_level", "c_pk_rows")
+COMM_FIELDS = ("c_progress_now", "c_inside", "c_maxop_s", "c_longop_s", "c_counters", "c_first_now", "c_pk_level",
+               "c_pk_rows")
+#: Communicator fields a snapshot of an older version lacks, and the value they take then.
+COMM_DEFAULTS = {"c_longop_s": 0.0}
 
 
 def stalled_comms(js: JobState, now: float, min_stall_s: float) -> list[tuple[float, int]]:
@@ -114,7 +117,7 @@ def load_comm(js: JobState, d: Mapping[str, Any], host_names: list[str]) -> None
     sl = js.members_of(cid)
     for name in COMM_FIELDS:
         arr = getattr(js, name)
-        arr[cid] = arr.dtype.type(d[name])
+        arr[cid] = arr.dtype.type(d[name] if name in d or name not in COMM_DEFAULTS else COMM_DEFAULTS[name])
     for name in ROW_FIELDS:
         arr = getattr(js, name)
         arr[sl] = _uncol(d[name], size, arr.dtype)

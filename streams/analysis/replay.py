@@ -21,11 +21,15 @@ def analyze_batches(
     *,
     then: Iterable[float] = (),
     groups: int = 1,
+    past_end_s: float = 0.0,
 ) -> list[Verdict]:
     """Feed ``(arrival time, batch)`` pairs (non-decreasing time) and evaluate every ``tick_s``.
 
     After the last batch the analyzer evaluates once more, then at every time of ``then``
-    (a post-mortem replay lets the clock run on past the hang thresholds). ``groups`` > 1 spreads
+    (a post-mortem replay lets the clock run on past the hang thresholds). ``past_end_s`` > 0 then lets
+    the clock run on that long, with an evaluation every tick and no record: the silence a live worker
+    sees after a job ends (its clock goes on with the wall clock), which must bring no new verdict.
+    ``groups`` > 1 spreads
     each job's communicators over that many shards and one job stage (``sharded.ShardedAnalyzer``).
     """
     a: Analyzer | ShardedAnalyzer
@@ -46,6 +50,10 @@ def analyze_batches(
         now = t
     if next_tick is not None:
         out.extend(a.evaluate(max(now, next_tick)))
+        last = max(now, next_tick)
+        while past_end_s > 0 and next_tick + tick_s <= last + past_end_s:
+            next_tick += tick_s
+            out.extend(a.evaluate(next_tick))
     for t in then:
         out.extend(a.evaluate(t))
     return out

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from ccld.errors import RecordError, SchemaError
-from ccld.records import AnomalyKind, Link
+from ccld.records import AnomalyKind, Link, OpType
 from ccld.schemas.codec import decode, encode
 from ccld.streams.analysis.hangs import I64, CommDiag, diagnose
 from ccld.streams.analysis.incidents import Candidate
@@ -38,6 +38,9 @@ from ccld.streams.analysis.jobview import JobAnalysis, slow_candidate
 WATCH_MEMORY = 4096
 #: A finding's end is reported this long (job time, s) before the shard stops watching it.
 OVER_REPORT_S = 30.0
+
+
+BARRIER = int(OpType.BARRIER)
 
 
 @dataclass(frozen=True)
@@ -265,13 +268,18 @@ def shard_report(ja: JobAnalysis, watch: Watch, now: float, stats: dict[str, Any
     for cid in stalled.tolist():
         mark = float(js.c_progress_now[cid])
         sl = slice(int(js.c_off[cid]), int(js.c_off[cid] + js.c_size[cid]))
+        waited = np.inf
         if now - float(js.m_seen_now[sl].max(initial=-1.0)) >= s.cut_min_s:
-            # every rank of it went silent: a hang only if its own records showed someone waiting in the
-            # op longer than the op normally lasts before they stopped; else the job ended mid-op, or its
-            # link to the broker was cut (a hung rank's peers report every interval while they wait)
+            # every rank of it went silent (for longer than records take to come: at cut_min_s = the delivery
+            # interval a pipeline receiver that reports every second counted as silent, and a stage behind a
+            # hang was named as its root): a hang only if its own records showed someone waiting in the op
+            # longer than its ops have ever lasted, slow ones too, before they stopped; else the job ended
+            # mid-op (mid-slowdown: its ranks waited about as long in every op), or its link to the broker
+            # was cut (a hung rank's peers report every interval while they wait)
             inside = ~js.m_done[sl] & (js.m_t_enter[sl] >= 0) & (js.m_t_sample[sl] >= js.m_t_enter[sl])
             waited = float((js.m_t_sample[sl] - js.m_t_enter[sl])[inside].max(initial=0)) / 1e9
-            if waited < max(s.cut_min_s, 2.0 * float(js.c_maxop_s[cid])):
+            longest = max(float(js.c_maxop_s[cid]), float(js.c_longop_s[cid]))
+            if waited < max(s.cut_wait_min_s, 2.0 * longest):
                 continue
         cached = ja.diag_cache.get(cid)
         if cached is None or cached[0] != mark or (cached[1] is not None and cached[1].provisional):
@@ -281,9 +289,14 @@ def shard_report(ja: JobAnalysis, watch: Watch, now: float, stats: dict[str, Any
             d = cached[1]
         if d is None:
             continue
+        thr = ja.threshold(d.kind, cid, d.op_type)
+        if d.op_type == BARRIER and waited < thr:
+            # silent at a barrier: a job ends in one (the ranks that finish first wait for the others), a
+            # checkpoint waits in one; a hang only if its ranks were seen waiting the whole threshold
+            continue
         diags[cid] = d
         comm = js.comm_hex(cid)
-        stalls.append(Stall(comm, d, now - mark, ja.threshold(d.kind, cid, d.op_type), mark))
+        stalls.append(Stall(comm, d, now - mark, thr, mark))
         watch.add(Candidate(kind=d.kind, job=ja.job, incarnation=ja.incarnation, communicator=comm, op_seq=d.seq,
                             op_type=d.op_name, root_cause_ranks=(), affected_ranks=(), confidence=0.0, evidence="",
                             onset_time=mark, resolve_key=("hang", d.seq)))

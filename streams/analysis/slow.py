@@ -134,8 +134,10 @@ class SlowDetector:
         self.b_run, self.b_runn = zi, zi  # the late arriver of its last ops, and how many in a row (STREAK_OPS)
         # the member of its last sampled backlogs, and how many in a row (slow_link_pinned_ops)
         self.b_pin, self.b_pinn = zi, zi
-        # per communicator: its links are all of one kind (1), not (0), not known yet (-1)
-        self._alike = np.zeros(0, dtype=np.int8)
+        # who keeps the others waiting (``_blame``): the candidate (comm rank; -1: none), the share of the time
+        # per call its peers waited for it, of that while it computed longer, and of all lateness (averages)
+        self.b_blr, self.b_bll, self.b_bl, self.b_btot = zi, z, z, z
+        self.b_blast = z  # job time of its last blamed op
         self.b_seen = zi  # ops of the baseline judged or learned so far
         # comm rank 0's entry into its last CADENCE_OPS ops (nan: unknown) and their op sequences
         self.r_t0, self.r_seq = np.zeros((0, CADENCE_OPS)), np.zeros((0, CADENCE_OPS))
@@ -156,6 +158,7 @@ class SlowDetector:
         self.w_ogap = np.zeros((0, w))  # the other ranks' mean compute gap
         self.w_sgap = np.zeros((0, w))  # the late arriver's compute gap beyond its healthy top (nan: no baseline)
         self.w_peer = np.zeros((0, w), dtype=bool)  # slow only against its peers (no learned baseline said so)
+        self.w_blame = np.zeros((0, w), dtype=bool)  # ... because its late arriver keeps them waiting (_blame)
         # per communicator, its last variable-size op completed: (op sequence, signature, place in its run)
         self._run: dict[int, tuple[int, int, int]] = {}
 
@@ -216,6 +219,8 @@ class SlowDetector:
         self.b_sib, self.b_sibn = g(self.b_sib), g(self.b_sibn)
         self.b_run, self.b_runn = g(self.b_run, -1), g(self.b_runn)
         self.b_pin, self.b_pinn = g(self.b_pin, -1), g(self.b_pinn)
+        self.b_blr, self.b_bll, self.b_bl, self.b_btot = g(self.b_blr, -1), g(self.b_bll), g(self.b_bl), g(self.b_btot)
+        self.b_blast = g(self.b_blast, -np.inf)
         self.b_seen, self.r_t0, self.r_seq = g(self.b_seen), g(self.r_t0, np.nan), g(self.r_seq, np.nan)
         self.w_slow = g(self.w_slow, False)
         self.w_cslow, self.w_lslow = g(self.w_cslow, False), g(self.w_lslow, False)
@@ -224,6 +229,7 @@ class SlowDetector:
         self.w_tmin, self.w_tmax = g(self.w_tmin), g(self.w_tmax)
         self.w_lgap, self.w_ogap = g(self.w_lgap), g(self.w_ogap)
         self.w_sgap, self.w_peer = g(self.w_sgap, np.nan), g(self.w_peer, False)
+        self.w_blame = g(self.w_blame, False)
 
     def _reindex(self) -> None:
         keys = np.fromiter(self.key_idx.keys(), dtype=np.int64, count=len(self.key_idx))
@@ -237,6 +243,9 @@ class SlowDetector:
         if ops.n == 0:
             return np.zeros(0, dtype=np.int64)
         s = self.s
+        # how long its ranks have waited in an op, slow ones too: a job that ends mid-op leaves them waiting
+        # about that long, which is no hang (shard_report's cut rule)
+        np.maximum.at(js.c_longop_s, ops.cid, ops.tmax)
         var = np.isin(ops.op_type, VARIABLE_SIZE_OPS)  # all_to_all: dispatch and combine apart (_phased)
         b = self.lookup(ops.cid, self._phased(ops, var), create=True)
         order = np.lexsort((ops.seq, b))
@@ -283,6 +292,13 @@ class SlowDetector:
             # other members of a collective (they do the same work) is slow from the job's first
             # steps on, when no baseline exists yet or the baseline has learned the slowness as normal
             peer = (n >= 2) & _peer_late(ops.op_type[i], ops.cnt[i], lg, og, spread, s)
+            # ... or it is the rank that, op after op, keeps the others waiting: most of the time they wait
+            # in this op is for it, it computed longer by a share of each wait, and that costs them a share
+            # of the job's time. Where the compute gaps do not compare (a rank's previous op ended long
+            # before: gradient buckets queued behind each other on a data-parallel ring, gaps that span
+            # several sampled ops), this is what tells a rank slow from its first step
+            blame, neutral = self._blame(ops, i, bi, lg, og, spread)
+            peer = peer | blame
             # ... and its communication against its sibling communicators' (the other tensor-parallel
             # groups run the same op on the same kind of links): a link slow from the start is slow
             # against them, though its own baseline learned it
@@ -308,33 +324,33 @@ class SlowDetector:
             # communication (P = 0), or both
             p = np.where(hist | ~(peer | sib), np.clip((spread - bspr) / den, 0.0, 1.0),
                          np.where(peer & sib, 0.5, np.where(peer, 1.0, 0.0)))
-            pos = self.b_pos[bi]
-            self.w_slow[bi, pos] = slow
-            self.w_cslow[bi, pos] = c_slow
-            self.w_lslow[bi, pos] = l_slow
-            self.w_peer[bi, pos] = (peer | sib) & ~hist
-            self.w_late[bi, pos] = ops.late[i]
-            self.w_lagr[bi, pos] = np.where(ops.lag[i] > 0, ops.lagr[i], -1)
-            self.w_p[bi, pos] = p
-            self.w_seq[bi, pos] = ops.seq[i]
-            self.w_now[bi, pos] = ops.first_now[i]
-            self.w_spr[bi, pos] = np.where(peer & ~hist, spread, np.maximum(spread - bspr, 0.0))
-            self.w_tmin[bi, pos] = tmin
-            self.w_tmax[bi, pos] = tmax
-            self.w_lgap[bi, pos] = lg
-            self.w_ogap[bi, pos] = og
-            self.w_sgap[bi, pos] = np.where(n >= s.baseline_min_ops, lg - self.b_hlgap[bi], np.nan)
-            self.b_pos[bi] = (pos + 1) % self.w
+            # while a rank holds the blame, an op nobody waited in notably is no evidence either way: it
+            # neither fills nor empties the window (the queued buckets after the late one, a pair's ops
+            # whose late arriver came with the other)
+            k = ~neutral
+            bk = bi[k]
+            pos = self.b_pos[bk]
+            for arr, val in (
+                (self.w_slow, slow), (self.w_cslow, c_slow), (self.w_lslow, l_slow),
+                (self.w_peer, (peer | sib) & ~hist), (self.w_blame, blame & ~hist), (self.w_late, ops.late[i]),
+                (self.w_lagr, np.where(ops.lag[i] > 0, ops.lagr[i], -1)), (self.w_p, p), (self.w_seq, ops.seq[i]),
+                (self.w_now, ops.first_now[i]),
+                (self.w_spr, np.where(peer & ~hist, spread, np.maximum(spread - bspr, 0.0))),
+                (self.w_tmin, tmin), (self.w_tmax, tmax), (self.w_lgap, lg), (self.w_ogap, og),
+                (self.w_sgap, np.where(n >= s.baseline_min_ops, lg - self.b_hlgap[bi], np.nan)),
+            ):
+                arr[bk, pos] = val[k]
+            self.b_pos[bk] = (pos + 1) % self.w
             self.r_t0[bi, self.b_seen[bi] % CADENCE_OPS] = ops.t0[i]
             self.r_seq[bi, self.b_seen[bi] % CADENCE_OPS] = ops.seq[i]
             self.b_seen[bi] += 1
             # the onset is the first slow op of the episode, not the one that completed the window
-            clean = ~self.w_slow[bi].any(axis=1)
-            self.b_onset[bi] = np.where(clean, np.nan, np.where(np.isnan(self.b_onset[bi]) & slow,
-                                                                 ops.first_now[i], self.b_onset[bi]))
+            clean = ~self.w_slow[bk].any(axis=1)
+            self.b_onset[bk] = np.where(clean, np.nan, np.where(np.isnan(self.b_onset[bk]) & slow[k],
+                                                                 ops.first_now[i][k], self.b_onset[bk]))
             # only judged (warm) ops count towards resolution: a restarted analyzer re-learning its
             # baselines must not resolve an incident that is still going on
-            self.b_okrun[bi] = np.where(slow, 0, self.b_okrun[bi] + warm)
+            self.b_okrun[bk] = np.where(slow[k], 0, self.b_okrun[bk] + warm[k])
             # the newest op whose communication was healthy: an unnamed slow link must slow every op (findings)
             fast = warm & ~c_slow
             self.b_cfast[bi] = np.where(fast, np.maximum(self.b_cfast[bi], ops.first_now[i]), self.b_cfast[bi])
@@ -386,11 +402,88 @@ class SlowDetector:
             sig[k] = code | (place & 1)  # the count field, empty for these ops (sig_code)
         return sig
 
+    def _blame(self, ops: OpRows, i: I64, bi: I64, lg: F64, og: F64, spread: F64
+               ) -> tuple[npt.NDArray[np.bool_], npt.NDArray[np.bool_]]:
+        """Per op ``i`` (of baselines ``bi``, one op each): its late arriver is the rank that keeps the others
+        waiting in this baseline's ops, with no history needed.
+
+        Each op's lateness (its arrival spread) is owed to its late arriver when that rank computed longer
+        than its peers before it by ``culprit_gap_share`` of it (a victim that waited inside another op did
+        not), or clearly longer than they did (``peer_gap_ratio``: a rank whose own outgoing link is slow
+        too is late by both, and its compute explains only part of it). Lateness is taken as a share of
+        the time between the communicator's calls (per op sequence number, on one rank's clock: a sampling
+        source details one op in many) and averaged over the baseline's last ``blame_ops`` ops
+        (exponentially): the candidate's, the part of it owed, and all of it. A rank whose lateness the
+        others' outweighs no longer is the candidate, the op's late arriver is. While the candidate holds
+        ``blame_share`` of the lateness and what it owes costs ``blame_min_share`` of the time per call, an
+        op is blamed when it is last again by that share of the time per call itself (a gap no poll
+        measured, or a wait in its own slow send before it, changes nothing about whom the others wait
+        for; a rank last by a few us after the slowdown ended is jitter, and lets the incident resolve).
+        Returns the blamed ops, and the neutral ones: while the blame holds, and within
+        ``culprit_confirm_s`` of the last blamed op, an op nobody waited in for that share of the time per
+        call (a bucket queued behind the late one, whose late arriver came with the others) says nothing
+        about the rank, and ``update`` keeps it out of the window.
+        In a healthy ring the last place rotates and the waits are jitter; a rank slow from its first
+        step is last in most ops, by a share of each call: on a data-parallel ring of gradient buckets
+        queued behind each other it is late by a few ms at each bucket, where its compute gap, measured
+        from a kernel end a poll saw ops before, is hardly longer than its peers' in ratio. Only
+        collectives whose members do the same work (``_peer_late``'s)."""
+        s = self.s
+        if s.blame_ops <= 0:
+            return np.zeros(i.size, dtype=bool), np.zeros(i.size, dtype=bool)
+        late = ops.late[i]
+        same = ~np.isin(ops.op_type[i], _OWN_WORK) & (ops.cnt[i] >= 2) & (late >= 0)
+        per_call = self._call_interval(bi)
+        # an op whose ranks' previous kernel ends no poll saw (no gap on either side) adds nothing either way
+        gapless = (lg <= 0) & (og <= 0)
+        known = same & np.isfinite(per_call) & ~gapless
+        timed = same & np.isfinite(per_call)
+        # at most a whole call's time per op: one 30-s pause of a rank is one op's worth of evidence, not 15
+        this = np.where(timed, np.minimum(np.maximum(spread, 0.0) / np.where(timed, per_call, 1.0), 1.0), 0.0)
+        sp = np.where(known, this, 0.0)
+        # computed longer than its peers by a share of its lateness, or clearly longer than they did (a rank
+        # whose own outgoing link is slow too is late by both: its compute explains only part of it)
+        extra = lg - og
+        longer = (extra >= s.culprit_gap_share * spread) | _computed_clearly_longer(extra, og, s)
+        owed = np.where(known & longer, sp, 0.0)
+        a = np.where(known, 1.0 / s.blame_ops, 0.0)
+        cand = self.b_blr[bi]
+        mine = late == cand
+        bll = self.b_bll[bi] * (1 - a) + a * np.where(mine, sp, 0.0)
+        bl = self.b_bl[bi] * (1 - a) + a * np.where(mine, owed, 0.0)
+        tot = self.b_btot[bi] * (1 - a) + a * sp
+        switch = known & ~mine & (tot - bll > bll)
+        self.b_blr[bi] = np.where(switch, late, cand)
+        bll, bl = np.where(switch, a * sp, bll), np.where(switch, a * owed, bl)
+        self.b_bll[bi], self.b_bl[bi], self.b_btot[bi] = bll, bl, tot
+        holds = same & (bll >= s.blame_share * tot) & (bl >= s.blame_min_share)
+        blamed = holds & (late == self.b_blr[bi]) & (spread > s.slow_min_excess_s) & (this >= s.blame_min_share)
+        # neutral only within culprit_confirm_s of the last blamed op: after the slowdown ends, the ops count
+        # towards its end again while the averages decay
+        t = ops.first_now[i]
+        neutral = holds & ~blamed & (this < s.blame_min_share) & (t - self.b_blast[bi] < s.culprit_confirm_s)
+        self.b_blast[bi] = np.where(blamed, np.maximum(self.b_blast[bi], t), self.b_blast[bi])
+        return blamed, neutral
+
+    def _call_interval(self, bi: I64) -> F64:
+        """Seconds between two calls of the communicator of each baseline of ``bi`` (per op sequence number,
+        over the baseline's last ``CADENCE_OPS`` ops on comm rank 0's clock, as ``cost``); inf: unknown."""
+        t, q = self.r_t0[bi], self.r_seq[bi]
+        ok = ~np.isnan(t) & ~np.isnan(q)
+        rows = np.arange(bi.size)
+        first = np.where(ok, q, np.inf).argmin(axis=1)
+        last = np.where(ok, q, -np.inf).argmax(axis=1)
+        dq = q[rows, last] - q[rows, first]
+        dt = t[rows, last] - t[rows, first]
+        good = (ok.sum(axis=1) >= 2) & (dq > 0) & (dt > 0)
+        return np.where(good, dt / np.where(good, dq, 1.0), np.inf)
+
     def _siblings(self, js: JobState) -> None:
         """For each baseline, the healthy kernel time (``b_min``) of the communicators of the job with
         the same op signature and size, and how many there are. A send/recv pair only among the pairs
-        between two hosts (network links): one inside a node moves the same bytes over a link 10x
-        faster, and one whose hosts are not known yet may be either.
+        of its kind: between two hosts (network links), or inside one (a pipeline-only job on one
+        8-GPU node has no other): one inside a node moves the same bytes over a link 10x faster, and
+        one whose hosts are not known yet may be either.
 
         The reference is their lower quartile, not their median: one slow link slows more than one of
         them (both directions of a pipeline pair, every communicator through a slow NIC), and in a
@@ -398,16 +491,18 @@ class SlowDetector:
         link (96 and 49 ms against 0.4 ms healthy) put the median at 25 ms, where the 49-ms direction
         was not slow and the other only now and then (named after 20-55 s, test_net_links [start])."""
         p2p = np.isin(self.b_sig >> 60 & 0xF, _P2P)
-        ok = (self.b_n >= self.s.baseline_min_ops) & (~p2p | self._network_pairs(js, p2p))
+        kind = self._pair_kind(js, p2p)  # 0: not a pair; 1: a pair inside a host; 2: between two; -1: unknown
+        ok = (self.b_n >= self.s.baseline_min_ops) & (kind >= 0)
         self.b_sibn[:] = 0
         idx = np.flatnonzero(ok)
         if idx.size < 2:
             return
         size = js.c_size[self.b_cid[idx]]
-        o = np.lexsort((self.b_min[idx], size, self.b_sig[idx]))
-        idx, size = idx[o], size[o]
+        kind = kind[idx]
+        o = np.lexsort((self.b_min[idx], kind, size, self.b_sig[idx]))
+        idx, size, kind = idx[o], size[o], kind[o]
         sig = self.b_sig[idx]
-        start = np.concatenate([[True], (sig[1:] != sig[:-1]) | (size[1:] != size[:-1])])
+        start = np.concatenate([[True], (sig[1:] != sig[:-1]) | (size[1:] != size[:-1]) | (kind[1:] != kind[:-1])])
         first = np.flatnonzero(start)
         cnt = np.diff(np.append(first, idx.size))
         grp = np.cumsum(start) - 1
@@ -420,21 +515,22 @@ class SlowDetector:
         self.b_sib[idx[two]] = vals[other[two]]
         self.b_sibn[idx] = cnt[grp]
 
-    def _links_alike(self, js: JobState, cid: int) -> bool:
-        """Communicator ``cid``'s ring's links are all of one kind, every member on one host (NVLink) or
-        each on its own (the network); False while a member's host is unknown."""
-        if self._alike.size < js.n_comms:
-            self._alike = np.concatenate([self._alike, np.full(js.n_comms - self._alike.size, -1, dtype=np.int8)])
-        if self._alike[cid] < 0:
-            hosts = js.m_host[js.members_of(cid)]
-            if (hosts >= 0).all():
-                self._alike[cid] = hosts.size > 2 and np.unique(hosts).size in (1, hosts.size)
-        return bool(self._alike[cid] == 1)
+    def _link_has_peers(self, js: JobState, cid: int, crank: int) -> bool:
+        """The link from comm rank ``crank`` to its ring successor has another link of its kind in the ring of
+        ``cid`` to be judged against: both ends on one host (NVLink) or on two (the network); False while a
+        member's host is unknown. A ring over 4-GPU nodes has its network links as each other's peers, an
+        8-GPU node's tensor ring its NVLink ones."""
+        hosts = js.m_host[js.members_of(cid)]
+        if hosts.size < 2 or (hosts < 0).any():
+            return False
+        cross = hosts != np.roll(hosts, -1)  # link i -> i+1 leaves its host
+        return int((cross == cross[crank]).sum()) >= 2
 
     def _pinned(self, js: JobState, ops: OpRows, i: I64, bi: I64) -> npt.NDArray[np.bool_]:
         """Per op ``i`` (of baselines ``bi``): its ring's in-flight samples found the largest backlog before
-        the same member ``slow_link_pinned_ops`` sampled ops in a row (counted here), its links are all of
-        one kind, and that member holds ``culprit_share`` of all the backlog its communicator's samples
+        the same member ``slow_link_pinned_ops`` sampled ops in a row (counted here), that member's link has
+        another of its kind in the ring (``_link_has_peers``), and that member holds ``culprit_share`` of
+        all the backlog its communicator's samples
         ever saw (``_backlog_rank``): one link's, not the in-flight data every link of a healthy ring
         shows alike (where the largest of equal backlogs is the same member each time)."""
         lagr = np.where(ops.lag[i] > 0, ops.lagr[i], -1)
@@ -447,14 +543,14 @@ class SlowDetector:
         for k in np.flatnonzero(pinned).tolist():
             cid = int(ops.cid[i[k]])
             top = self._backlog_rank(js, cid)
-            pinned[k] = (self._links_alike(js, cid) and top is not None and top[0] == int(lagr[k])
+            pinned[k] = (top is not None and top[0] == int(lagr[k]) and self._link_has_peers(js, cid, top[0])
                          and top[1] >= self.s.culprit_share)
         return pinned
 
-    def _network_pairs(self, js: JobState, p2p: npt.NDArray[np.bool_]) -> npt.NDArray[np.bool_]:
-        """Of the baselines marked ``p2p``, those of two-rank communicators whose ranks are on two
-        different known hosts."""
-        out = np.zeros(self.nb, dtype=bool)
+    def _pair_kind(self, js: JobState, p2p: npt.NDArray[np.bool_]) -> I64:
+        """Per baseline: 0 when not marked ``p2p``; for a two-rank send/recv pair, 1 when both ranks are on one
+        host, 2 when on two, -1 while a host is unknown (or the communicator is not a pair)."""
+        out = np.zeros(self.nb, dtype=np.int64)
         bi = np.flatnonzero(p2p)
         if bi.size == 0:
             return out
@@ -463,7 +559,7 @@ class SlowDetector:
         two = js.c_size[cid] == 2
         h0 = js.m_host[off]
         h1 = js.m_host[np.where(two, off + 1, off)]
-        out[bi] = two & (h0 >= 0) & (h1 >= 0) & (h0 != h1)
+        out[bi] = np.where(two & (h0 >= 0) & (h1 >= 0), np.where(h0 != h1, 2, 1), -1)
         return out
 
     def _relearn(self, lb: I64) -> None:
@@ -553,6 +649,10 @@ class SlowDetector:
         # burst of ops (a descheduled process), so such a window must hold twice as long, and below
         # the culprit's excess must hold over its median op too, not only op by op
         peer_only = sum(bool(self.w_peer[bi, j]) for j in idx) * 2 > n_slow
+        # the late arriver keeps its peers waiting (_blame): its compute gap against theirs was checked op
+        # by op where it told, and it owes a share of the time; the window's median gaps say nothing where
+        # they span other ops' waits (its own slow send before a data-parallel bucket, sampled ops)
+        blamed = sum(bool(self.w_blame[bi, j]) for j in idx) * 2 > n_slow
         if peer_only and self.alarmed_for(bi) < 2 * s.slow_confirm_s:
             return []
         p = _median([float(self.w_p[bi, j]) for j in idx])
@@ -609,15 +709,21 @@ class SlowDetector:
                     # late because it waited inside another op (a paused tensor-parallel peer) computed
                     # no longer than usual and is a victim
                     extra = _median([float(self.w_sgap[bi, j]) for j in idx])
-                    ok = extra >= max(s.culprit_gap_share * lateness, s.slow_min_excess_s)
+                    # ... by a clear share of it, as against peers below: a receiver behind a slow pipeline
+                    # link arrives a few hundred us later than before as the schedule shifts around it, its
+                    # compute gap 1-2 % longer, and is no slow rank (the link is the pair's finding)
+                    ok = extra >= max(s.culprit_gap_share * lateness, s.culprit_gap_ratio * float(self.b_hlgap[bi]),
+                                      s.slow_min_excess_s)
                 else:
                     # victims are not culprits: the late rank must have computed longer than its peers
                     extra = _median([float(self.w_lgap[bi, j] - self.w_ogap[bi, j]) for j in idx])
                     ogap = _median([float(self.w_ogap[bi, j]) for j in idx])
                     # ... by a clear share of what its peers computed: a rank that computed 8 % longer than
                     # its peers is jitter, whatever the lateness it caused on a us-scale op
-                    ok = extra >= max(s.culprit_gap_share * lateness, s.culprit_gap_ratio * ogap, s.slow_min_excess_s)
-                if peer_only:
+                    # (a blamed window's late arriver proved it op by op, where its gap told: _blame)
+                    ok = blamed or extra >= max(s.culprit_gap_share * lateness, s.culprit_gap_ratio * ogap,
+                                                s.slow_min_excess_s)
+                if peer_only and not blamed:
                     lg = _median([float(self.w_lgap[bi, j]) for j in idx])
                     og = _median([float(self.w_ogap[bi, j]) for j in idx])
                     ok = ok and bool(_computed_clearly_longer(lg - og, og, s))

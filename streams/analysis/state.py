@@ -123,6 +123,7 @@ class JobState:
         "c_progress_now": (np.float64, -1.0),
         "c_inside": (np.int64, 0),
         "c_maxop_s": (np.float64, 0.0),
+        "c_longop_s": (np.float64, 0.0),  # the longest op it completed, slow ones too (waiting included)
         "c_counters": (np.bool_, False),  # some record of this communicator carried channel counters
         "c_first_now": (np.float64, np.inf),  # analyzer time the communicator was first seen
         # the healthy level of the per-kernel peak backlog DONE records carry (exponential average of
@@ -178,6 +179,7 @@ class JobState:
     c_progress_now: F64
     c_inside: I64
     c_maxop_s: F64
+    c_longop_s: F64
     c_counters: BOOL
     c_first_now: F64
     c_pk_level: F64

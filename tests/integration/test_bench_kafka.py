@@ -41,3 +41,19 @@ def test_through_kafka_scores_like_in_process(bootstrap: str, tmp_path: Path) ->
     # the same analyzer on the same records: the same root cause, whichever path carried them
     assert [v["root_cause_ranks"] for v in kafka["k-h3"]["verdicts"]] == \
         [v["root_cause_ranks"] for v in local["k-h3"]["verdicts"]]
+
+
+def test_a_job_that_ends_mid_slowdown_gets_no_verdict_in_the_silence_after_it(bootstrap: str, tmp_path: Path) -> None:
+    """Rank 6 is 3x slower until the job ends; then the worker's clock runs on for 35 s with no record (its
+    peers were waiting for rank 6 inside an all-reduce when the records stopped). Before the cut rule knew
+    how long its ops had lasted, a real worker reported the S1 and then ``H1 rank 6`` 18 s into the silence."""
+    sc = {"id": "k-end-slow", "ranks": 32, "layout": {"tp": 4, "pp": 2, "dp": 4}, "channels": 8, "duration_s": 60,
+          "faults": [{"kind": "S1", "rank": 6, "onset_s": 18, "factor": 3.0}], "expect": [{"kind": "S1", "rank": 6}]}
+    suite = tmp_path / "suite.jsonl"
+    suite.write_text(json.dumps(sc) + "\n")
+    out = tmp_path / "kafka.json"
+    assert main(["bench", "accuracy", "--scenarios", str(suite), "--out", str(out), "--through-kafka",
+                 "--past-end-s", "35", "--bootstrap", bootstrap]) == 0
+    row = json.loads(out.read_text())["scenarios"][0]
+    assert row["ok"] and row["after_end"] == [], row
+    assert [(v["kind"], v["root_cause_ranks"]) for v in row["verdicts"]] == [("S1", [6])], row["verdicts"]

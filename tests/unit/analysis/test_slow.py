@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
 from analysis_factories import Comm, Probe, batches_by_tick, healthy_steps
 
 from ccld.records import AnomalyKind, KernelRecord, Link, OpType, VerdictState
@@ -157,16 +158,17 @@ def test_a_slow_link_no_poll_caught_is_reported_unnamed_then_named_in_the_same_i
 
 
 def test_an_op_that_waits_by_schedule_position_is_not_slow() -> None:
-    """A pipeline send waits ~0 or 300 ms depending on its microbatch (the 1F1B schedule: four in ten
-    wait): the waits recur, so both are normal, although most sends barely wait; a rank that adds
-    0.6 s to every send is slow."""
+    """An op that lasts ~0 or 300 ms depending on its place in the step (a 1F1B schedule: four in ten wait
+    for the other stage's data inside the op): the long ones recur, so both are normal, although most ops
+    are short; a rank that arrives 0.6 s late at every op is slow."""
     probe = Probe()
     pp = Comm(0x5E, (0, 1))
     recs = []
     for k in range(120):
         base = 1.0 + 1.0 * k
-        wait = 0.3 + 0.001 * (k % 3) if k % 10 < 4 else 0.001 * (k % 4)
-        recs += probe.ring_op(pp, [base, base + wait + (0.6 if k >= 80 else 0.0)], 0.005)
+        dur = 0.3 + 0.001 * (k % 3) if k % 10 < 4 else 0.005 + 0.001 * (k % 4)
+        recs += probe.ring_op(pp, [base + 0.002 * (k % 2), base + 0.002 * (1 - k % 2) + (0.6 if k >= 80 else 0.0)],
+                              dur)
     vs = opens(recs)
     assert [(v.kind, v.root_cause_ranks) for v in vs] == [(AnomalyKind.S1, (1,))]
     assert vs[0].detected_time > 1.0 + 80
@@ -221,11 +223,17 @@ def test_a_rank_slow_from_its_first_step_is_named_against_its_peers() -> None:
     assert v.details.get("judged_against") == "peers" and "first ops" in v.evidence
 
 
-def test_a_rank_slightly_slower_than_its_peers_from_the_start_is_not_a_slow_rank() -> None:
-    """0.5 s later after 1.8 s of compute (28 % longer than its peers): below ``peer_gap_ratio``."""
+@pytest.mark.parametrize(("late_s", "found"), [(0.1, False), (0.5, True)])
+def test_a_rank_slower_than_its_peers_from_the_start_by_a_share_of_the_step_is_a_slow_rank(
+        late_s: float, found: bool) -> None:
+    """0.5 s later at every op after 1.8 s of compute (28 % longer than its peers, a quarter of the 2-s
+    step that every peer waits) is a slow rank from the first step: it keeps the others waiting. 0.1 s (6 %,
+    5 % of the step) is not: below ``blame_min_share``."""
     probe = Probe()
     tp = Comm(0x5D, tuple(range(8)))
-    assert opens(healthy_steps(probe, tp, 30, late={6: 0.5}, from_step=0)) == []
+    got = opens(healthy_steps(probe, tp, 30, late={6: late_s}, from_step=0))
+    assert [(v.kind, v.root_cause_ranks, v.details.get("judged_against")) for v in got] == \
+        ([(AnomalyKind.S1, (6,), "peers")] if found else [])
 
 
 def test_a_slow_rank_found_mid_job_is_dated_from_its_first_slow_op() -> None:

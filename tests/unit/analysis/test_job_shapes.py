@@ -1,0 +1,108 @@
+"""Shapes the older rules missed, and what a live worker sees after a job ends.
+
+- A hang in a deep pipeline of the simple model names its root only: the stages behind it wait in their
+  receives, which report every second; reading that delivery interval as silence named whole hosts of
+  them as roots ("host ... stopped"), one incident each.
+- A job that ends mid-slowdown or mid-checkpoint brings no verdict in the silence after its end.
+- A rank slow from its first step is found where its peers are the other members of the one ring it
+  has (pure data parallel), a tensor pair of an MoE job, or a pipeline-only job's data-parallel pair; a
+  data-parallel link slow from the start on a ring of mixed links (4-GPU nodes) is found against the
+  ring's other network links.
+
+Each is replayed on its own clock (``stack.bench.analyze_in_process``: the scenario, then
+``PAST_END_S`` of silence) and judged by the expectation the scenario states; nothing of it reaches the
+analyzer.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from ccld.producers.simulator.scenario import Scenario
+from ccld.records import Verdict, VerdictState
+from ccld.stack.bench import PAST_END_S, analyze_in_process, score_scenario
+
+
+def scenario(**kw: Any) -> Scenario:
+    return Scenario.from_dict({"channels": 4, "gpus_per_node": 8, **kw})
+
+
+def claims(vs: list[Verdict]) -> list[tuple[str, tuple[int, ...]]]:
+    """Each incident's kind and root ranks, as its last OPEN/UPDATE said."""
+    last: dict[str, tuple[str, tuple[int, ...]]] = {}
+    for v in vs:
+        if v.state in (VerdictState.OPEN, VerdictState.UPDATE):
+            last[v.incident_id] = (v.kind.value, tuple(v.root_cause_ranks))
+    return sorted(last.values())
+
+
+DEEP = {"H1": ({"kind": "H1", "rank": 301}, ("H1", (301,))),
+        "H3": ({"kind": "H3", "rank": 130}, ("H3", (130, 131)))}
+
+
+@pytest.mark.parametrize("kind", sorted(DEEP))
+def test_a_hang_in_a_deep_pipeline_names_its_root_and_no_stage_behind_it(kind: str) -> None:
+    """768 ranks, 12 stages (tp 4, dp 16), 2-s steps: the replica's stages behind the stopped one wait in
+    their receives for 40 s, the other replicas' same stages wait for them in data-parallel ops."""
+    fault, want = DEEP[kind]
+    sc = scenario(id=f"deep-{kind}", seed=11, ranks=768, layout={"tp": 4, "pp": 12, "dp": 16}, step_time_s=2.0,
+                  duration_s=100, faults=[{**fault, "onset_s": 50}], expect=[{"kind": kind, "rank": fault["rank"]}])
+    vs = analyze_in_process(sc)
+    assert claims(vs) == [want], [v.describe() for v in vs if v.state == VerdictState.OPEN]
+
+
+def test_a_job_that_ends_mid_slowdown_gets_no_hang_after_its_end() -> None:
+    """Rank 6 computes 3x slower until the job ends: its peers are inside an all-reduce, waiting for it, when
+    every record stops; they waited that long at every op before, so it is the end, not a hang."""
+    sc = scenario(id="end-mid-slowdown", ranks=32, layout={"tp": 4, "pp": 2, "dp": 4}, channels=8, duration_s=60,
+                  faults=[{"kind": "S1", "rank": 6, "onset_s": 18, "factor": 3.0}],
+                  expect=[{"kind": "S1", "rank": 6}])
+    vs = analyze_in_process(sc)
+    assert max(v.detected_time for v in vs) >= sc.duration_s + PAST_END_S / 2, "the silence was not played"
+    row = score_scenario(sc, vs)
+    assert row["ok"] and not row["after_end"], row
+
+
+def test_a_job_that_ends_mid_checkpoint_gets_no_hang_after_its_end() -> None:
+    """Everyone waits in a barrier for the writer when the job ends, 10 s in: a barrier's silence is a hang
+    only if its ranks were seen waiting its whole threshold."""
+    sc = scenario(id="end-mid-checkpoint", ranks=32, layout={"tp": 4, "pp": 2, "dp": 4}, duration_s=65,
+                  faults=[{"kind": "checkpoint", "pause_s": 15, "onset_s": 55}], expect=[])
+    assert claims(analyze_in_process(sc)) == []
+
+
+MEGATRON = {"microbatches": 1, "layers": 4, "layer_ms": 5.0, "dp_buckets": 4}
+FROM_START = {
+    # one ring of 32, gradient buckets queued behind each other on it
+    "dp-S1": dict(ranks=32, layout={"tp": 1, "pp": 1, "dp": 32}, workload=MEGATRON,
+                  faults=[{"kind": "S1", "rank": 5, "onset_s": 0, "factor": 2.0}]),
+    # a ring over 16 4-GPU nodes: its 16 network links are each other's peers
+    "dp-S2": dict(ranks=64, gpus_per_node=4, layout={"tp": 1, "pp": 1, "dp": 64}, workload=MEGATRON,
+                  faults=[{"kind": "S2", "rank": 7, "comm": "dp", "onset_s": 0, "factor": 0.55}]),
+    # MoE, tensor pairs: 1.6x, under the compute-gap ratio the older peer test needed
+    "moe-S1": dict(ranks=64, layout={"tp": 2, "pp": 2, "dp": 16, "ep": 4},
+                   workload={"microbatches": 4, "layers": 2, "layer_ms": 4.0},
+                   faults=[{"kind": "S1", "rank": 13, "onset_s": 0, "factor": 1.6}]),
+    # pipeline only, one node: its compute in its data-parallel pair, its link against the other pairs
+    "pp-S3": dict(ranks=16, layout={"tp": 1, "pp": 8, "dp": 2},
+                  workload={"microbatches": 4, "layers": 2, "layer_ms": 4.0},
+                  faults=[{"kind": "S3", "rank": 3, "comm": "pp", "onset_s": 0, "compute_factor": 2.0,
+                           "link_factor": 0.3}]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(FROM_START))
+def test_a_fault_from_the_first_step_is_found_on_every_shape(name: str) -> None:
+    kw = FROM_START[name]
+    f = kw["faults"][0]
+    sc = scenario(id=name, seed=21, duration_s=60, expect=[{"kind": f["kind"], "rank": f["rank"]}], **kw)
+    row = score_scenario(sc, analyze_in_process(sc))
+    assert row["ok"], row
+
+
+def test_a_healthy_data_parallel_job_with_pauses_gets_no_verdict() -> None:
+    sc = scenario(id="dp-healthy", seed=27, ranks=32, layout={"tp": 1, "pp": 1, "dp": 32}, duration_s=90,
+                  workload={**MEGATRON, "pause_rate": 0.02}, expect=[])
+    assert claims(analyze_in_process(sc)) == []
