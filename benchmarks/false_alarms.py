@@ -101,17 +101,24 @@ def _when(r: random.Random, lo: float, tail: float, dur: float) -> float:
 
 
 def draw_job(seed: int, index: int, *, duration_s: float | None = None, max_ranks: int | None = None,
-             max_duration_s: float | None = None) -> dict[str, Any]:
+             max_duration_s: float | None = None, any_shape: bool = False) -> dict[str, Any]:
     """Scenario ``index`` of the draw ``seed``: a healthy Megatron-style job with its noise.
 
     ``duration_s`` fixes the length (short CI runs), ``max_duration_s`` caps it, ``max_ranks``
     leaves out larger sizes; each changes the job, so the same settings give the same draw again.
+    ``any_shape`` draws every other job's layout from the any-shape family (``make_standard.SHAPES``:
+    pure data parallel, pipeline only, tensor only, MoE, 3D; 1-8 GPUs per node) instead.
     """
     r = random.Random(seed * 1_000_003 + index)
     sizes = [(s, w) for s, w in zip(SIZES, SIZE_WEIGHTS, strict=True) if max_ranks is None or s <= max_ranks]
     ranks = r.choices([s for s, _ in sizes], [w for _, w in sizes])[0]
     tp, pp, dp = r.choice(MS.MEGATRON_LAYOUTS[ranks])
-    lo, hi = DURATION_S[ranks]
+    ep, gpn, shape = 1, 8, "3d"
+    if any_shape and index % 2:
+        shape = r.choice(MS.SHAPES)
+        tp, pp, dp, ep, gpn = MS.AnyShape(r.randrange(1 << 30), MS.AnyProfile(max_ranks=max_ranks or 512)).layout(shape)
+        ranks = tp * pp * dp
+    lo, hi = DURATION_S[min(SIZES, key=lambda size: (abs(size - ranks), size))]
     dur = duration_s if duration_s is not None else _log_uniform(r, lo, hi)
     if max_duration_s is not None:
         dur = min(dur, max_duration_s)
@@ -125,6 +132,15 @@ def draw_job(seed: int, index: int, *, duration_s: float | None = None, max_rank
         "seq_parallel": r.random() < 0.3,
         "dp_buckets": r.choice((2, 4, 8)),
     }
+    if shape == "dp":
+        w["dp_buckets"] = 1
+    if tp == 1:
+        w["seq_parallel"] = False
+    if pp > 1:  # a deep pipeline of many micro-batches is a minute a step
+        w["microbatches"] = min(w["microbatches"], max(1, 256 // pp))
+    if ep > 1:
+        w["moe_every"] = r.choice((1, 1, 2)) if w["layers"] >= 2 else 1
+        w["topk"] = r.choice((1, 2, 2, 4))
     has = {k: r.random() < p for k, p in NOISE_CHANCE.items()}
     if has["pauses"]:  # GC, data loader: a rank now and then starts its step late
         w["pause_rate"] = round(_log_uniform(r, 0.002, 0.05), 4)
@@ -154,11 +170,11 @@ def draw_job(seed: int, index: int, *, duration_s: float | None = None, max_rank
                            "delay_s": round(_log_uniform(r, 0.02, 5.0), 3)})
     faults.sort(key=lambda f: f["onset_s"])
     sc = {
-        "id": f"fa-{seed}-{index:04d}",
+        "id": f"fa-{seed}-{index:04d}" + (f"-{shape}" if shape != "3d" else ""),
         "seed": r.randrange(1, 1_000_000),
         "ranks": ranks,
-        "gpus_per_node": 8,
-        "layout": {"tp": tp, "pp": pp, "dp": dp},
+        "gpus_per_node": gpn,
+        "layout": {"tp": tp, "pp": pp, "dp": dp, **({"ep": ep} if ep > 1 else {})},
         "channels": r.choice((1, 2, 4, 8, 16, 32, 64)),
         "duration_s": dur,
         "clock_skew_s": round(r.uniform(0.0, 15.0), 2) if has["skew"] else 0.0,
@@ -503,6 +519,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--max-ranks", type=int, default=None, help="leave out larger jobs (changes the draw)")
     ap.add_argument("--max-duration-s", type=float, default=None, help="cap each job's length (changes the draw)")
     ap.add_argument("--late-faults", action="store_true", help="one late fault per job; score recall and TTV")
+    ap.add_argument("--any-shape", action="store_true",
+                    help="every other job of any shape: pure data parallel, pipeline only, tensor only, MoE "
+                         "(changes the draw)")
     ap.add_argument("--show", type=int, default=5, help="print this many false alarms in full (default 5)")
     ap.add_argument("--out", help="write the JSON report here (rewritten after every job)")
     ap.add_argument("--merge", nargs="+", type=Path, metavar="REPORT",
@@ -518,7 +537,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return merge_reports(args.merge, args.out, args.replayed)
 
     def job(i: int) -> dict[str, Any]:
-        raw = draw_job(args.seed, i, max_ranks=args.max_ranks, max_duration_s=args.max_duration_s)
+        raw = draw_job(args.seed, i, max_ranks=args.max_ranks, max_duration_s=args.max_duration_s,
+                       any_shape=args.any_shape)
         return add_late_fault(raw, i, args.seed) if args.late_faults else raw
 
     if args.only is not None:
@@ -533,7 +553,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     def report() -> dict[str, Any]:
         ordered = sorted(results, key=lambda r: r.index)
-        out: dict[str, Any] = {"seed": args.seed, "late_faults": args.late_faults, "max_ranks": args.max_ranks,
+        out: dict[str, Any] = {"seed": args.seed, "late_faults": args.late_faults, "any_shape": args.any_shape,
+                               "max_ranks": args.max_ranks,
                                "max_duration_s": args.max_duration_s, "analyzer": "AnalyzerSettings() defaults",
                                "commit": commit,
                                "tick_s": 1.0, "wall_s": round(time.perf_counter() - t_start, 1),

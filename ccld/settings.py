@@ -84,10 +84,10 @@ class AnalyzerSettings:
     culprit_gap_ratio: float = 0.15  # ... and >= this fraction of its peers' own compute gap (else it is jitter)
     # a rank slow from the job's first step has no healthy history to be judged against; its peers are:
     peer_gap_ratio: float = 0.5  # a collective's last arriver computing this much longer than its peers' mean is slow
-    peer_link_factor: float = 1.4  # a communicator's own kernel time this x its sibling communicators' is a slow link
+    peer_link_factor: float = 1.5  # a communicator's own kernel time this x its sibling communicators' is a slow link
     peer_min_excess_s: float = 1e-3  # ... by at least this much (s): below it, no verdict without a learned baseline
     # a collective's late arriver that computed longer, and holds this share of the time its peers wait in it
-    blame_share: float = 0.8
+    blame_share: float = 0.5
     blame_min_share: float = 0.1  # ... costing them this share of the time between its calls, is slow against them
     blame_ops: int = 16  # ... averaged over this many of its ops (0: off)
     # a ring whose links are all of one kind (one host's, or one rank per host) whose in-flight samples found the

@@ -593,8 +593,9 @@ def build_std_network(seed: int = 20261131, check: bool = True) -> list[dict[str
 def build(seed: int = 20261130, check: bool = True) -> list[dict[str, Any]]:
     """The standard suite: the Megatron-style workload with ``STANDARD`` ranges (tuned on), then the
     network link family and the expert-parallel family (each its own stream, so the scenarios before
-    them stay as they were)."""
-    return build_megatron(seed, check, STANDARD) + build_std_network(seed + 1, check) + build_std_expert()
+    them stay as they were), then the any-shape family (its own stream too)."""
+    return (build_megatron(seed, check, STANDARD) + build_std_network(seed + 1, check) + build_std_expert()
+            + build_any_shape(ANY_SHAPE_SEED, check))
 
 
 def build_wide_network(seed: int = 77021, check: bool = True) -> list[dict[str, Any]]:
@@ -681,7 +682,8 @@ class AnyShape:
             "pause_rate": r.choice([0.0, 0.0, 0.005, 0.02]),
             "eval_every": r.choice([0, 0, 0, 25, 60]),
         }
-        wl["microbatches"] = min(wl["microbatches"], max(1, 256 // pp))  # 64 micro-batches of 16 stages: a minute a step
+        # 64 micro-batches of 16 stages are a minute a step
+        wl["microbatches"] = min(wl["microbatches"], max(1, 256 // pp))
         if ep > 1:
             lay["ep"] = ep
             wl["moe_every"] = r.choice([1, 1, 2]) if wl["layers"] >= 2 else 1
@@ -732,7 +734,8 @@ class AnyShape:
             return True
         if kind == "transient":
             on = float(round(r.uniform(*p.onset_s), 1))
-            sc["faults"] = [{"kind": "transient", "rank": rank, "onset_s": on, "delay_s": round(r.uniform(*p.stall_s), 1)}]
+            sc["faults"] = [{"kind": "transient", "rank": rank, "onset_s": on,
+                             "delay_s": round(r.uniform(*p.stall_s), 1)}]
             sc["duration_s"] = on + p.healthy_s / 2 + 20
             return True
         if kind == "checkpoint":
@@ -786,7 +789,10 @@ class AnyShape:
         return all(manifested(Scenario.from_dict(sc)))
 
 
-def build_any_shape(seed: int, check: bool = True, n: int = 120) -> list[dict[str, Any]]:
+ANY_SHAPE_SEED = 20261205
+
+
+def build_any_shape(seed: int = ANY_SHAPE_SEED, check: bool = True, n: int = 120) -> list[dict[str, Any]]:
     """The any-shape family: ``n`` jobs of every shape (``SHAPES``), each with one fault or a healthy trap."""
     m = AnyShape(seed)
     for _ in range(n):
@@ -815,7 +821,7 @@ SUITES = {
                            OUT.with_name("from-start-heldout.jsonl")),
     # jobs of every shape (pure data parallel, pipeline only, tensor only, MoE, 3D), faults from the first
     # step or late, mild ones too (tuned on); the held-out draw of it is made once its rules are final
-    "any-shape": (build_any_shape, 20261205, OUT.with_name("any-shape.jsonl")),
+    "any-shape": (build_any_shape, ANY_SHAPE_SEED, OUT.with_name("any-shape.jsonl")),
 }
 
 

@@ -8,7 +8,8 @@ MASTER_ADDR, MASTER_PORT); the script knows nothing about CCL-D.
   the rank ``dp`` below, compute, send it on to the rank ``dp`` above) and as many backward ones
   (the gradient the other way), then a ``DistributedDataParallel`` backward whose gradient
   all-reduce runs over the stage's data-parallel group (torch's C++ reducer issues it, as in any
-  DDP job). The pipeline send/recv pairs and the data-parallel rings cross the ranks' links.
+  DDP job). The pipeline send/recv pairs and the data-parallel rings cross the ranks' links. With
+  ``--dp`` the world size it is one stage: pure data parallel, DDP alone.
 - ``--shape moe``: every rank holds one expert. Each step it computes, dispatches its tokens to the
   experts with ``all_to_all_single`` (uneven splits drawn per step by a router seeded alike on every
   rank, so the sizes agree and vary from step to step and rank to rank), computes its expert on
@@ -117,8 +118,8 @@ def main(argv: list[str] | None = None) -> int:
     rank, world = dist.get_rank(), dist.get_world_size()
     ddp = None
     if args.shape == "pipe":
-        if world % args.dp or world // args.dp < 2:
-            raise SystemExit(f"--dp {args.dp} must divide the world ({world}) into at least two stages")
+        if world % args.dp:
+            raise SystemExit(f"--dp {args.dp} must divide the world ({world}) into stages")
         # every rank creates every group, in the same order (torch requires it)
         groups = [dist.new_group(list(range(s * args.dp, (s + 1) * args.dp))) for s in range(world // args.dp)]
         torch.manual_seed(0)

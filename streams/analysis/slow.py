@@ -59,6 +59,9 @@ OWN_WORK_OPS = P2P_OPS | {int(OpType.ALL_TO_ALL), int(OpType.BARRIER)}
 STREAK_OPS = 3
 #: the last this many ops of a baseline (judged or not) give its cadence, the time between its calls
 CADENCE_OPS = 32
+#: a rank holds the blame (``SlowDetector._blame``) with ``blame_share`` of its collective's lateness and at
+#: least this many times a fair share (1 / members): 80 % of a pair's, half of a larger group's
+BLAME_FAIR_X = 1.6
 _OWN_WORK = np.array(sorted(OWN_WORK_OPS), dtype=np.int64)
 
 
@@ -138,6 +141,7 @@ class SlowDetector:
         # per call its peers waited for it, of that while it computed longer, and of all lateness (averages)
         self.b_blr, self.b_bll, self.b_bl, self.b_btot = zi, z, z, z
         self.b_blast = z  # job time of its last blamed op
+        self.b_bchr, self.b_bcll, self.b_bcl = zi, z, z  # the challenger's comm rank and its two averages
         self.b_seen = zi  # ops of the baseline judged or learned so far
         # comm rank 0's entry into its last CADENCE_OPS ops (nan: unknown) and their op sequences
         self.r_t0, self.r_seq = np.zeros((0, CADENCE_OPS)), np.zeros((0, CADENCE_OPS))
@@ -221,6 +225,7 @@ class SlowDetector:
         self.b_pin, self.b_pinn = g(self.b_pin, -1), g(self.b_pinn)
         self.b_blr, self.b_bll, self.b_bl, self.b_btot = g(self.b_blr, -1), g(self.b_bll), g(self.b_bl), g(self.b_btot)
         self.b_blast = g(self.b_blast, -np.inf)
+        self.b_bchr, self.b_bcll, self.b_bcl = g(self.b_bchr, -1), g(self.b_bcll), g(self.b_bcl)
         self.b_seen, self.r_t0, self.r_seq = g(self.b_seen), g(self.r_t0, np.nan), g(self.r_seq, np.nan)
         self.w_slow = g(self.w_slow, False)
         self.w_cslow, self.w_lslow = g(self.w_cslow, False), g(self.w_lslow, False)
@@ -297,7 +302,7 @@ class SlowDetector:
             # of the job's time. Where the compute gaps do not compare (a rank's previous op ended long
             # before: gradient buckets queued behind each other on a data-parallel ring, gaps that span
             # several sampled ops), this is what tells a rank slow from its first step
-            blame, neutral = self._blame(ops, i, bi, lg, og, spread)
+            blame, neutral = self._blame(ops, i, bi, lg, og, spread, hist)
             peer = peer | blame
             # ... and its communication against its sibling communicators' (the other tensor-parallel
             # groups run the same op on the same kind of links): a link slow from the start is slow
@@ -402,7 +407,7 @@ class SlowDetector:
             sig[k] = code | (place & 1)  # the count field, empty for these ops (sig_code)
         return sig
 
-    def _blame(self, ops: OpRows, i: I64, bi: I64, lg: F64, og: F64, spread: F64
+    def _blame(self, ops: OpRows, i: I64, bi: I64, lg: F64, og: F64, spread: F64, hist: npt.NDArray[np.bool_]
                ) -> tuple[npt.NDArray[np.bool_], npt.NDArray[np.bool_]]:
         """Per op ``i`` (of baselines ``bi``, one op each): its late arriver is the rank that keeps the others
         waiting in this baseline's ops, with no history needed.
@@ -421,8 +426,10 @@ class SlowDetector:
         for; a rank last by a few us after the slowdown ended is jitter, and lets the incident resolve).
         Returns the blamed ops, and the neutral ones: while the blame holds, and within
         ``culprit_confirm_s`` of the last blamed op, an op nobody waited in for that share of the time per
-        call (a bucket queued behind the late one, whose late arriver came with the others) says nothing
-        about the rank, and ``update`` keeps it out of the window.
+        call (a bucket queued behind the late one, whose late arriver came with the others), or one that
+        another rank was last in and no baseline calls slow (a source whose exits are known only between
+        two polls, Flight Recorder on gloo, makes others look last now and then), says nothing about
+        the rank, and ``update`` keeps it out of the window.
         In a healthy ring the last place rotates and the waits are jitter; a rank slow from its first
         step is last in most ops, by a share of each call: on a data-parallel ring of gradient buckets
         queued behind each other it is late by a few ms at each bucket, where its compute gap, measured
@@ -447,21 +454,34 @@ class SlowDetector:
         longer = (extra >= s.culprit_gap_share * spread) | _computed_clearly_longer(extra, og, s)
         owed = np.where(known & longer, sp, 0.0)
         a = np.where(known, 1.0 / s.blame_ops, 0.0)
-        cand = self.b_blr[bi]
-        mine = late == cand
+        # two accounts, the candidate's and a challenger's (a noisy source makes others look last now and
+        # then: one account would restart from nothing at each of them); a third rank takes the
+        # challenger's place, and a challenger that outgrows the candidate takes its place
+        cand, chal = self.b_blr[bi], self.b_bchr[bi]
+        mine, theirs = late == cand, late == chal
         bll = self.b_bll[bi] * (1 - a) + a * np.where(mine, sp, 0.0)
         bl = self.b_bl[bi] * (1 - a) + a * np.where(mine, owed, 0.0)
+        cll = self.b_bcll[bi] * (1 - a) + a * np.where(theirs, sp, 0.0)
+        cl = self.b_bcl[bi] * (1 - a) + a * np.where(theirs, owed, 0.0)
         tot = self.b_btot[bi] * (1 - a) + a * sp
-        switch = known & ~mine & (tot - bll > bll)
-        self.b_blr[bi] = np.where(switch, late, cand)
-        bll, bl = np.where(switch, a * sp, bll), np.where(switch, a * owed, bl)
-        self.b_bll[bi], self.b_bl[bi], self.b_btot[bi] = bll, bl, tot
-        holds = same & (bll >= s.blame_share * tot) & (bl >= s.blame_min_share)
+        new = known & ~mine & ~theirs
+        chal = np.where(new, late, chal)
+        cll, cl = np.where(new, a * sp, cll), np.where(new, a * owed, cl)
+        swap = cll > bll
+        cand, chal = np.where(swap, chal, cand), np.where(swap, cand, chal)
+        bll, cll = np.where(swap, cll, bll), np.where(swap, bll, cll)
+        bl, cl = np.where(swap, cl, bl), np.where(swap, bl, cl)
+        self.b_blr[bi], self.b_bchr[bi] = cand, chal
+        self.b_bll[bi], self.b_bl[bi], self.b_bcll[bi], self.b_bcl[bi], self.b_btot[bi] = bll, bl, cll, cl, tot
+        # most of the waiting, and clearly more than a fair share of it (a pair's two ranks hold half each)
+        share = np.maximum(s.blame_share, BLAME_FAIR_X / np.maximum(ops.cnt[i], 1))
+        holds = same & (bll >= share * tot) & (bl >= s.blame_min_share)
         blamed = holds & (late == self.b_blr[bi]) & (spread > s.slow_min_excess_s) & (this >= s.blame_min_share)
         # neutral only within culprit_confirm_s of the last blamed op: after the slowdown ends, the ops count
         # towards its end again while the averages decay
         t = ops.first_now[i]
-        neutral = holds & ~blamed & (this < s.blame_min_share) & (t - self.b_blast[bi] < s.culprit_confirm_s)
+        other = (late != self.b_blr[bi]) & ~hist  # another rank last, and no baseline says the op was slow
+        neutral = holds & ~blamed & ((this < s.blame_min_share) | other) & (t - self.b_blast[bi] < s.culprit_confirm_s)
         self.b_blast[bi] = np.where(blamed, np.maximum(self.b_blast[bi], t), self.b_blast[bi])
         return blamed, neutral
 

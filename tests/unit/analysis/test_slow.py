@@ -262,7 +262,7 @@ def test_a_pipeline_sender_late_because_its_tensor_peer_paused_is_not_blamed() -
     for k in range(50):
         base = 1.0 + 2.0 * k
         paused = 20 <= k < 35 and k % 5 != 0
-        recs += probe.ring_op(a, [base + 0.05, base + 0.05], 0.03)
+        recs += probe.ring_op(a, [base + 0.05, base + 0.05], 0.05)  # the same all-reduce as t's: the same time
         et = [base + 0.2, base + 0.2 + (0.6 if paused else 0.01 * (k % 3))]
         recs += probe.ring_op(t, et, 0.05)
         t_exit = max(et) + 0.05
@@ -278,7 +278,7 @@ def test_a_pipeline_sender_that_computes_longer_is_blamed() -> None:
     recs = []
     for k in range(50):
         base = 1.0 + 2.0 * k
-        recs += probe.ring_op(a, [base + 0.05, base + 0.05], 0.03)
+        recs += probe.ring_op(a, [base + 0.05, base + 0.05], 0.05)  # the same all-reduce as t's: the same time
         recs += probe.ring_op(t, [base + 0.2, base + 0.2 + 0.01 * (k % 2)], 0.05)
         compute = 0.9 if k >= 25 else 0.5 + 0.01 * (k % 3)  # rank 2's compute between the two, from step 25
         recs += probe.ring_op(pair, [base + 0.1, base + 0.26 + compute], 0.02, op_type=OpType.SEND)
