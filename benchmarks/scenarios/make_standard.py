@@ -822,6 +822,8 @@ SUITES = {
     # jobs of every shape (pure data parallel, pipeline only, tensor only, MoE, 3D), faults from the first
     # step or late, mild ones too (tuned on); the held-out draw of it is made once its rules are final
     "any-shape": (build_any_shape, ANY_SHAPE_SEED, OUT.with_name("any-shape.jsonl")),
+    "heldout-any": (lambda seed, check=True: build_any_shape(seed, check, n=160), 77051,
+                    OUT.with_name("heldout-any.jsonl")),
 }
 
 

@@ -218,6 +218,11 @@ def slow_candidate(ja: JobAnalysis, f: SlowFinding) -> Candidate:
         comm = (f"its own kernel time, which holds no waiting, took {dur(f.tmin_s)} against {dur(f.sibling_s)} on "
                 f"the sibling communicators running the same op, since its first ops")
         base = f"{dur(f.sibling_s)} on the sibling communicators running the same op, since its first ops"
+    starved = ""
+    if f.culprit_cpu_wait_share is not None and f.culprit_cpu_wait_share >= ja.s.contended_wait_share:
+        # a late arriver whose own host is short of CPUs: other processes on it may be why, not its GPU
+        starved = (f"; its host was short of CPUs {f.culprit_cpu_wait_share:.0%} of the time while it was late "
+                   f"(other processes on it): check what else runs there before its GPU")
     if f.kind == AnomalyKind.S1 and f.peer_only:
         roots: tuple[int, ...] = (f.culprit,)
         ev = (
@@ -255,7 +260,7 @@ def slow_candidate(ja: JobAnalysis, f: SlowFinding) -> Candidate:
         root_cause_ranks=roots,
         affected_ranks=tuple(r for r in f.affected if r not in roots),
         confidence=round(min(1.0, f.share * f.n_slow / max(ja.s.slow_window_ops, 1)), 3),
-        evidence=ev,
+        evidence=ev + starved,
         onset_time=f.onset_now,
         root_cause_hosts=ja.hosts_of(roots),
         link=None if f.link is None else Link(*f.link),
@@ -265,6 +270,9 @@ def slow_candidate(ja: JobAnalysis, f: SlowFinding) -> Candidate:
                  **({"judged_against": "peers"} if f.peer_only else {}),
                  # how loaded the members' hosts were (their median CPU stall share, PSI), where it was measured
                  **({"cpu_wait_share": f"{f.cpu_wait_share:.2f}"} if f.cpu_wait_share is not None else {}),
+                 # ... and the late arriver's own host alone (S1, S3): starved, it is slow for the job, not broken
+                 **({"culprit_cpu_wait_share": f"{f.culprit_cpu_wait_share:.2f}"}
+                    if f.culprit_cpu_wait_share is not None else {}),
                  # what a slow link's extra time costs the job: a share of the time between the op's calls
                  **({"cost_share": f"{f.cost_share:.3g}"} if f.kind != AnomalyKind.S1 and math.isfinite(f.cost_share)
                     else {}),

@@ -96,6 +96,7 @@ class SlowFinding:
     pair_link: bool = False  # the link is a send/recv pair's one link (named by the pair, not by a backlog)
     cpu_wait_share: float | None = None  # members' hosts' median CPU stall share (PSI; None: unmeasured)
     cost_share: float = float("inf")  # extra communication time per op / time between the op's calls (cost)
+    culprit_cpu_wait_share: float | None = None  # a late arriver's own host's CPU stall share (None: unmeasured)
 
 
 class SlowDetector:
@@ -875,6 +876,15 @@ class SlowDetector:
         cr = int(np.argmax(lag))
         return cr, float(lag[cr]) / total
 
+    def _own_cpu_wait(self, js: JobState, bi: int, idx: list[int], rank: int) -> float | None:
+        """How starved of CPUs the late arriver's own host was while its slow ops ran (PSI; None where its
+        source does not measure it): a rank whose host other processes hold computes slowly too, and the
+        verdict must say so rather than only blame its GPU."""
+        if not js.cpu_wait or rank < 0:
+            return None
+        nows = [float(self.w_now[bi, j]) for j in idx]
+        return js.cpu_wait_share([rank], min(nows), max(nows))
+
     def _finding(
         self, kind: AnomalyKind, crank: int, share: float, *, link: bool, js: JobState, bi: int, idx: list[int],
         p: float, lateness: float, unobserved: bool, pair: bool = False, cpu_share: float | None = None,
@@ -936,6 +946,7 @@ class SlowDetector:
             pair_link=pair and where is not None,
             cpu_wait_share=cpu_share,
             cost_share=cost,
+            culprit_cpu_wait_share=self._own_cpu_wait(js, bi, idx, culprit) if kind != AnomalyKind.S2 else None,
         )
 
     def resolved(self, bi: int) -> bool:

@@ -87,3 +87,19 @@ def test_a_late_arriver_is_still_named_on_a_starved_host() -> None:
     vs = opens(with_cpu_wait(batches, range(8), 0.8, 0.0))
     assert [(v.kind, v.root_cause_ranks) for v in vs] == [(AnomalyKind.S1, (6,))]
     assert vs[0].details["cpu_wait_share"] == "0.80"
+
+
+def test_a_late_rank_whose_own_host_is_starved_is_named_and_the_verdict_says_so() -> None:
+    """Rank 6 arrives 1 s late from step 20 while its own host is stalled for CPUs 60 % of the time (its
+    peers' hosts 1 %): it is slow for the job and named, and the verdict says its host is short of CPUs, so
+    the operator looks at what else runs there before its GPU; with its host free, no such words."""
+    probe = Probe()
+    tp = Comm(0x5B, tuple(range(8)))
+    base = batches_by_tick(healthy_steps(probe, tp, 40, late={6: 1.0}, from_step=SLOW_FROM_STEP))
+    for share, said in ((0.6, True), (0.01, False)):
+        fed = [(t, dataclasses.replace(b, cpu_wait=tuple(starved(r, share if r == 6 else 0.01) for r in range(8))))
+               for t, b in base]
+        (v,) = opens(fed)
+        assert (v.kind, v.root_cause_ranks) == (AnomalyKind.S1, (6,)), v.describe()
+        assert v.details["culprit_cpu_wait_share"] == f"{share:.2f}"
+        assert ("short of CPUs" in v.evidence) is said, v.evidence
