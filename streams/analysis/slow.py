@@ -502,9 +502,9 @@ class SlowDetector:
     def _siblings(self, js: JobState) -> None:
         """For each baseline, the healthy kernel time (``b_min``) of the communicators of the job with
         the same op signature and size, and how many there are. A send/recv pair only among the pairs
-        of its kind: between two hosts (network links), or inside one (a pipeline-only job on one
-        8-GPU node has no other): one inside a node moves the same bytes over a link 10x faster, and
-        one whose hosts are not known yet may be either.
+        between two hosts (network links): one inside a node moves the same bytes over a link 10x
+        faster, and over paths that differ from pair to pair; one whose hosts are not known yet may be
+        either.
 
         The reference is their lower quartile, not their median: one slow link slows more than one of
         them (both directions of a pipeline pair, every communicator through a slow NIC), and in a
@@ -513,7 +513,10 @@ class SlowDetector:
         was not slow and the other only now and then (named after 20-55 s, test_net_links [start])."""
         p2p = np.isin(self.b_sig >> 60 & 0xF, _P2P)
         kind = self._pair_kind(js, p2p)  # 0: not a pair; 1: a pair inside a host; 2: between two; -1: unknown
-        ok = (self.b_n >= self.s.baseline_min_ops) & (kind >= 0)
+        # pairs inside one host are left out: the same bytes take 48 us on one loopback pair of a healthy real
+        # gloo job and 332 us on another (test_long_real_job), and GPUs of one host sit behind different
+        # PCIe switches and sockets
+        ok = (self.b_n >= self.s.baseline_min_ops) & ((kind == 0) | (kind == 2))
         self.b_sibn[:] = 0
         idx = np.flatnonzero(ok)
         if idx.size < 2:

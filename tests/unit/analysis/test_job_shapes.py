@@ -85,8 +85,9 @@ FROM_START = {
     "moe-S1": dict(ranks=64, layout={"tp": 2, "pp": 2, "dp": 16, "ep": 4},
                    workload={"microbatches": 4, "layers": 2, "layer_ms": 4.0},
                    faults=[{"kind": "S1", "rank": 13, "onset_s": 0, "factor": 1.6}]),
-    # pipeline only, one node: its compute in its data-parallel pair, its link against the other pairs
-    "pp-S3": dict(ranks=16, layout={"tp": 1, "pp": 8, "dp": 2},
+    # pipeline only on 4-GPU nodes: its compute in its data-parallel pair, its link (to the next node)
+    # against the other pipeline pairs between two hosts
+    "pp-S3": dict(ranks=16, gpus_per_node=4, layout={"tp": 1, "pp": 8, "dp": 2},
                   workload={"microbatches": 4, "layers": 2, "layer_ms": 4.0},
                   faults=[{"kind": "S3", "rank": 3, "comm": "pp", "onset_s": 0, "compute_factor": 2.0,
                            "link_factor": 0.3}]),
