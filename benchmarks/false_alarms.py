@@ -472,9 +472,11 @@ def merge_reports(paths: Sequence[Path], out: str | None, replayed: Sequence[Pat
     their jobs replaces the same job of ``paths``, which must hold it; the merged report lists them."""
     reports = [json.loads(p.read_text()) for p in paths]
     replays = [json.loads(p.read_text()) for p in replayed]
-    keys = {(r["seed"], r["late_faults"], r["max_ranks"], r["max_duration_s"]) for r in reports + replays}
+    keys = {(r["seed"], r["late_faults"], r["max_ranks"], r["max_duration_s"], r.get("any_shape", False))
+            for r in reports + replays}
     if len(keys) > 1:
-        raise SystemExit(f"the reports are of different draws (seed, late faults, max ranks, max duration): {keys}")
+        raise SystemExit(f"the reports are of different draws (seed, late faults, max ranks, max duration, any "
+                         f"shape): {keys}")
     seen = Counter(res.index for r in reports for res in results_of(r))
     if twice := sorted(i for i, n in seen.items() if n > 1):
         raise SystemExit(f"jobs played in more than one report: {twice}")
@@ -489,6 +491,7 @@ def merge_reports(paths: Sequence[Path], out: str | None, replayed: Sequence[Pat
     results = results_of({"jobs": jobs})
     first = reports[0]
     merged = {k: first[k] for k in ("seed", "late_faults", "max_ranks", "max_duration_s", "analyzer", "tick_s")}
+    merged["any_shape"] = first.get("any_shape", False)
     merged["wall_s"] = round(sum(float(r["wall_s"]) for r in reports + replays), 1)
     merged["merged_from"] = [str(p) for p in paths]
     if replayed:
