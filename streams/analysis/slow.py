@@ -492,6 +492,7 @@ class SlowDetector:
         t, q = self.r_t0[bi], self.r_seq[bi]
         ok = ~np.isnan(t) & ~np.isnan(q)
         rows = np.arange(bi.size)
+        # one rank's clock runs forward within a communicator's life: the first and last op span the calls
         first = np.where(ok, q, np.inf).argmin(axis=1)
         last = np.where(ok, q, -np.inf).argmax(axis=1)
         dq = q[rows, last] - q[rows, first]
@@ -512,21 +513,16 @@ class SlowDetector:
         link (96 and 49 ms against 0.4 ms healthy) put the median at 25 ms, where the 49-ms direction
         was not slow and the other only now and then (named after 20-55 s, test_net_links [start])."""
         p2p = np.isin(self.b_sig >> 60 & 0xF, _P2P)
-        kind = self._pair_kind(js, p2p)  # 0: not a pair; 1: a pair inside a host; 2: between two; -1: unknown
-        # pairs inside one host are left out: the same bytes take 48 us on one loopback pair of a healthy real
-        # gloo job and 332 us on another (test_long_real_job), and GPUs of one host sit behind different
-        # PCIe switches and sockets
-        ok = (self.b_n >= self.s.baseline_min_ops) & ((kind == 0) | (kind == 2))
+        ok = (self.b_n >= self.s.baseline_min_ops) & (~p2p | self._network_pairs(js, p2p))
         self.b_sibn[:] = 0
         idx = np.flatnonzero(ok)
         if idx.size < 2:
             return
         size = js.c_size[self.b_cid[idx]]
-        kind = kind[idx]
-        o = np.lexsort((self.b_min[idx], kind, size, self.b_sig[idx]))
-        idx, size, kind = idx[o], size[o], kind[o]
+        o = np.lexsort((self.b_min[idx], size, self.b_sig[idx]))
+        idx, size = idx[o], size[o]
         sig = self.b_sig[idx]
-        start = np.concatenate([[True], (sig[1:] != sig[:-1]) | (size[1:] != size[:-1]) | (kind[1:] != kind[:-1])])
+        start = np.concatenate([[True], (sig[1:] != sig[:-1]) | (size[1:] != size[:-1])])
         first = np.flatnonzero(start)
         cnt = np.diff(np.append(first, idx.size))
         grp = np.cumsum(start) - 1
@@ -571,10 +567,10 @@ class SlowDetector:
                          and top[1] >= self.s.culprit_share)
         return pinned
 
-    def _pair_kind(self, js: JobState, p2p: npt.NDArray[np.bool_]) -> I64:
-        """Per baseline: 0 when not marked ``p2p``; for a two-rank send/recv pair, 1 when both ranks are on one
-        host, 2 when on two, -1 while a host is unknown (or the communicator is not a pair)."""
-        out = np.zeros(self.nb, dtype=np.int64)
+    def _network_pairs(self, js: JobState, p2p: npt.NDArray[np.bool_]) -> npt.NDArray[np.bool_]:
+        """Of the baselines marked ``p2p``, those of two-rank communicators whose ranks are on two
+        different known hosts."""
+        out = np.zeros(self.nb, dtype=bool)
         bi = np.flatnonzero(p2p)
         if bi.size == 0:
             return out
@@ -583,7 +579,7 @@ class SlowDetector:
         two = js.c_size[cid] == 2
         h0 = js.m_host[off]
         h1 = js.m_host[np.where(two, off + 1, off)]
-        out[bi] = np.where(two & (h0 >= 0) & (h1 >= 0), np.where(h0 != h1, 2, 1), -1)
+        out[bi] = two & (h0 >= 0) & (h1 >= 0) & (h0 != h1)
         return out
 
     def _relearn(self, lb: I64) -> None:
@@ -848,14 +844,8 @@ class SlowDetector:
             ref = min(ref, float(self.b_sib[bi]))
         comm = [j for j in idx if self.w_cslow[bi, j]] or idx
         extra = _median([max(float(self.w_tmin[bi, j]) - ref, 0.0) for j in comm])
-        ok = ~np.isnan(self.r_t0[bi])
-        t, q = self.r_t0[bi][ok], self.r_seq[bi][ok]
-        if t.size < 2 or float(t.max()) <= float(t.min()) or float(q.max()) <= float(q.min()):
-            return float("inf")
-        # one rank's clock runs forward within a communicator's life: the first and last op span the calls
-        first, last = int(np.argmin(q)), int(np.argmax(q))
-        span = float(t[last]) - float(t[first])
-        return float("inf") if span <= 0 else extra * (float(q[last]) - float(q[first])) / span
+        per_call = float(self._call_interval(np.array([bi]))[0])
+        return extra / per_call if np.isfinite(per_call) else float("inf")
 
     @staticmethod
     def _p2p_sender(js: JobState, cid: int) -> int | None:
