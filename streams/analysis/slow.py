@@ -59,6 +59,17 @@ OWN_WORK_OPS = P2P_OPS | {int(OpType.ALL_TO_ALL), int(OpType.BARRIER)}
 STREAK_OPS = 3
 #: the last this many ops of a baseline (judged or not) give its cadence, the time between its calls
 CADENCE_OPS = 32
+#: An own-work op's healthy top (``HIGH_Q`` of its recent healthy ops) holds this long after it was last
+#: reached, if the recent healthy ops alone would put it lower. Such an op's times are several modes of its
+#: schedule (a pipeline's last stage sends backward after 1, 8 or 17 ms of its receiver's wait, by
+#: micro-batch; an expert's lateness follows the router), and the top mode can be near a tenth of the ops:
+#: where a run of ops leaves it under the quantile, the top falls to the next mode, the top mode's ops are
+#: judged slow and no longer learned, and the fall feeds itself until the schedule reads as slowness (an S1
+#: on a healthy pipeline's last stage after half an hour: fa-33-0507 of ``false_alarms.py --any-shape``).
+#: Held, the top mode is learned again within a ring's worth of ops. Only tops that healthy ops reached:
+#: a slowdown is never learned, so it is never held; and only once a ring of healthy ops since the warm-up
+#: was learned (a pipeline's fill, held, hid the compute part of an S3 that started 7 s after the warm-up).
+MODE_HOLD_S = 300.0
 #: a rank holds the blame (``SlowDetector._blame``) with ``blame_share`` of its collective's lateness and at
 #: least this many times a fair share (1 / members): 80 % of a pair's, half of a larger group's
 BLAME_FAIR_X = 1.6
@@ -132,6 +143,9 @@ class SlowDetector:
         self.h_min = np.zeros((0, h))
         self.h_lgap = np.zeros((0, h))  # the late arriver's compute gap in those ops
         self.b_hlgap = z  # ... its top (HIGH_Q quantile): how long a late arriver here computes when healthy
+        # an own-work op's highest tops of the last MODE_HOLD_S (hmax, hspr, hlgap) and the job time they were set
+        self.e_hmax, self.e_hspr, self.e_hlgap, self.e_t = z, z, z, z
+        self.b_nwarm = zi  # healthy ops learned after the warm-up: a full ring of them before a top is held
         self.b_onset = z  # job time of the first slow op since the window was last clean (nan: clean)
         self.b_cfast = z  # job time of the newest judged op whose communication was not slow (-inf: none)
         self.b_sib, self.b_sibn = z, zi  # healthy kernel time of the sibling communicators (lower quartile), how many
@@ -220,6 +234,9 @@ class SlowDetector:
         self.b_hmax, self.b_hmin, self.b_hspr = g(self.b_hmax), g(self.b_hmin), g(self.b_hspr)
         self.h_max, self.h_min = g(self.h_max, np.nan), g(self.h_min, np.nan)
         self.h_lgap, self.b_hlgap, self.b_onset = g(self.h_lgap, np.nan), g(self.b_hlgap), g(self.b_onset, np.nan)
+        self.e_hmax, self.e_hspr, self.e_hlgap = g(self.e_hmax), g(self.e_hspr), g(self.e_hlgap)
+        self.e_t = g(self.e_t, -np.inf)
+        self.b_nwarm = g(self.b_nwarm)
         self.b_cfast = g(self.b_cfast, -np.inf)
         self.b_sib, self.b_sibn = g(self.b_sib), g(self.b_sibn)
         self.b_run, self.b_runn = g(self.b_run, -1), g(self.b_runn)
@@ -382,7 +399,10 @@ class SlowDetector:
                 self.h_min[lb, slot] = ops.tmin[li]
                 self.h_lgap[lb, slot] = lg[learn]
                 self.b_n[lb] += 1
-                self._relearn(lb)
+                self.b_nwarm[lb] += warm[learn]
+                # a top is held only once the ring holds no op of the warm-up (a pipeline's fill)
+                held = np.isin(ops.op_type[li], _OWN_WORK) & (self.b_nwarm[lb] >= self.h_max.shape[1])
+                self._relearn(lb, ops.first_now[li], own=held)
         return np.unique(b)
 
     def _phased(self, ops: OpRows, var: npt.NDArray[np.bool_]) -> I64:
@@ -582,7 +602,7 @@ class SlowDetector:
         out[bi] = two & (h0 >= 0) & (h1 >= 0) & (h0 != h1)
         return out
 
-    def _relearn(self, lb: I64) -> None:
+    def _relearn(self, lb: I64, now: F64, own: npt.NDArray[np.bool_]) -> None:
         """Baselines of ``lb`` from their recent healthy ops: medians, and median absolute deviations.
 
         Medians, not running means: a first op that took a second (NCCL set-up, a compile), or a GC
@@ -603,6 +623,15 @@ class SlowDetector:
         self.b_hmin[lb] = _quantile(sn, k, HIGH_Q)
         self.b_hspr[lb] = _quantile(ss, k, HIGH_Q)
         self.b_hlgap[lb] = _quantile(np.sort(self.h_lgap[lb], axis=1), k, HIGH_Q)
+        # own-work ops (``own``: a ring of healthy ops since the warm-up) keep their top mode for MODE_HOLD_S
+        o = lb[own]
+        if o.size:
+            t = now[own]
+            renew = (self.b_hspr[o] >= self.e_hspr[o]) | (t - self.e_t[o] >= MODE_HOLD_S)
+            for top, env in ((self.b_hmax, self.e_hmax), (self.b_hspr, self.e_hspr), (self.b_hlgap, self.e_hlgap)):
+                env[o] = np.where(renew, top[o], env[o])
+                top[o] = np.maximum(top[o], env[o])
+            self.e_t[o] = np.where(renew, t, self.e_t[o])
 
     def alarmed(self, touched: I64) -> I64:
         """Baselines (of ``touched``) whose window has held enough slow ops for ``slow_confirm_s``.

@@ -107,3 +107,17 @@ def test_a_healthy_data_parallel_job_with_pauses_gets_no_verdict() -> None:
     sc = scenario(id="dp-healthy", seed=27, ranks=32, layout={"tp": 1, "pp": 1, "dp": 32}, duration_s=90,
                   workload={**MEGATRON, "pause_rate": 0.02}, expect=[])
     assert claims(analyze_in_process(sc)) == []
+
+
+@pytest.mark.slow  # 20 minutes of a 4-rank pipeline, about 8 s
+def test_a_healthy_pipelines_schedule_never_reads_as_slowness_however_long_it_runs() -> None:
+    """Four stages of one rank (tp 1, pp 4, 4 micro-batches, evaluation phases): the last stage sends each
+    backward after its receiver waited about 1, 8 or 17 ms, by micro-batch, the top mode in about a tenth
+    of the detailed ops. Where a run of ops left it under the healthy top's quantile the top fell a mode,
+    the top mode's ops were judged slow and no longer learned, and after 20 minutes the schedule itself
+    was an S1 on the last stage (the healthy top is held for ``slow.MODE_HOLD_S`` now)."""
+    sc = scenario(id="pipe-modes", seed=216778, ranks=4, layout={"tp": 1, "pp": 4, "dp": 1}, duration_s=1200,
+                  clock_drift_ppm=92.1, jitter=0.034, expect=[],
+                  workload={"microbatches": 4, "layers": 1, "layer_ms": 8.6, "hidden": 8192, "dp_buckets": 8,
+                            "eval_every": 71, "eval_steps": 6})
+    assert claims(analyze_in_process(sc)) == []
