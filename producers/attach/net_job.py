@@ -1,4 +1,4 @@
-"""Two real gloo training shapes for the network tests: a pipeline with DDP in each stage, and an MoE layer.
+"""Real gloo training shapes for the network and job-shape tests: a pipeline with DDP in each stage, FSDP, MoE.
 
 Run under ``ccld run -- torchrun ...`` like ``demo_job`` (any launcher that sets RANK, WORLD_SIZE,
 MASTER_ADDR, MASTER_PORT); the script knows nothing about CCL-D.
@@ -9,7 +9,12 @@ MASTER_ADDR, MASTER_PORT); the script knows nothing about CCL-D.
   (the gradient the other way), then a ``DistributedDataParallel`` backward whose gradient
   all-reduce runs over the stage's data-parallel group (torch's C++ reducer issues it, as in any
   DDP job). The pipeline send/recv pairs and the data-parallel rings cross the ranks' links. With
-  ``--dp`` the world size it is one stage: pure data parallel, DDP alone.
+  ``--dp`` the world size it is one stage: pure data parallel, DDP alone; with ``--dp 1`` it is a
+  pipeline only (no data-parallel group, no DDP: send/recv between the stages and nothing else).
+- ``--shape fsdp``: pure data parallel with FSDP (``fully_shard``, FSDP2): ``--layers`` linear layers,
+  each sharded over every rank, so each step all-gathers every layer's parameters in the forward and
+  again in the backward and reduce-scatters its gradients (torch issues them; the script only
+  computes, calls the model and steps the optimizer).
 - ``--shape moe``: every rank holds one expert. Each step it computes, dispatches its tokens to the
   experts with ``all_to_all_single`` (uneven splits drawn per step by a router seeded alike on every
   rank, so the sizes agree and vary from step to step and rank to rank), computes its expert on
@@ -18,9 +23,11 @@ MASTER_ADDR, MASTER_PORT); the script knows nothing about CCL-D.
   with uneven splits (alltoallv); its list form ``all_to_all`` needs equal sizes.
 
 ``--fault slow`` makes ``--culprit`` compute ``--slow-factor`` times longer from step ``--at-step``
-(S1; in ``moe`` its expert only); ``--fault sleep`` (``moe``) hangs its expert before the combine
-(H1: the others wait in an all_to_all whose sizes differ from rank to rank); a slow link is shaped
-from outside (``netns.NetnsJob.throttle``), the script is the same.
+(S1; in ``moe`` its expert only); ``--fault sleep`` stops it for good at that step (H1: in ``moe``
+before the combine, so the others wait in an all_to_all whose sizes differ from rank to rank;
+elsewhere before the step's first call); ``--fault pause`` stops it once for ``--pause-s`` and goes
+on (a one-off stall: a slow checkpoint write, a page-cache flush, a preempted host); a slow link is
+shaped from outside (``netns.NetnsJob.throttle``), the script is the same.
 """
 
 from __future__ import annotations
@@ -35,24 +42,23 @@ from typing import Any
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    p.add_argument("--shape", choices=("pipe", "moe"), default="pipe")
+    p.add_argument("--shape", choices=("pipe", "moe", "fsdp"), default="pipe")
     p.add_argument("--duration-s", type=float, default=60.0)
     p.add_argument("--compute-ms", type=float, default=20.0, help="compute per micro-batch (pipe) or step (moe)")
     p.add_argument("--elements", type=int, default=65536, help="floats per activation (pipe) or per token row x tokens")
     p.add_argument("--dp", type=int, default=2, help="data-parallel ranks per pipeline stage (pipe)")
     p.add_argument("--micro-batches", type=int, default=2)
-    p.add_argument("--hidden", type=int, default=256, help="DDP model width: hidden x hidden gradients (pipe)")
+    p.add_argument("--hidden", type=int, default=256, help="model width: hidden x hidden per layer (pipe, fsdp)")
+    p.add_argument("--layers", type=int, default=4, help="linear layers, each sharded on its own (fsdp)")
     p.add_argument("--tokens", type=int, default=512, help="tokens each rank dispatches per step (moe)")
     p.add_argument("--width", type=int, default=128, help="floats per token (moe)")
-    p.add_argument("--fault", choices=("none", "slow", "sleep"), default="none")
+    p.add_argument("--fault", choices=("none", "slow", "sleep", "pause"), default="none")
+    p.add_argument("--pause-s", type=float, default=20.0, help="how long --fault pause stops the culprit, once")
     p.add_argument("--culprit", type=int, default=2)
     p.add_argument("--at-step", type=int, default=0)
     p.add_argument("--slow-factor", type=float, default=5.0)
     p.add_argument("--timeout-s", type=float, default=120.0, help="gloo timeout")
-    args = p.parse_args(argv)
-    if args.fault == "sleep" and args.shape != "moe":
-        p.error("--fault sleep hangs an expert: --shape moe only")
-    return args
+    return p.parse_args(argv)
 
 
 def pipe_step(dist: Any, torch: Any, args: argparse.Namespace, rank: int, world: int, ddp: Any,
@@ -73,8 +79,17 @@ def pipe_step(dist: Any, torch: Any, args: argparse.Namespace, rank: int, world:
         time.sleep(compute_s)
         if stage > 0:
             dist.send(act, below)
-    x = torch.ones(8, args.hidden)
-    ddp(x).sum().backward()  # the reducer all-reduces the gradients over the stage's data-parallel group
+    if ddp is not None:  # the reducer all-reduces the gradients over the stage's data-parallel group
+        ddp(torch.ones(8, args.hidden)).sum().backward()
+
+
+def fsdp_step(torch: Any, args: argparse.Namespace, model: Any, opt: Any, compute_s: float) -> None:
+    """One FSDP step: the rest of the model's compute, then a forward and backward through the sharded
+    layers (each all-gathers its parameters, twice, and reduce-scatters its gradients) and the update."""
+    time.sleep(compute_s)
+    model(torch.ones(8, args.hidden)).sum().backward()
+    opt.step()
+    opt.zero_grad()
 
 
 def moe_step(dist: Any, torch: Any, args: argparse.Namespace, rank: int, world: int, step: int,
@@ -116,26 +131,44 @@ def main(argv: list[str] | None = None) -> int:
 
     dist.init_process_group("gloo", timeout=timedelta(seconds=args.timeout_s))
     rank, world = dist.get_rank(), dist.get_world_size()
-    ddp = None
-    if args.shape == "pipe":
+    ddp = sharded = opt = None
+    torch.manual_seed(0)
+    if args.shape == "pipe" and args.dp > 1:
         if world % args.dp:
             raise SystemExit(f"--dp {args.dp} must divide the world ({world}) into stages")
         # every rank creates every group, in the same order (torch requires it)
         groups = [dist.new_group(list(range(s * args.dp, (s + 1) * args.dp))) for s in range(world // args.dp)]
-        torch.manual_seed(0)
-        model = torch.nn.Linear(args.hidden, args.hidden)
-        ddp = DistributedDataParallel(model, process_group=groups[rank // args.dp])
+        ddp = DistributedDataParallel(torch.nn.Linear(args.hidden, args.hidden), process_group=groups[rank // args.dp])
+    elif args.shape == "fsdp":
+        from torch.distributed.fsdp import fully_shard
+
+        sharded = torch.nn.Sequential(*[torch.nn.Linear(args.hidden, args.hidden) for _ in range(args.layers)])
+        for layer in sharded:
+            fully_shard(layer)
+        fully_shard(sharded)
+        opt = torch.optim.SGD(sharded.parameters(), lr=1e-3)
     dense = torch.ones(args.elements)
     started = time.monotonic()
     print(f"rank {rank}/{world} pid {os.getpid()} ready", flush=True)
     step = 0
     while True:  # ends only where every rank agrees (below): ranks that stopped apart would hang
-        faulty = args.fault != "none" and rank == args.culprit and step >= args.at_step
+        faulty = args.fault in ("slow", "sleep") and rank == args.culprit and step >= args.at_step
         factor = (args.slow_factor if args.fault == "slow" else float("inf")) if faulty else 1.0
         if faulty and step == args.at_step and args.fault == "slow":
             print(f"rank {rank} slows {args.slow_factor:g}x from step {step}", flush=True)
+        if args.fault == "pause" and rank == args.culprit and step == args.at_step:
+            print(f"rank {rank} pauses {args.pause_s:g} s before step {step}", flush=True)
+            time.sleep(args.pause_s)
+            print(f"rank {rank} goes on", flush=True)
+        if factor == float("inf") and args.shape != "moe":
+            print(f"rank {rank} sleeps forever before step {step}", flush=True)
+            while True:
+                time.sleep(3600)
+        compute_s = args.compute_ms / 1000.0 * factor
         if args.shape == "pipe":
-            pipe_step(dist, torch, args, rank, world, ddp, args.compute_ms / 1000.0 * factor)
+            pipe_step(dist, torch, args, rank, world, ddp, compute_s)
+        elif args.shape == "fsdp":
+            fsdp_step(torch, args, sharded, opt, compute_s)
         else:
             moe_step(dist, torch, args, rank, world, step, dense, factor)
         step += 1

@@ -103,3 +103,17 @@ def test_a_late_rank_whose_own_host_is_starved_is_named_and_the_verdict_says_so(
         assert (v.kind, v.root_cause_ranks) == (AnomalyKind.S1, (6,)), v.describe()
         assert v.details["culprit_cpu_wait_share"] == f"{share:.2f}"
         assert ("short of CPUs" in v.evidence) is said, v.evidence
+
+
+def test_the_ranks_that_merely_share_a_starved_host_are_never_named() -> None:
+    """All eight ranks on one host (``host-0``), that host stalled for CPUs 60 % of the time, and only rank 6
+    late: rank 6 is named (with its host's share), none of the seven others that waited for CPUs as long but
+    kept up. With no rank late, the same starved host gets no verdict at all."""
+    probe = Probe()
+    tp = Comm(0x5C, tuple(range(8)))
+    late = batches_by_tick(healthy_steps(probe, tp, 40, late={6: 1.0}, from_step=SLOW_FROM_STEP))
+    vs = opens(with_cpu_wait(late, range(8), 0.6, 0.0))
+    assert [(v.kind, v.root_cause_ranks) for v in vs] == [(AnomalyKind.S1, (6,))], [v.describe() for v in vs]
+    assert vs[0].details["culprit_cpu_wait_share"] == "0.60"
+    healthy = batches_by_tick(healthy_steps(Probe(), Comm(0x5D, tuple(range(8))), 40))
+    assert opens(with_cpu_wait(healthy, range(8), 0.6, 0.0)) == []
