@@ -107,7 +107,12 @@ class WorkerMetrics:
             lag.add(rep.get("lag_ms", 0) / 1000.0, partition=p)
             raw = metrics.table.data.get(metrics.key(p)) if metrics.table is not None else None
             snap.add(len(raw or b""), partition=p)
-        out += [lag, snap]
+        same = Family("ccld_worker_snapshots_unchanged_total", "counter",
+                      "Snapshots of the partition not written because the broker already had that one (an "
+                      "idle partition adds nothing to the changelog).", ("partition",))
+        for p in reports:
+            same.add(metrics.unchanged.get(p, 0), partition=p)
+        out += [lag, snap, same]
         for name, key, text in GAUGES:
             fam = Family(name, "gauge", text, ("partition",))
             for p, rep in reports.items():

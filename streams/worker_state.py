@@ -2,12 +2,15 @@
 
 ``WorkerState`` is what the worker (``app.WorkerApp``) keeps for the metrics topic and, in shard
 mode, for the reports topic: it restores a partition's processor from its changelog snapshot, writes
-snapshots, and acks consumed events only once a snapshot that covers them is on the broker.
+snapshots, and acks consumed events only once a snapshot that covers them is on the broker. A snapshot
+whose bytes are those the broker last acknowledged for the partition is not written again: an idle
+partition (no message, no verdict, no incident changing) adds nothing to the changelog.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -55,6 +58,18 @@ class WorkerState(Generic[P]):
         # goes on from its old position: the offsets below it are read once more (``backfill``).
         self.topic_id: str | None = None
         self.checkpoint_locks: dict[int, asyncio.Lock] = {}
+        # the digest of the partition's last snapshot the broker acknowledged, and how many snapshots since
+        # were not written because they were that one again (a restored one is written once more: the table
+        # may hold a snapshot queued at a revocation that never reached the broker)
+        self.written: dict[int, bytes] = {}
+        self.unchanged: dict[int, int] = {}
+
+    def _same(self, partition: int, value: bytes) -> bool:
+        """Whether ``value`` is the partition's snapshot already on the broker; counts it when it is."""
+        if self.written.get(partition) != _digest(value):
+            return False
+        self.unchanged[partition] = self.unchanged.get(partition, 0) + 1
+        return True
 
     def processor(self, partition: int) -> P:
         """The partition's processor, restored from its snapshot the first time it is asked for."""
@@ -88,9 +103,12 @@ class WorkerState(Generic[P]):
         proc = self._due(partition, force)
         if proc is not None:
             key, value = self.key(partition), proc.snapshot()
+            self.last_snapshot[partition] = time.monotonic()
+            if self._same(partition, value):
+                return
+            self.written.pop(partition, None)  # queued, not acknowledged: the next one is written again
             self.table.data[key] = value
             self.table.send_changelog(partition, key, value)
-            self.last_snapshot[partition] = time.monotonic()
 
     async def checkpoint(self, partition: int, force: bool, idle: bool = False) -> None:
         """Snapshot when due (or ``force``), wait for the broker's ack, then ack the events it covers.
@@ -106,18 +124,24 @@ class WorkerState(Generic[P]):
             return
         key, value, upto = self.key(partition), proc.snapshot(), proc.next_offset
         covered = [e for e in self.held.get(partition, ()) if e.message.offset < upto]
-        self.table.data[key] = value
         self.last_snapshot[partition] = time.monotonic()
-        # Written straight to the partition's changelog (the timer, outside any event, saves too) and sent
-        # now rather than through Faust's buffer, so that awaiting the future waits for the broker's ack.
-        fut = await self.table.changelog_topic.send(key=key, value=value, partition=partition,
-                                                    key_serializer="raw", value_serializer="raw", force=True)
-        await fut  # raises if the broker refused it: then nothing is acked and a later snapshot retries
+        if not self._same(partition, value):
+            await self._write(partition, key, value)
+        # the events it covers are on the broker now (or were, in the same snapshot before)
         done = {id(e) for e in covered}
         self.held[partition] = [e for e in self.held.get(partition, ()) if id(e) not in done]
         if self.ack is not None:
             for e in covered:
                 await self.ack(e)
+
+    async def _write(self, partition: int, key: bytes, value: bytes) -> None:
+        self.table.data[key] = value
+        # Written straight to the partition's changelog (the timer, outside any event, saves too) and sent
+        # now rather than through Faust's buffer, so that awaiting the future waits for the broker's ack.
+        fut = await self.table.changelog_topic.send(key=key, value=value, partition=partition,
+                                                    key_serializer="raw", value_serializer="raw", force=True)
+        await fut  # raises if the broker refused it: then nothing is acked and a later snapshot retries
+        self.written[partition] = _digest(value)
 
     def owns(self, partition: int, proc: P) -> bool:
         """Whether ``proc`` is still this worker's processor of ``partition`` (not revoked meanwhile)."""
@@ -127,3 +151,8 @@ class WorkerState(Generic[P]):
         """The partition went to another worker: its unacknowledged events will be re-delivered there."""
         self.processors.pop(partition, None)
         self.held.pop(partition, None)
+        self.written.pop(partition, None)  # the other worker writes its snapshots from now on
+
+
+def _digest(value: bytes) -> bytes:
+    return hashlib.blake2b(value, digest_size=16).digest()

@@ -182,7 +182,10 @@ class Analyzer:
             # findings watched for their end: a shard restarted after a hang ended still reports its end
             "watch": {f"{job}|{inc}": w.state_dict() for (job, inc), w in self._watch.items() if w.items},
             **self._stalled_state(),
-            "stats": dict(self._stats),
+            # not the evaluation count: the timer evaluates every second, and a snapshot that differs only in
+            # it would be written every second for a partition where nothing happened (the worker writes a
+            # snapshot only when it changed); it counts this process's evaluations
+            "stats": {k: v for k, v in self._stats.items() if k != "evaluations"},
         }
 
     def _stalled_state(self) -> dict[str, Any]:

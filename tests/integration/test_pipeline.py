@@ -23,7 +23,7 @@ from ccld.sinks.archiver import Archiver
 from ccld.sinks.catalog import has_topic, scan
 from ccld.sinks.layout import topic_dir
 from factories import make_kernel_record
-from harness import WorkerProcess, collect_verdicts, raw_messages
+from harness import WorkerProcess, collect_verdicts, raw_messages, raw_records
 
 pytestmark = pytest.mark.integration
 
@@ -175,3 +175,28 @@ def test_archiver_commits_after_write_and_a_restart_rewrites_nothing(ccld_settin
     assert {f.path: f.path.stat().st_mtime_ns for f in scan(root)} == files
     assert sum(f.rows for f in scan(root)) == sent
 
+
+
+def test_an_idle_partition_writes_no_snapshot(ccld_settings: Settings, running_worker: WorkerProcess) -> None:
+    """The worker snapshots a partition's state to its changelog (at most once a second, and at the end of
+    each burst of messages); an idle one, its job over and nothing changing, must not be written again each
+    second (on a broker that never compacts, a day of that is 86,400 copies per partition). Its last
+    snapshot still covers every message."""
+    import json
+    import zlib
+
+    n = len(batches := list(simulate(scenario("it-idle", None, duration_s=20.0))))
+    publish(ccld_settings, batches)
+    changelog = f"{ccld_settings.worker_app_id}-analyzer-state-changelog"
+
+    def written() -> list[bytes]:
+        return [v for _, _, v in raw_records(ccld_settings, changelog, idle_s=1.0)]
+
+    # the job's end is judged for some seconds after its last record (silence, the cut rule): then still
+    deadline, counts = time.monotonic() + 60, [len(written())]
+    while time.monotonic() < deadline and (len(counts) < 5 or counts[-1] != counts[-5]):
+        time.sleep(2.5)  # the worker ticks every second: each tick would have written one before
+        counts.append(len(written()))
+    assert len(counts) >= 5 and counts[-1] == counts[-5] > 0, (counts, running_worker.log())
+    last = json.loads(zlib.decompress(written()[-1]))
+    assert last["next_offset"] == n, (last["next_offset"], n)

@@ -63,6 +63,7 @@ def test_worker_metrics_are_the_processors_counters_by_partition() -> None:
     p0.mark_sent(v)  # acknowledged: counted by kind and state; the other one is still pending
     p0.counters["lag_ms"], p1.counters["unread_messages"] = 1500, 7
     state.table.data[state.key(1)] = b"x" * 123
+    state.unchanged[1] = 4
     metrics.lag.caught_up = False
     for seconds in (0.0002, 0.003, 4.0):
         metrics.observe_analysis(seconds)
@@ -77,6 +78,8 @@ def test_worker_metrics_are_the_processors_counters_by_partition() -> None:
     assert got['ccld_worker_unread_messages{partition="1"}'] == 7
     assert got['ccld_worker_snapshot_bytes{partition="1"}'] == 123
     assert got['ccld_worker_snapshot_bytes{partition="0"}'] == 0
+    assert got['ccld_worker_snapshots_unchanged_total{partition="1"}'] == 4
+    assert got['ccld_worker_snapshots_unchanged_total{partition="0"}'] == 0
     assert got['ccld_worker_verdicts_total{kind="H2",state="open"}'] == 1
     assert not any(k.startswith("ccld_worker_verdicts_total{kind=\"S1\"") for k in got), "pending is not sent"
     assert got["ccld_worker_pending_verdicts"] == 1
