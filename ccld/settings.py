@@ -136,6 +136,15 @@ class Settings:
     verdicts_partitions: int = 1  # partitions of the verdicts topic
     deadletter_partitions: int = 1  # partitions of the dead-letter topic
     replication_factor: int = 1  # replication of topics CCL-D creates
+    # how long each topic keeps its messages (Kafka's retention.ms; -1: for ever) and how many bytes per
+    # partition (retention.bytes; -1: no limit): `ccld topics` sets them on the topics it creates, and on
+    # existing ones where they differ. The worker's state log is compacted, its tombstones kept this long.
+    metrics_retention_ms: int = 6 * 3_600_000  # the sink archives them: the topic covers a sink's outage
+    metrics_retention_bytes: int = -1
+    reports_retention_ms: int = 6 * 3_600_000  # shard reports: read within seconds by the job stage
+    deadletter_retention_ms: int = 7 * 86_400_000
+    verdicts_retention_ms: int = 28 * 86_400_000  # `ccld verdicts`, the alert bridge and the sink read them
+    state_delete_retention_ms: int = 86_400_000
     job: str = "default"  # job id producers stamp on their records
     archive_dir: str = "ccld-archive"  # root folder of the Parquet archive
     sink_group: str = "ccld-sink"  # consumer group of the Parquet sink
@@ -300,6 +309,10 @@ def _validate(s: Settings) -> None:
                  "analysis_groups"):
         if getattr(s, name) < 1:
             raise ConfigError(f"{name} must be at least 1, got {getattr(s, name)}")
+    for name in ("metrics_retention_ms", "metrics_retention_bytes", "reports_retention_ms", "deadletter_retention_ms",
+                 "verdicts_retention_ms", "state_delete_retention_ms"):
+        if getattr(s, name) == 0 or getattr(s, name) < -1:
+            raise ConfigError(f"{name} must be positive, or -1 for no limit, got {getattr(s, name)}")
     if s.analysis_groups > s.metrics_partitions:
         # two groups of a job on one partition would be analyzed as one shard: allowed by the design, but
         # the point of groups is one partition each

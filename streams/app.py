@@ -51,7 +51,7 @@ from ccld.streams.stage_processor import StageProcessor
 from ccld.streams.status import job_status, merge
 from ccld.streams.worker_metrics import WorkerMetrics
 from ccld.streams.worker_state import P, WorkerState
-from ccld.topics import ensure_topics
+from ccld.topics import ensure_topics, state_log_configs
 
 log = logging.getLogger(__name__)
 
@@ -141,7 +141,7 @@ class WorkerApp:
         self.deadletter = _raw_topic(app, settings.deadletter_topic)
         # bytes keys and values: Faust then uses the raw codec for both (no JSON round trip).
         table = app.Table("analyzer-state", default=None, partitions=settings.metrics_partitions,
-                          key_type=bytes, value_type=bytes)
+                          key_type=bytes, value_type=bytes, extra_topic_configs=state_log_configs(settings))
         options = processor_options(settings)
         self.shard = options.shard  # jobs spread over partitions: a job stage on the reports topic decides
         self.state: WorkerState[PartitionProcessor] = WorkerState(
@@ -152,7 +152,8 @@ class WorkerApp:
         self.stage: WorkerState[StageProcessor] | None = None
         if self.shard:
             stage_table = app.Table("stage-state", default=None, partitions=settings.metrics_partitions,
-                                    key_type=bytes, value_type=bytes)
+                                    key_type=bytes, value_type=bytes,
+                                    extra_topic_configs=state_log_configs(settings))
             self.stage = WorkerState(settings, stage_table, settings.reports_topic,
                                      restore=lambda p, raw: StageProcessor.restore(
                                          p, settings.analyzer, raw, groups=settings.analysis_groups,

@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -157,3 +158,46 @@ def test_ccld_topics_refuses_to_leave_workers_idle_on_a_topic_with_too_few_parti
         line = res.stderr.strip().splitlines()[-1]
         assert f"topic {ccld_settings.metrics_topic} has {have} partitions, the settings ask for {have + 2}" in line
         assert "Traceback" not in res.stderr
+
+
+def topic_config(settings: Settings, topic: str) -> dict[str, str]:
+    from confluent_kafka.admin import AdminClient, ConfigResource
+
+    admin = AdminClient({"bootstrap.servers": settings.bootstrap})
+    (fut,) = admin.describe_configs([ConfigResource("topic", topic)]).values()
+    return {k: e.value for k, e in fut.result(timeout=10).items()}
+
+
+def test_topics_carry_their_retention_and_ccld_topics_sets_a_changed_one(
+    ccld_settings: Settings, worker_factory: Callable[[Settings], WorkerProcess]
+) -> None:
+    """Topics are created with how long and how much they keep (metrics hours, verdicts weeks); `ccld topics`
+    run again with other settings changes them on the existing topics; the worker's state log is compacted
+    with a delete horizon and hourly segments (Kafka compacts closed segments only)."""
+    s = ccld_settings
+    want = {s.metrics_topic: str(6 * 3_600_000), s.verdicts_topic: str(28 * 86_400_000),
+            s.deadletter_topic: str(7 * 86_400_000), s.reports_topic: str(6 * 3_600_000)}  # fmt: skip
+    assert {t: topic_config(s, t).get("retention.ms") for t in want} == want
+    assert topic_config(s, s.metrics_topic).get("retention.bytes") == "-1"
+    res = subprocess.run([sys.executable, "-P", "-m", "ccld.cli", "topics", "--bootstrap", s.bootstrap,
+                          "--topic-prefix", s.topic_prefix, "--set", f"metrics_partitions={s.metrics_partitions}",
+                          "--set", "metrics_retention_ms=7200000", "--set", "metrics_retention_bytes=1073741824"],
+                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    assert f"{s.metrics_topic}: {s.metrics_partitions} partitions, keeps 2 h, 1 GiB per partition" in res.stdout
+    got = topic_config(s, s.metrics_topic)
+    assert (got.get("retention.ms"), got.get("retention.bytes")) == ("7200000", "1073741824"), got
+    assert topic_config(s, s.verdicts_topic).get("retention.ms") == want[s.verdicts_topic]  # the others as they were
+
+    worker_factory(s).start()  # Faust creates the state log with the worker's table
+    changelog = f"{s.worker_app_id}-analyzer-state-changelog"
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            log = topic_config(s, changelog)
+            break
+        except Exception:  # noqa: BLE001 - not created yet
+            assert time.monotonic() < deadline, f"{changelog} never appeared"
+            time.sleep(1)
+    assert log.get("cleanup.policy") == "compact", log
+    assert (log.get("delete.retention.ms"), log.get("segment.ms")) == ("86400000", "3600000"), log
