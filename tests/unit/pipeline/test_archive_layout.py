@@ -218,3 +218,19 @@ def test_report_reads_the_old_layout_and_the_migrated_archive_alike(tmp_path: Pa
     assert all(f.hive for f in scan(root))
     for i in (H1_ID, S2_ID):
         assert load_incident(root, i, **topics) == before[i]
+
+
+def test_the_ledger_keeps_the_newest_flushes_and_every_file_stays(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """A sink flushes every 10 s: the ledger folder, listed at every flush, held one entry per flush for ever.
+    It keeps the newest ``LEDGER_KEEP`` now; every file and row stays, and a replay of the newest flushes
+    still replaces their files instead of adding copies."""
+    monkeypatch.setattr(layout, "LEDGER_KEEP", 5)
+    msgs = messages(*[("a", DAY1)] * 30)
+    for o in range(30):
+        write_offsets(tmp_path, M, 0, A, o, o, metrics_table(msgs[o:o + 1]))
+    ledger = layout.ledger_dir(tmp_path, M, 0, A)
+    assert sorted(int(p.name) for p in ledger.iterdir() if p.name.isdigit()) == list(range(25, 30))
+    assert len(list(layout.topic_dir(tmp_path, M).rglob("*.parquet"))) == 30
+    write_offsets(tmp_path, M, 0, A, 27, 29, metrics_table(msgs[27:]))  # a replay of the last three, as one flush
+    assert hive_rows(tmp_path) == Counter({("a", o, 10 * o + i): 1 for o in range(30) for i in range(2)})
