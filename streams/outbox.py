@@ -18,7 +18,8 @@ from ccld.schemas.codec import encode_verdict
 
 log = logging.getLogger(__name__)
 
-#: Remember this many sent (incident, state) pairs per partition for de-duplication.
+#: Remember this many sent (incident, state) pairs per partition for de-duplication, at most; a job's are
+#: forgotten with the job (``forget_job``), so a partition remembers its live jobs' verdicts, not a day's.
 SENT_MEMORY = 50_000
 #: Counter keys of the verdicts sent by class and state: ``verdicts:<kind>:<state>`` (``verdict_counter``).
 VERDICT_COUNTER_PREFIX = "verdicts:"
@@ -35,21 +36,29 @@ class Outbox:
     counters: dict[str, int]
 
     def _init_outbox(self, state: Mapping[str, Any] | None) -> None:
-        self._sent: OrderedDict[str, None] = OrderedDict()
+        self._sent: OrderedDict[str, str] = OrderedDict()  # dedupe key -> its job
         # Verdicts handed out but not yet acknowledged by the broker, in the order they were found.
         self._pending: OrderedDict[str, tuple[Verdict, bytes]] = OrderedDict()
         # Restored with pending verdicts: some may have reached the topic just before the worker died
         # (acknowledged, not yet snapshotted as sent); the sender checks the topic before sending them.
         self.restored_pending = False
         if state:
-            self._sent.update((k, None) for k in state.get("sent", ()))
+            # [key, job] pairs; a bare key is from a snapshot before jobs were kept with them (job unknown: "")
+            self._sent.update((str(k), "") if isinstance(k, str) else (str(k[0]), str(k[1]))
+                              for k in state.get("sent", ()))
             for d in state.get("pending", ()):
                 v = Verdict.from_dict(d)
                 self._pending[v.dedupe_key] = (v, encode_verdict(v))
             self.restored_pending = bool(self._pending)
 
     def outbox_state(self) -> dict[str, Any]:
-        return {"sent": list(self._sent), "pending": [v.to_dict() for v, _ in self._pending.values()]}
+        return {"sent": [[k, job] for k, job in self._sent.items()],
+                "pending": [v.to_dict() for v, _ in self._pending.values()]}
+
+    def forget_job(self, job: str) -> None:
+        """The job is forgotten (silent past its expiry, nothing open): so are the verdicts it was sent."""
+        for key in [k for k, j in self._sent.items() if j == job]:
+            del self._sent[key]
 
     def found(self, verdicts: Iterable[Verdict]) -> None:
         """Hand out new verdicts (pending until acknowledged); repeats are counted and dropped."""
@@ -70,7 +79,7 @@ class Outbox:
         key = verdict.dedupe_key
         if self._pending.pop(key, None) is None and key in self._sent:
             return
-        self._sent[key] = None
+        self._sent[key] = verdict.job
         if len(self._sent) > SENT_MEMORY:
             self._sent.popitem(last=False)
         self.counters["verdicts"] += 1

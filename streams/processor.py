@@ -267,6 +267,7 @@ class PartitionProcessor(Outbox):
             if (now - job.clock.now_s > self.settings.job_expiry_s and not job.analyzer.jobs
                     and not job.analyzer.book.open):
                 del self.jobs[name]  # silent past the analyzer's expiry and nothing open: forget the job
+                self.forget_job(name)
         return self.pending()
 
     def evaluate(self, now: float) -> list[tuple[Verdict, bytes]]:

@@ -106,6 +106,8 @@ class StageProcessor(Outbox):
                 self.stage.forget(key)
                 self._heard.pop(key, None)
                 self._first.pop(key, None)
+                if not any(k[0] == key[0] for k in views):  # no incarnation of the job is left
+                    self.forget_job(key[0])
 
     def dead_letter(self, raw: bytes | None, reason: str, detail: str, *, topic: str,
                     offset: int) -> tuple[DeadLetter, bytes]:

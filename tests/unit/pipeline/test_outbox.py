@@ -32,3 +32,27 @@ def test_a_refined_update_is_sent_and_a_repeat_is_not() -> None:
         box.mark_sent(v)
     box.found([s3])  # delivered twice (a restart): still once
     assert box.pending() == [] and box.counters["verdicts"] == 3
+
+
+def test_the_verdicts_remembered_for_a_job_go_with_it_and_old_snapshots_still_restore() -> None:
+    """A partition remembered the last 50,000 verdicts it sent whatever became of their jobs (735 KB of every
+    snapshot once full); a forgotten job's go with it, the others' stay, through a snapshot too."""
+    box = _Box()
+    a = make_verdict(job="job-a", state=VerdictState.OPEN)
+    b = make_verdict(job="job-b", incident_id="other", state=VerdictState.OPEN)
+    box.found([a, b])
+    for v, _ in box.pending():
+        box.mark_sent(v)
+    box.forget_job("job-a")
+    box.found([a, b])  # job a's verdict is news again (its job was forgotten); job b's is still a repeat
+    assert [v for v, _ in box.pending()] == [a] and box.counters["duplicate_verdicts"] == 1
+    state = box.outbox_state()
+    assert state["sent"] == [[b.dedupe_key, "job-b"]]
+    restored = _Box()
+    restored._init_outbox(state)
+    restored.found([b])
+    assert [v for v, _ in restored.pending()] == [a]  # b a repeat; a pending since before the snapshot
+    old = _Box()
+    old._init_outbox({"sent": [b.dedupe_key], "pending": []})  # a snapshot of keys alone: still a repeat
+    old.found([b])
+    assert old.pending() == []
