@@ -161,6 +161,9 @@ class Settings:
     worker_clock_active_s: float = 120.0  # a producer silent this long no longer votes on the analyzer clock
     worker_caught_up_lag_s: float = 5.0  # reading messages later than this, the worker is behind: silence is no hang
     worker_deadletter_raw_max_bytes: int = 65_536  # raw bytes of a bad message kept in its dead letter
+    # a partition's state snapshot larger than this is not written (one message: Kafka refuses more than
+    # message.max.bytes, 1 MiB by default): an error, a counter, its offsets left uncommitted; verdicts go out
+    worker_snapshot_max_bytes: int = 1_000_000
     producer_queue_max: int = 200_000  # kernel records waiting in a producer, at most
     producer_batch_max: int = 2_000  # kernel records per batch message, at most
     producer_linger_ms: int = 500  # a batch waits at most this long for more records (fewer, larger messages)
@@ -313,6 +316,8 @@ def _validate(s: Settings) -> None:
                  "verdicts_retention_ms", "state_delete_retention_ms"):
         if getattr(s, name) == 0 or getattr(s, name) < -1:
             raise ConfigError(f"{name} must be positive, or -1 for no limit, got {getattr(s, name)}")
+    if s.worker_snapshot_max_bytes < 1:
+        raise ConfigError(f"worker_snapshot_max_bytes must be at least 1, got {s.worker_snapshot_max_bytes}")
     if s.analysis_groups > s.metrics_partitions:
         # two groups of a job on one partition would be analyzed as one shard: allowed by the design, but
         # the point of groups is one partition each

@@ -112,7 +112,12 @@ class WorkerMetrics:
                       "idle partition adds nothing to the changelog).", ("partition",))
         for p in reports:
             same.add(metrics.unchanged.get(p, 0), partition=p)
-        out += [lag, snap, same]
+        big = Family("ccld_worker_snapshots_too_large_total", "counter",
+                     "Snapshots of the partition not written for being over worker_snapshot_max_bytes (its offsets "
+                     "stay uncommitted until one fits; verdicts still go out).", ("partition",))
+        for p in reports:
+            big.add(metrics.too_large.get(p, 0), partition=p)
+        out += [lag, snap, same, big]
         for name, key, text in GAUGES:
             fam = Family(name, "gauge", text, ("partition",))
             for p, rep in reports.items():

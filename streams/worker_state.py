@@ -63,6 +63,30 @@ class WorkerState(Generic[P]):
         # may hold a snapshot queued at a revocation that never reached the broker)
         self.written: dict[int, bytes] = {}
         self.unchanged: dict[int, int] = {}
+        # snapshots not written for being larger than worker_snapshot_max_bytes, by partition (and the size of
+        # the last such one, said once until one fits again)
+        self.too_large: dict[int, int] = {}
+        self._too_large_said: dict[int, int] = {}
+
+    def _fits(self, partition: int, value: bytes) -> bool:
+        """Whether the snapshot fits in one changelog message. One that does not is not written: the broker
+        would refuse it, and the verdicts queued behind it would wait for ever. Its events stay unacknowledged
+        (their offsets uncommitted), so a restart re-reads them from the last snapshot that was written."""
+        limit = self.settings.worker_snapshot_max_bytes
+        if len(value) <= limit:
+            if self._too_large_said.pop(partition, None) is not None:
+                log.warning("%s partition %d: the state snapshot fits again (%d bytes)", self.topic, partition,
+                            len(value))
+            return True
+        self.too_large[partition] = self.too_large.get(partition, 0) + 1
+        if partition not in self._too_large_said:
+            log.error("%s partition %d: the state snapshot is %d bytes, over worker_snapshot_max_bytes (%d): not "
+                      "written, so its offsets stay uncommitted and a restart re-reads from the last snapshot "
+                      "written; verdicts still go out. Spread the jobs over more partitions "
+                      "(CCLD_METRICS_PARTITIONS) or raise the limit with the broker's message.max.bytes",
+                      self.topic, partition, len(value), limit)
+        self._too_large_said[partition] = len(value)
+        return False
 
     def _same(self, partition: int, value: bytes) -> bool:
         """Whether ``value`` is the partition's snapshot already on the broker; counts it when it is."""
@@ -104,7 +128,7 @@ class WorkerState(Generic[P]):
         if proc is not None:
             key, value = self.key(partition), proc.snapshot()
             self.last_snapshot[partition] = time.monotonic()
-            if self._same(partition, value):
+            if self._same(partition, value) or not self._fits(partition, value):
                 return
             self.written.pop(partition, None)  # queued, not acknowledged: the next one is written again
             self.table.data[key] = value
@@ -126,6 +150,8 @@ class WorkerState(Generic[P]):
         covered = [e for e in self.held.get(partition, ()) if e.message.offset < upto]
         self.last_snapshot[partition] = time.monotonic()
         if not self._same(partition, value):
+            if not self._fits(partition, value):
+                return  # nothing acknowledged: the events stay held, their offsets uncommitted
             await self._write(partition, key, value)
         # the events it covers are on the broker now (or were, in the same snapshot before)
         done = {id(e) for e in covered}

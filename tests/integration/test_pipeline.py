@@ -200,3 +200,20 @@ def test_an_idle_partition_writes_no_snapshot(ccld_settings: Settings, running_w
     assert len(counts) >= 5 and counts[-1] == counts[-5] > 0, (counts, running_worker.log())
     last = json.loads(zlib.decompress(written()[-1]))
     assert last["next_offset"] == n, (last["next_offset"], n)
+
+
+def test_a_snapshot_over_the_message_limit_is_refused_loudly_and_the_verdicts_still_go_out(
+    ccld_settings: Settings, worker_factory: Callable[[Settings], WorkerProcess]
+) -> None:
+    """A snapshot is one changelog message; one the broker would refuse (over its message.max.bytes) made every
+    verdict queued behind it wait for ever. With the limit set below a 16-rank job's state, the hang of that
+    job is still reported, the worker says once why its snapshots stop, and none over the limit is written."""
+    limit = 2_000
+    s = ccld_settings.replace(worker_snapshot_max_bytes=limit)
+    worker = worker_factory(s).start()
+    publish(s, list(simulate(scenario("it-big-state", {"kind": "H1", "rank": 5, "onset_s": 30.0}, duration_s=60.0))))
+    verdicts = collect_verdicts(s, 60, until=lambda vs: any(5 in v.root_cause_ranks for v in vs))
+    assert any(v.kind.value == "H1" and v.root_cause_ranks == (5,) for v in verdicts), worker.log()
+    assert worker.log().count("over worker_snapshot_max_bytes") == 1, worker.log()[-3000:]
+    sizes = [len(v) for _, _, v in raw_records(s, f"{s.worker_app_id}-analyzer-state-changelog", idle_s=1.0)]
+    assert max(sizes, default=0) <= limit, sizes
