@@ -162,8 +162,9 @@ class Settings:
     worker_caught_up_lag_s: float = 5.0  # reading messages later than this, the worker is behind: silence is no hang
     worker_deadletter_raw_max_bytes: int = 65_536  # raw bytes of a bad message kept in its dead letter
     # a partition's state snapshot larger than this is not written (one message: Kafka refuses more than
-    # message.max.bytes, 1 MiB by default): an error, a counter, its offsets left uncommitted; verdicts go out
-    worker_snapshot_max_bytes: int = 1_000_000
+    # message.max.bytes, 1 MiB by default, and Faust's producer 1,000,000 bytes a request): an error, a counter,
+    # its offsets left uncommitted; verdicts go out
+    worker_snapshot_max_bytes: int = 950_000
     producer_queue_max: int = 200_000  # kernel records waiting in a producer, at most
     producer_batch_max: int = 2_000  # kernel records per batch message, at most
     producer_linger_ms: int = 500  # a batch waits at most this long for more records (fewer, larger messages)
