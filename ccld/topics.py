@@ -127,12 +127,10 @@ def _set_configs(admin: AdminClient, configs: dict[str, dict[str, str]], timeout
     except (KafkaException, TimeoutError) as exc:
         log.warning("cannot read the topics' configs (%s): their retention is left as it is", exc)
         return
-    changes = [
-        ConfigResource("topic", name, incremental_configs=[
-            ConfigEntry(k, v, incremental_operation=AlterConfigOpType.SET)
-            for k, v in want.items() if have.get(name, {}).get(k) != v])
-        for name, want in configs.items() if any(have.get(name, {}).get(k) != v for k, v in want.items())
-    ]  # fmt: skip
+    differ = {name: {k: v for k, v in want.items() if have.get(name, {}).get(k) != v} for name, want in configs.items()}
+    changes = [ConfigResource("topic", name, incremental_configs=[
+                   ConfigEntry(k, v, incremental_operation=AlterConfigOpType.SET) for k, v in diff.items()])
+               for name, diff in differ.items() if diff]  # fmt: skip
     if not changes:
         return
     for res, fut in admin.incremental_alter_configs(changes).items():

@@ -110,12 +110,11 @@ class WorkerMetrics:
         same = Family("ccld_worker_snapshots_unchanged_total", "counter",
                       "Snapshots of the partition not written because the broker already had that one (an "
                       "idle partition adds nothing to the changelog).", ("partition",))
-        for p in reports:
-            same.add(metrics.unchanged.get(p, 0), partition=p)
         big = Family("ccld_worker_snapshots_too_large_total", "counter",
                      "Snapshots of the partition not written for being over worker_snapshot_max_bytes (its offsets "
                      "stay uncommitted until one fits; verdicts still go out).", ("partition",))
         for p in reports:
+            same.add(metrics.unchanged.get(p, 0), partition=p)
             big.add(metrics.too_large.get(p, 0), partition=p)
         out += [lag, snap, same, big]
         for name, key, text in GAUGES:

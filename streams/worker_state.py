@@ -63,10 +63,10 @@ class WorkerState(Generic[P]):
         # may hold a snapshot queued at a revocation that never reached the broker)
         self.written: dict[int, bytes] = {}
         self.unchanged: dict[int, int] = {}
-        # snapshots not written for being larger than worker_snapshot_max_bytes, by partition (and the size of
-        # the last such one, said once until one fits again)
+        # snapshots not written for being larger than worker_snapshot_max_bytes, by partition, and the
+        # partitions whose last one was (said once, until one fits again)
         self.too_large: dict[int, int] = {}
-        self._too_large_said: dict[int, int] = {}
+        self._too_large_now: set[int] = set()
 
     def _fits(self, partition: int, value: bytes) -> bool:
         """Whether the snapshot fits in one changelog message. One that does not is not written: the broker
@@ -74,18 +74,19 @@ class WorkerState(Generic[P]):
         (their offsets uncommitted), so a restart re-reads them from the last snapshot that was written."""
         limit = self.settings.worker_snapshot_max_bytes
         if len(value) <= limit:
-            if self._too_large_said.pop(partition, None) is not None:
+            if partition in self._too_large_now:
+                self._too_large_now.discard(partition)
                 log.warning("%s partition %d: the state snapshot fits again (%d bytes)", self.topic, partition,
                             len(value))
             return True
         self.too_large[partition] = self.too_large.get(partition, 0) + 1
-        if partition not in self._too_large_said:
+        if partition not in self._too_large_now:
             log.error("%s partition %d: the state snapshot is %d bytes, over worker_snapshot_max_bytes (%d): not "
                       "written, so its offsets stay uncommitted and a restart re-reads from the last snapshot "
                       "written; verdicts still go out. Spread the jobs over more partitions "
                       "(CCLD_METRICS_PARTITIONS) or raise the limit with the broker's message.max.bytes",
                       self.topic, partition, len(value), limit)
-        self._too_large_said[partition] = len(value)
+        self._too_large_now.add(partition)
         return False
 
     def _same(self, partition: int, value: bytes) -> bool:
