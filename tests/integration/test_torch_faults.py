@@ -403,11 +403,13 @@ def test_an_fsdp_rank_slow_from_its_first_step_or_stopped_is_named(
         assert job.wait_for_line(CULPRIT, "ready", 60), job_logs(job)
         ready = time.time()
         kind = AnomalyKind.S1 if fault == "slow" else AnomalyKind.H1
-        v = first_verdict(fast, kind, 50, job)
+        # four ranks on two cores share a host short of CPUs, where keeping the others waiting no longer names
+        # a rank with no healthy pace of its own: it is found once its slow ops stand out against the pace
+        # learned from the ops it did not delay (41-44 s; docs/analyzer.md)
+        v = first_verdict(fast, kind, 90, job)
         assert v.root_cause_ranks == (CULPRIT,), v.describe()
         assert v.op_type in ("all_gather", "reduce_scatter"), v.describe()
-        # how soon: benchmarks/RESULTS.md (28-30 s after the ranks are ready on a quiet machine, over 30 s at
-        # times beside other work: CI asserts the rank and class only)
+        # how soon: benchmarks/RESULTS.md (CI asserts the rank and class only)
         print(f"FSDP {fault}: {v.describe()} {v.detected_time - ready:.1f} s after the ranks were ready")
         if fault == "sleep":
             assert set(v.affected_ranks) == set(range(WORLD)) - {CULPRIT}, v.describe()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
 from analysis_factories import Comm, Probe, batches_by_tick, healthy_steps
 
 from ccld.records import AnomalyKind, KernelBatch, Link, VerdictState
@@ -117,3 +118,21 @@ def test_the_ranks_that_merely_share_a_starved_host_are_never_named() -> None:
     assert vs[0].details["culprit_cpu_wait_share"] == "0.60"
     healthy = batches_by_tick(healthy_steps(Probe(), Comm(0x5D, tuple(range(8))), 40))
     assert opens(with_cpu_wait(healthy, range(8), 0.6, 0.0)) == []
+
+
+@pytest.mark.parametrize(("own_host", "share", "named"), [
+    (False, 0.14, False),  # all eight on one busy host: the scheduler's pace, not a slow rank
+    (False, 0.01, True),   # the same host free: it keeps them waiting for nothing but itself
+    (True, 0.14, True),    # a busy host of its own: slow for the job, named (and the verdict says why)
+])
+def test_a_rank_slightly_slower_from_the_start_on_a_host_it_shares_busy_is_not_named(
+        own_host: bool, share: float, named: bool) -> None:
+    """Rank 6 computes 28 % longer than its peers from the first op (0.5 s of each 2-s step that they wait):
+    with no healthy pace to judge by it is slow for keeping them waiting, unless it shares a host short of CPUs
+    with them, where one rank getting less CPU than the others is the scheduler's doing; there it would have to
+    compute clearly longer (``peer_gap_ratio``)."""
+    recs = healthy_steps(Probe(), Comm(0x5E, tuple(range(8))), 30, late={6: 0.5}, from_step=0)
+    if own_host:
+        recs = [(t, dataclasses.replace(r, host=f"node-{r.rank}")) for t, r in recs]
+    got = opens(with_cpu_wait(batches_by_tick(recs), range(8), share, 0.0))
+    assert [(v.kind, v.root_cause_ranks) for v in got] == ([(AnomalyKind.S1, (6,))] if named else [])
