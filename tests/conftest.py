@@ -2,9 +2,11 @@
 
 ``pytest -m "not slow"`` is the fast tier for the edit-test loop (tests/README.md says what it
 costs); the README's test command runs everything, as CI does, on two pytest-xdist workers
-(``-n 2``): every test of the tiers that start processes goes to one of them, in order, so those
-tests never run beside each other (real-time jobs, frozen brokers and CPU-pressure readings would
-disturb one another), while the pure tiers spread over both (``pytest_xdist_make_scheduler``).
+(``-n 2``), two lanes (``pytest_xdist_make_scheduler``): the live lane, the tests whose verdicts hang
+on real time and the host's CPUs (real training jobs, an overloaded worker, skewed producer clocks, a
+broker outage in the middle of a hang), one after another on one worker; and the rest, the pure tiers
+first, then the other process tests (a broker frozen, a sink killed, a CLI against a dead broker:
+mostly waiting) one after another on the other. No two live tests ever run side by side.
 """
 
 from __future__ import annotations
@@ -22,19 +24,38 @@ sys.path.insert(0, str(HERE))
 #: tiers that start processes (a broker, workers, training ranks) or need a device: slow by definition
 SLOW_TIERS = ("integration", "chaos", "gpu")
 
+#: the live lane: test files whose verdicts hang on real time and the host's CPUs. Every process-tier file
+#: with a test marked ``torch`` (a real training job) must be here; collection fails otherwise.
+LIVE_FILES = frozenset({
+    "tests/chaos/test_overload_live.py", "tests/chaos/test_clock_skew_live.py", "tests/chaos/test_outage_fault.py",
+    "tests/integration/test_fr_live.py", "tests/integration/test_import_fr.py",
+    "tests/integration/test_long_real_job.py", "tests/integration/test_net_links.py",
+    "tests/integration/test_torch_aggregate.py", "tests/integration/test_torch_faults.py",
+    "tests/gpu/test_gpu_probe.py",
+})  # fmt: skip
+
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    # the process tiers first, their real training jobs (marked torch) last among them: under -n 2 the
-    # unit tests run beside the first of the process tests, and a real job's slow and starved rules read
-    # the host's CPU (a busy neighbour has made healthy gloo jobs look slow before: benchmarks/RESULTS.md)
+    # Each lane in this order. The live lane: the real-time chaos tests first, the real training jobs
+    # (marked torch) last. The other lane: the pure tiers first, beside the live lane's chaos tests (a
+    # real job's slow and starved rules read the host's CPU, and a CPU-bound neighbour has made healthy
+    # gloo jobs look slow before: benchmarks/RESULTS.md), then the other process tests, mostly waiting.
     order: dict[str, int] = {}
+    stray = sorted({_file(it.nodeid) for it in items if _tier(it.nodeid) in SLOW_TIERS
+                    and it.get_closest_marker("torch") is not None and _file(it.nodeid) not in LIVE_FILES})
+    if stray:
+        raise pytest.UsageError(f"real training jobs outside the live lane (tests/conftest.py LIVE_FILES): {stray}")
     for item in items:
         if _tier(item.nodeid) in SLOW_TIERS:
             item.add_marker(pytest.mark.slow)
             order[item.nodeid] = 1 if item.get_closest_marker("torch") is not None else 0
         else:
-            order[item.nodeid] = 2
+            order[item.nodeid] = -1
     items.sort(key=lambda it: order[it.nodeid])
+
+
+def _file(nodeid: str) -> str:
+    return nodeid.split("::", 1)[0]
 
 
 def _tier(nodeid: str) -> str:
@@ -47,16 +68,17 @@ def _tier(nodeid: str) -> str:
 if importlib.util.find_spec("xdist") is not None:  # the test extra installs it; a bare pytest runs on without
 
     def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-        """xdist's scope scheduler with one scope for all of ``SLOW_TIERS`` and one per test elsewhere.
+        """xdist's scope scheduler with two scopes: the live lane (``LIVE_FILES``) and the rest.
 
-        The process tiers are one unit of work, sent whole to one worker in collection order; each
-        unit test is a unit of its own, handed to whichever worker is free. (xdist's ``loadgroup``
-        would do this from marks, but it renames node ids, which pytest 9.2 no longer lets it do.)
+        Each is one unit of work, sent whole to one worker in collection order. (The scheduler runs in
+        the controller, which collects nothing: node ids are all it has, hence the list of files. xdist's
+        ``loadgroup`` would do this from marks, but it renames node ids, which pytest 9.2 no longer lets
+        it do.) About 19 minutes each on this machine (tests/README.md).
         """
         from xdist.scheduler import LoadScopeScheduling
 
-        class LiveTogether(LoadScopeScheduling):
+        class TwoLanes(LoadScopeScheduling):
             def _split_scope(self, nodeid: str) -> str:
-                return "live" if _tier(nodeid) in SLOW_TIERS else nodeid
+                return "live" if _file(nodeid) in LIVE_FILES else "rest"
 
-        return LiveTogether(config, log)
+        return TwoLanes(config, log)
