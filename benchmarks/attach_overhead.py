@@ -70,6 +70,46 @@ def time_calls(fn: Callable[[], Any], n: int) -> list[int]:
     return out
 
 
+def time_consumed(fn: Callable[[], Any], n: int, cost: Any) -> tuple[list[int], list[int], int]:
+    """``n`` steps under an attachment that measures its cost: each step's wall time and the training
+    thread's time inside the attachment's hooks in it; and its threads' CPU time over all of them."""
+    from ccld.producers.attach.cost import attachment_cpu_ns
+
+    walls, hooks = [], []
+    clock = time.perf_counter_ns
+    cpu0 = attachment_cpu_ns()
+    for _ in range(n):
+        h0, t0 = cost.ns, clock()
+        fn()
+        walls.append(clock() - t0)
+        hooks.append(cost.ns - h0)
+    return walls, hooks, attachment_cpu_ns() - cpu0
+
+
+def consumed_row(hooks: list[int], cpu_per_step: list[float], base_ms: float) -> dict[str, float]:
+    """What the attachment consumed per step: the training thread's time in it (median, p99), its
+    threads' CPU (median over blocks), and their sum as a share of the unattached step."""
+    ordered = sorted(hooks)
+    med_us = statistics.median(ordered) / 1e3
+    cpu_us = statistics.median(cpu_per_step) / 1e3 if cpu_per_step else 0.0
+    return {"hook_us_p50": med_us, "hook_us_p99": ordered[int(0.99 * (len(ordered) - 1))] / 1e3,
+            "threads_cpu_us": cpu_us, "consumed_pct": 100 * (statistics.fmean(hooks) / 1e3 + cpu_us) / (base_ms * 1e3),
+            "threads_core_pct": 100 * cpu_us / (base_ms * 1e3)}  # fmt: skip
+
+
+def paired_ci(diffs: list[float]) -> tuple[float, float]:
+    """The mean of paired block differences and the half-width of its 95 % interval (Student's t for the
+    usual 5-40 pairs; normal beyond)."""
+    n = len(diffs)
+    if n < 2:
+        return (diffs[0] if diffs else 0.0), float("inf")
+    # Student's t at 97.5 % by degrees of freedom (n - 1), the nearest tabled below (conservative)
+    t95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 7: 2.36, 9: 2.26, 14: 2.14, 19: 2.09, 29: 2.05, 39: 2.02}
+    df = n - 1
+    t = t95[max(k for k in t95 if k <= df)] if df < 120 else 1.96
+    return statistics.fmean(diffs), t * statistics.stdev(diffs) / n**0.5
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     p.add_argument("--calls", type=int, default=20_000, help="calls per mode and case")
@@ -181,13 +221,21 @@ def step_part(args: argparse.Namespace, settings: Any, sources: list[str]) -> di
     means: dict[str, list[float]] = {m: [] for m in modes}  # mean step time of each block
     seen: dict[str, list[float]] = {m: [] for m in modes}
     polls: dict[str, list[float]] = {m: [] for m in modes}
+    hooks: dict[str, list[int]] = {m: [] for m in modes}  # per step: the training thread's ns in the attachment
+    cpu: dict[str, list[float]] = {m: [] for m in modes}  # per block: its threads' CPU ns per step
     for block in range(args.step_blocks):
         for mode in modes[block % len(modes) :] + modes[: block % len(modes)]:  # rotate the order
+            att = None
             if mode != "none":
-                attach(settings, sink=None if args.bootstrap else CountingSink(), markers=False, source=mode,
-                       fr_poll_s=args.fr_poll_ms / 1000)  # fmt: skip
+                att = attach(settings, sink=None if args.bootstrap else CountingSink(), markers=False, source=mode,
+                             fr_poll_s=args.fr_poll_ms / 1000, cost=True)  # fmt: skip
             t0 = time.perf_counter_ns()
-            block_times = time_calls(step, args.steps_per_block)
+            if att is not None and att.hooks.cost is not None:
+                block_times, in_hooks, cpu_ns = time_consumed(step, args.steps_per_block, att.hooks.cost)
+                hooks[mode] += in_hooks
+                cpu[mode].append(cpu_ns / args.steps_per_block)
+            else:
+                block_times = time_calls(step, args.steps_per_block)
             wall_s = (time.perf_counter_ns() - t0) / 1e9
             times[mode] += block_times
             means[mode].append(statistics.fmean(block_times))
@@ -214,6 +262,11 @@ def step_part(args: argparse.Namespace, settings: Any, sources: list[str]) -> di
         if polls[mode]:
             row["poll_ms"] = statistics.median(polls[mode][0::2])
             row["polls_per_s"] = statistics.median(polls[mode][1::2])
+        if hooks[mode]:
+            row.update(consumed_row(hooks[mode], cpu[mode], base))
+        if mode != "none":  # the wall-time A/B: each block against the unattached block of the same round
+            diff, half = paired_ci([(m - n) / 1e6 for m, n in zip(means[mode], means["none"], strict=True)])
+            row.update(ab_ms=diff, ab_ci_ms=half, ab_pairs=len(means[mode]))
         out["modes"][mode] = row
     return out
 
@@ -255,15 +308,23 @@ def ddp_part(args: argparse.Namespace, settings: Any) -> dict[str, Any]:
     seen: dict[str, list[float]] = {m: [] for m in modes}
     polls: dict[str, list[float]] = {m: [] for m in modes}
     cpu: dict[str, list[float]] = {m: [] for m in modes}  # the process's CPU time per step: other tenants' load
+    hooks: dict[str, list[int]] = {m: [] for m in modes}
+    tcpu: dict[str, list[float]] = {m: [] for m in modes}
     for block in range(args.ddp_blocks):  # moves wall times far more than it moves this
         for mode in modes[block % len(modes) :] + modes[: block % len(modes)]:
             c0 = time.process_time_ns()
+            att = None
             if mode != "none":
-                attach(settings, sink=None if args.bootstrap else CountingSink(), markers=False,
-                       source=mode.removesuffix("-nost"), fr_poll_s=args.fr_poll_ms / 1000,
-                       fr_status_s=0.0 if mode.endswith("-nost") else None)  # fmt: skip
+                att = attach(settings, sink=None if args.bootstrap else CountingSink(), markers=False,
+                             source=mode.removesuffix("-nost"), fr_poll_s=args.fr_poll_ms / 1000,
+                             fr_status_s=0.0 if mode.endswith("-nost") else None, cost=True)  # fmt: skip
             t0 = time.perf_counter_ns()
-            block_times = time_calls(step, args.ddp_steps_per_block)
+            if att is not None and att.hooks.cost is not None:
+                block_times, in_hooks, cpu_ns = time_consumed(step, args.ddp_steps_per_block, att.hooks.cost)
+                hooks[mode] += in_hooks
+                tcpu[mode].append(cpu_ns / args.ddp_steps_per_block)
+            else:
+                block_times = time_calls(step, args.ddp_steps_per_block)
             wall_s = (time.perf_counter_ns() - t0) / 1e9
             times[mode] += block_times
             means[mode].append(statistics.fmean(block_times))
@@ -290,6 +351,11 @@ def ddp_part(args: argparse.Namespace, settings: Any) -> dict[str, Any]:
         if polls[mode]:
             row["poll_ms"] = statistics.median(polls[mode][0::2])
             row["polls_per_s"] = statistics.median(polls[mode][1::2])
+        if hooks[mode]:
+            row.update(consumed_row(hooks[mode], tcpu[mode], base))
+        if mode != "none":
+            diff, half = paired_ci([(m - n) / 1e6 for m, n in zip(means[mode], means["none"], strict=True)])
+            row.update(ab_ms=diff, ab_ci_ms=half, ab_pairs=len(means[mode]))
         out["modes"][mode] = row
     return out
 
@@ -311,6 +377,7 @@ def print_ddp(ddp: dict[str, Any]) -> None:
     print_rows(ddp["modes"])
     print("CPU ms per step (the whole process, median over blocks): "
           + ", ".join(f"{m} {r['cpu_ms']:.3f}" for m, r in ddp["modes"].items()))  # fmt: skip
+    print_consumed(ddp["modes"])
 
 
 def print_steps(steps: dict[str, Any]) -> None:
@@ -320,6 +387,20 @@ def print_steps(steps: dict[str, Any]) -> None:
         f"every {steps['fr_poll_ms']:.0f} ms"
     )
     print_rows(steps["modes"])
+    print_consumed(steps["modes"])
+
+
+def print_consumed(modes: dict[str, Any]) -> None:
+    """What each mode consumed, per step (the attachment's counters), and the wall-time A/B's interval."""
+    print("consumed per step: the training thread's time in the attachment (p50, p99), its threads' CPU; "
+          "share: both against the plain step; A/B: mean of paired block differences, 95 % interval")  # fmt: skip
+    print(f"{'mode':<10}{'hook p50 us':>12}{'hook p99 us':>12}{'threads us':>11}{'share %':>9}{'core %':>8}"
+          f"{'A/B ms':>9}{'+/- ms':>9}{'pairs':>6}")  # fmt: skip
+    for mode, r in modes.items():
+        if "hook_us_p50" in r:
+            print(f"{mode:<10}{r['hook_us_p50']:>12.1f}{r['hook_us_p99']:>12.1f}{r['threads_cpu_us']:>11.1f}"
+                  f"{r['consumed_pct']:>9.3f}{r['threads_core_pct']:>8.2f}{r['ab_ms']:>9.3f}{r['ab_ci_ms']:>9.3f}"
+                  f"{r['ab_pairs']:>6}")  # fmt: skip
 
 
 def print_rows(modes: dict[str, Any]) -> None:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from ccld.bounded import DEFAULT_INTERVAL_S, DETAIL_MODES
 from ccld.errors import ConfigError
+from ccld.producers.attach.cost import HookTime, attachment_cpu_ns, cost_enabled
 from ccld.producers.attach.fr_poll import enqueued_total
 from ccld.producers.attach.op_tracker import RecordSink, Tracker
 from ccld.producers.attach.outlet_spec import sink_from_spec
@@ -241,6 +242,10 @@ class Attachment:
         sink_stats = getattr(self.sink, "stats", None)
         if isinstance(sink_stats, dict):
             out.update(sink_stats)
+        cost = self.hooks.cost
+        if cost is not None:  # what it consumed (cost.py): the training thread's time in it, its threads' CPU
+            out.update(hook_ns=cost.ns, hook_calls=cost.calls, hook_max_ns=cost.max_ns,
+                       threads_cpu_ns=attachment_cpu_ns())  # fmt: skip
         return out
 
     def flush(self, timeout_s: float = 2.0) -> None:
@@ -275,6 +280,7 @@ def attach(
     detail: str | None = None,
     interval_s: float | None = None,
     aggregate_socket: str | None = None,
+    cost: bool | None = None,
 ) -> Attachment:
     """Observe every torch.distributed collective and p2p call of this process.
 
@@ -298,6 +304,10 @@ def attach(
     ``aggregate_socket`` (``ccld run --aggregate`` passes it): the Kafka sink hands its batches to
     the host's aggregator listening on that Unix socket (``ccld.producers.attach.aggregate``), and
     sends directly whenever it cannot.
+
+    ``cost`` (default: ``CCLD_ATTACH_COST=1`` in the environment) measures what the attachment consumes:
+    the training thread's time inside its hooks and its threads' CPU time, in ``stats()`` as ``hook_ns``,
+    ``hook_calls``, ``hook_max_ns`` and ``threads_cpu_ns`` (``ccld.producers.attach.cost``).
     """
     global _current
     with _lock:
@@ -326,6 +336,8 @@ def attach(
         hooks = TorchHooks(
             tracker, job=settings.job, incarnation=incarnation, marker=load_marker_hook() if markers else None
         )
+        if cost if cost is not None else cost_enabled(os.environ):
+            hooks.cost = HookTime()
         poller = None
         if source != "wrap":
             if fr_enabled(os.environ):

@@ -18,6 +18,7 @@ import threading
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from time import perf_counter_ns
 from typing import Any
 
 from ccld.identity import (
@@ -28,6 +29,7 @@ from ccld.identity import (
     dtype_code,
     p2p_hash,
 )
+from ccld.producers.attach.cost import HookTime
 from ccld.producers.attach.op_tracker import Identity, OpCall, Tracker
 from ccld.records import DType, OpType
 
@@ -212,6 +214,8 @@ class TorchHooks:
         #: group name -> its sequence number when this process attached (an attachment after some
         #: collectives ran): where the group's ``issued`` starts
         self.seq_base: dict[str, int] = {}
+        #: the training thread's time inside these hooks (set before ``install``; None: not measured)
+        self.cost: HookTime | None = None
 
     # ---- install / uninstall ----
     def install(self) -> None:
@@ -240,12 +244,16 @@ class TorchHooks:
         self._originals[(work_cls, "wait")] = orig_wait
         self._originals[(work_cls, "is_completed")] = orig_done
         tracker = self.tracker
+        cost = self.cost
 
         def seen_complete(work: Any) -> None:
+            t0 = perf_counter_ns() if cost is not None else 0
             try:
                 tracker.complete_work(work)
             except Exception:  # noqa: BLE001 - never our exception in the training code
                 tracker.stats.internal_errors += 1
+            if cost is not None:
+                cost.add(perf_counter_ns() - t0)
 
         def wait(work: Any, *args: Any, **kwargs: Any) -> Any:
             try:
@@ -283,10 +291,13 @@ class TorchHooks:
         else:
             begin = functools.partial(self._begin_coll, FUNCTION_OPS[name], COLLECTIVES[name])
 
+        cost = self.cost
+
         @functools.wraps(orig)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             if local.depth or not self.enabled:
                 return orig(*args, **kwargs)
+            t0 = perf_counter_ns() if cost is not None else 0
             try:
                 started = begin(args, kwargs)
             except Exception:  # noqa: BLE001 - never our exception in the training code
@@ -295,6 +306,8 @@ class TorchHooks:
                 started = None
             self.issued += 1  # after begin(): "auto" compares Flight Recorder with the calls before this one
             local.depth += 1
+            # torch's own time in the call is the job's, not ours: measured around our two parts only
+            ours = perf_counter_ns() - t0 if cost is not None else 0
             try:
                 result = orig(*args, **kwargs)
             except BaseException:
@@ -302,7 +315,12 @@ class TorchHooks:
                 self._finish(started, None)
                 raise
             local.depth -= 1
-            self._finish(started, result)
+            if cost is None:
+                self._finish(started, result)
+            else:
+                t1 = perf_counter_ns()
+                self._finish(started, result)
+                cost.add(ours + perf_counter_ns() - t1)
             return result
 
         wrapper.__ccld_wrapped__ = True  # type: ignore[attr-defined]
@@ -311,10 +329,12 @@ class TorchHooks:
     def _make_counted(self, orig: Callable[..., Any], group_i: int) -> Callable[..., Any]:
         """A pass-through that only counts the call (see :data:`COUNTED_ONLY`)."""
         local = self._local
+        cost = self.cost
 
         @functools.wraps(orig)
         def counted(*args: Any, **kwargs: Any) -> Any:
             if not local.depth and self.enabled:
+                t0 = perf_counter_ns() if cost is not None else 0
                 self.issued += 1
                 try:
                     st = self.group_state(_a(args, kwargs, group_i, "group"))
@@ -322,6 +342,8 @@ class TorchHooks:
                         st.issued += 1
                 except Exception:  # noqa: BLE001 - never our exception in the training code
                     self.tracker.stats.internal_errors += 1
+                if cost is not None:
+                    cost.add(perf_counter_ns() - t0)
             return orig(*args, **kwargs)
 
         counted.__ccld_wrapped__ = True  # type: ignore[attr-defined]

@@ -220,3 +220,67 @@ def test_the_detail_mode_comes_from_the_argument_or_the_environment(world: None,
         assert attach(Settings.load({}, job="unit"), sink=ListSink(), markers=False).tracker.detail == "sampled"
     finally:
         detach()
+
+
+def test_the_training_threads_time_in_the_hooks_is_counted_and_torchs_is_not(world: None) -> None:
+    """With ``cost`` on, a hook body that sleeps a known time per call (the group lookup, inside the
+    identification before torch runs the call) is counted within 5 %, once per call; torch's own time
+    in the call is not counted. Off (the default), nothing is measured."""
+    import time
+
+    att = attach(Settings.load({}, job="unit"), sink=ListSink(), markers=False, cost=True)
+    try:
+        slept = 0
+        lookup = att.hooks.group_state
+
+        def slow_lookup(group: Any) -> Any:
+            nonlocal slept
+            t0 = time.perf_counter_ns()
+            time.sleep(0.002)
+            slept += time.perf_counter_ns() - t0
+            return lookup(group)
+
+        att.hooks.group_state = slow_lookup  # type: ignore[method-assign]
+        t = torch.ones(1 << 20)  # 4 MiB: torch's own time per call is not negligible
+        for _ in range(40):
+            dist.all_reduce(t)
+        stats = att.stats()
+    finally:
+        detach()
+    assert stats["hook_calls"] == 40, stats
+    assert slept <= stats["hook_ns"] <= 1.05 * slept, (stats["hook_ns"], slept)
+    assert stats["hook_max_ns"] >= 2_000_000 and stats["threads_cpu_ns"] > 0, stats
+    att = attach(Settings.load({}, job="unit"), sink=ListSink(), markers=False)
+    try:
+        dist.all_reduce(torch.ones(8))
+        assert "hook_ns" not in att.stats()
+    finally:
+        detach()
+
+
+def test_the_attachments_threads_cpu_is_counted_and_the_training_threads_is_not() -> None:
+    """A thread named as the attachment's that burns 50 ms of CPU adds them to ``attachment_cpu_ns``
+    (within the kernel's accounting); the same work on an unnamed thread adds nothing."""
+    import threading
+    import time
+
+    from ccld.producers.attach.cost import attachment_cpu_ns
+
+    def burn(go: threading.Event, done: threading.Event) -> None:
+        go.wait()
+        t0 = time.thread_time_ns()
+        while time.thread_time_ns() - t0 < 50_000_000:
+            pass
+        done.set()
+        time.sleep(0.5)  # alive while it is measured
+
+    for name, counted in (("ccld-test-burn", True), ("someone-else", False)):
+        go, done = threading.Event(), threading.Event()
+        th = threading.Thread(target=burn, args=(go, done), name=name, daemon=True)
+        th.start()
+        before = attachment_cpu_ns()
+        go.set()
+        done.wait(10)
+        added = attachment_cpu_ns() - before
+        assert (45_000_000 <= added <= 80_000_000) if counted else added < 10_000_000, (name, added)
+        th.join()
