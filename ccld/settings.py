@@ -147,6 +147,8 @@ class Settings:
     state_delete_retention_ms: int = 86_400_000
     job: str = "default"  # job id producers stamp on their records
     archive_dir: str = "ccld-archive"  # root folder of the Parquet archive
+    # `ccld archive prune` removes the days older than this (UTC; 0: it needs --older-than, nothing is pruned)
+    archive_retention_days: float = 0.0
     sink_group: str = "ccld-sink"  # consumer group of the Parquet sink
     sink_max_rows: int = 100_000  # rows per Parquet file (and row group) at most
     sink_max_age_s: float = 10.0  # flush a partial file after this long

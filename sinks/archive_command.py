@@ -1,4 +1,5 @@
-"""`ccld archive summary DIR [--job J]`: what an archive holds; `ccld archive migrate DIR`: to the Hive layout."""
+"""`ccld archive summary DIR [--job J]`: what an archive holds; `migrate DIR`: to the Hive layout; `compact DIR`:
+a folder's small files merged into one; `prune DIR --older-than DAYS`: whole old days removed (``sinks.compact``)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
     s.epilog = "--job J: only that job's files and rows"
     m = sub.add_parser("migrate", help="move files of the old layout (<topic>/<partition>/...) into the Hive layout")
     m.add_argument("dir", type=Path)
+    c = sub.add_parser("compact", help="merge each folder's small files (per partition) into one, rows in time order")
+    c.add_argument("dir", type=Path)
+    p = sub.add_parser("prune", help="remove the days older than --older-than (UTC), every topic and job")
+    p.add_argument("dir", type=Path)
+    p.add_argument("--older-than", type=float, default=None, metavar="DAYS",
+                   help="days to keep before today (default: the archive_retention_days setting)")
+    p.add_argument("--dry-run", action="store_true", help="only say what would be removed")
 
 
 def summarize(root: Path, verdicts_topic: str, job: str | None = None) -> str:
@@ -79,9 +87,43 @@ def migrate_archive(root: Path) -> str:
     return line
 
 
+def compact_archive(root: Path) -> str:
+    """Run the compaction; the line it prints. A folder that failed is an error (exit 2), the others are done."""
+    import sys
+
+    from ccld.sinks.compact import compact
+
+    r = compact(root, progress=lambda line: print(line, file=sys.stderr, flush=True))
+    line = (f"merged {r.files_before:,} files in {r.folders:,} folders into {r.files_after:,} ({r.rows:,} rows, "
+            f"every one kept); {r.skipped_in_ledger:,} files of the newest flushes left as they are")
+    if r.recovered:
+        line += f"; {r.recovered} interrupted merges completed"
+    if r.errors:
+        raise CcldError(f"{line}; {len(r.errors)} folders not merged: " + "; ".join(r.errors[:5]))
+    return line
+
+
+def prune_archive(root: Path, older_than: float | None, retention_days: float, dry_run: bool) -> str:
+    from ccld.sinks.compact import prune
+
+    days = older_than if older_than is not None else retention_days
+    if days <= 0 and older_than is None:
+        raise CcldError("ccld archive prune needs --older-than DAYS (or the archive_retention_days setting)")
+    r = prune(root, days, dry_run=dry_run)
+    what = "would remove" if dry_run else "removed"
+    span = f" ({r.days[0]} to {r.days[-1]}, UTC)" if r.days else ""
+    return f"{what} {r.folders:,} day folders of {len(r.days)} days{span}: {r.files:,} files, {r.bytes / 1e6:.1f} MB"
+
+
 def main(args: argparse.Namespace, settings: Settings) -> int:
     if args.action == "migrate":
         print(migrate_archive(args.dir))
+        return 0
+    if args.action == "compact":
+        print(compact_archive(args.dir))
+        return 0
+    if args.action == "prune":
+        print(prune_archive(args.dir, args.older_than, settings.archive_retention_days, args.dry_run))
         return 0
     print(summarize(args.dir, settings.verdicts_topic, getattr(args, "job", None)))
     return 0
