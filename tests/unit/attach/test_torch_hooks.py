@@ -223,7 +223,7 @@ def test_the_detail_mode_comes_from_the_argument_or_the_environment(world: None,
 
 
 def test_the_training_threads_time_in_the_hooks_is_counted_and_torchs_is_not(world: None) -> None:
-    """With ``cost`` on, a hook body that sleeps a known time per call (the group lookup, inside the
+    """With ``cost`` on, a hook body that sleeps a known time per call (5 ms: the group lookup, inside the
     identification before torch runs the call) is counted within 5 %, once per call; torch's own time
     in the call is not counted. Off (the default), nothing is measured."""
     import time
@@ -236,7 +236,7 @@ def test_the_training_threads_time_in_the_hooks_is_counted_and_torchs_is_not(wor
         def slow_lookup(group: Any) -> Any:
             nonlocal slept
             t0 = time.perf_counter_ns()
-            time.sleep(0.002)
+            time.sleep(0.005)
             slept += time.perf_counter_ns() - t0
             return lookup(group)
 
@@ -249,7 +249,7 @@ def test_the_training_threads_time_in_the_hooks_is_counted_and_torchs_is_not(wor
         detach()
     assert stats["hook_calls"] == 40, stats
     assert slept <= stats["hook_ns"] <= 1.05 * slept, (stats["hook_ns"], slept)
-    assert stats["hook_max_ns"] >= 2_000_000 and stats["threads_cpu_ns"] > 0, stats
+    assert stats["hook_max_ns"] >= 5_000_000 and stats["threads_cpu_ns"] > 0, stats
     att = attach(Settings.load({}, job="unit"), sink=ListSink(), markers=False)
     try:
         dist.all_reduce(torch.ones(8))
