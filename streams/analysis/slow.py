@@ -777,10 +777,17 @@ class SlowDetector:
                 # restarted on a busy 2-core machine: rank 2 computed 72.5 ms against 58.8, its host
                 # stalled 14 % of the time). With no healthy pace of its own to judge by, such a rank must
                 # have computed clearly longer than they did; keeping them waiting (the blame) is not enough
-                if peer_only and (not blamed or self._shares_a_busy_host(js, bi, cid, cr, idx)):
+                busy = self._busy_shared_host(js, bi, cid, cr, idx) if peer_only else None
+                if peer_only and (not blamed or busy is not None):
                     lg = _median([float(self.w_lgap[bi, j]) for j in idx])
                     og = _median([float(self.w_ogap[bi, j]) for j in idx])
                     ok = ok and bool(_computed_clearly_longer(lg - og, og, s))
+                    # ... and by more than the stalls can make it: a host stalled for CPUs a share w of the
+                    # time (PSI "some": at least one task waiting, so no task waits longer) stretches one
+                    # rank's compute against another's by up to 1 / (1 - w) (a healthy real DDP job's start
+                    # beside two busy loops: rank 2 computed 60.2 ms against 25.4, its host stalled 78 %)
+                    if busy is not None:
+                        ok = ok and lg * (1.0 - busy) >= og * (1.0 + s.peer_gap_ratio)
                 need_share = s.culprit_share
                 if op_type == ALL_TO_ALL:
                     # of the window's ops, not only its slow ones: a straggling expert is last at every op
@@ -903,16 +910,16 @@ class SlowDetector:
         cr = int(np.argmax(lag))
         return cr, float(lag[cr]) / total
 
-    def _shares_a_busy_host(self, js: JobState, bi: int, cid: int, crank: int, idx: list[int]) -> bool:
-        """The late arriver (comm rank ``crank``) runs on a host it shares with another member, and that host
-        was stalled for CPUs ``contended_wait_share`` of the time while the window's slow ops ran (PSI)."""
+    def _busy_shared_host(self, js: JobState, bi: int, cid: int, crank: int, idx: list[int]) -> float | None:
+        """How stalled for CPUs the late arriver's host was while the window's slow ops ran (PSI), where that host
+        holds another member too and the share is at least ``contended_wait_share``; None elsewhere."""
         s = self.s
         sl = js.members_of(cid)
         hosts = js.m_host[sl]
         if s.contended_wait_share <= 0 or hosts[crank] < 0 or int((hosts == hosts[crank]).sum()) < 2:
-            return False
+            return None
         share = self._own_cpu_wait(js, bi, idx, int(js.m_grank[sl.start + crank]))
-        return share is not None and share >= s.contended_wait_share
+        return share if share is not None and share >= s.contended_wait_share else None
 
     def _own_cpu_wait(self, js: JobState, bi: int, idx: list[int], rank: int) -> float | None:
         """How starved of CPUs the late arriver's own host was while its slow ops ran (PSI; None where its

@@ -405,7 +405,7 @@ def test_an_fsdp_rank_slow_from_its_first_step_or_stopped_is_named(
         kind = AnomalyKind.S1 if fault == "slow" else AnomalyKind.H1
         # four ranks on two cores share a host short of CPUs, where keeping the others waiting no longer names
         # a rank with no healthy pace of its own: it is found once its slow ops stand out against the pace
-        # learned from the ops it did not delay (41-44 s; docs/analyzer.md)
+        # learned from the ops it did not delay (35-44 s; docs/analyzer.md)
         v = first_verdict(fast, kind, 90, job)
         assert v.root_cause_ranks == (CULPRIT,), v.describe()
         assert v.op_type in ("all_gather", "reduce_scatter"), v.describe()
