@@ -86,6 +86,28 @@ def time_consumed(fn: Callable[[], Any], n: int, cost: Any) -> tuple[list[int], 
     return walls, hooks, attachment_cpu_ns() - cpu0
 
 
+def time_block(fn: Callable[[], Any], n: int, att: Any, hooks: list[int], cpu: list[float]) -> list[int]:
+    """``n`` steps' wall times; under an attachment that measures its cost (``att``), its per-step hook time
+    goes to ``hooks`` and its threads' CPU per step to ``cpu``."""
+    if att is None or att.hooks.cost is None:
+        return time_calls(fn, n)
+    walls, in_hooks, cpu_ns = time_consumed(fn, n, att.hooks.cost)
+    hooks += in_hooks
+    cpu.append(cpu_ns / n)
+    return walls
+
+
+def cost_columns(mode: str, hooks: list[int], cpu: list[float], means: dict[str, list[float]], base: float
+                 ) -> dict[str, float]:
+    """A mode's consumed columns (``consumed_row``) and its wall-time A/B: each block against the unattached
+    block of the same round."""
+    row: dict[str, float] = consumed_row(hooks, cpu, base) if hooks else {}
+    if mode != "none":
+        diff, half = paired_ci([(m - n) / 1e6 for m, n in zip(means[mode], means["none"], strict=True)])
+        row.update(ab_ms=diff, ab_ci_ms=half, ab_pairs=len(means[mode]))
+    return row
+
+
 def consumed_row(hooks: list[int], cpu_per_step: list[float], base_ms: float) -> dict[str, float]:
     """What the attachment consumed per step: the training thread's time in it (median, p99), its
     threads' CPU (median over blocks), and their sum as a share of the unattached step."""
@@ -230,12 +252,7 @@ def step_part(args: argparse.Namespace, settings: Any, sources: list[str]) -> di
                 att = attach(settings, sink=None if args.bootstrap else CountingSink(), markers=False, source=mode,
                              fr_poll_s=args.fr_poll_ms / 1000, cost=True)  # fmt: skip
             t0 = time.perf_counter_ns()
-            if att is not None and att.hooks.cost is not None:
-                block_times, in_hooks, cpu_ns = time_consumed(step, args.steps_per_block, att.hooks.cost)
-                hooks[mode] += in_hooks
-                cpu[mode].append(cpu_ns / args.steps_per_block)
-            else:
-                block_times = time_calls(step, args.steps_per_block)
+            block_times = time_block(step, args.steps_per_block, att, hooks[mode], cpu[mode])
             wall_s = (time.perf_counter_ns() - t0) / 1e9
             times[mode] += block_times
             means[mode].append(statistics.fmean(block_times))
@@ -262,11 +279,7 @@ def step_part(args: argparse.Namespace, settings: Any, sources: list[str]) -> di
         if polls[mode]:
             row["poll_ms"] = statistics.median(polls[mode][0::2])
             row["polls_per_s"] = statistics.median(polls[mode][1::2])
-        if hooks[mode]:
-            row.update(consumed_row(hooks[mode], cpu[mode], base))
-        if mode != "none":  # the wall-time A/B: each block against the unattached block of the same round
-            diff, half = paired_ci([(m - n) / 1e6 for m, n in zip(means[mode], means["none"], strict=True)])
-            row.update(ab_ms=diff, ab_ci_ms=half, ab_pairs=len(means[mode]))
+        row.update(cost_columns(mode, hooks[mode], cpu[mode], means, base))
         out["modes"][mode] = row
     return out
 
@@ -319,12 +332,7 @@ def ddp_part(args: argparse.Namespace, settings: Any) -> dict[str, Any]:
                              source=mode.removesuffix("-nost"), fr_poll_s=args.fr_poll_ms / 1000,
                              fr_status_s=0.0 if mode.endswith("-nost") else None, cost=True)  # fmt: skip
             t0 = time.perf_counter_ns()
-            if att is not None and att.hooks.cost is not None:
-                block_times, in_hooks, cpu_ns = time_consumed(step, args.ddp_steps_per_block, att.hooks.cost)
-                hooks[mode] += in_hooks
-                tcpu[mode].append(cpu_ns / args.ddp_steps_per_block)
-            else:
-                block_times = time_calls(step, args.ddp_steps_per_block)
+            block_times = time_block(step, args.ddp_steps_per_block, att, hooks[mode], tcpu[mode])
             wall_s = (time.perf_counter_ns() - t0) / 1e9
             times[mode] += block_times
             means[mode].append(statistics.fmean(block_times))
@@ -351,11 +359,7 @@ def ddp_part(args: argparse.Namespace, settings: Any) -> dict[str, Any]:
         if polls[mode]:
             row["poll_ms"] = statistics.median(polls[mode][0::2])
             row["polls_per_s"] = statistics.median(polls[mode][1::2])
-        if hooks[mode]:
-            row.update(consumed_row(hooks[mode], tcpu[mode], base))
-        if mode != "none":
-            diff, half = paired_ci([(m - n) / 1e6 for m, n in zip(means[mode], means["none"], strict=True)])
-            row.update(ab_ms=diff, ab_ci_ms=half, ab_pairs=len(means[mode]))
+        row.update(cost_columns(mode, hooks[mode], tcpu[mode], means, base))
         out["modes"][mode] = row
     return out
 

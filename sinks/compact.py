@@ -194,12 +194,9 @@ def _recover(tdir: Path) -> int:
         for journal in sorted(jdir.glob("*.json")):
             _finish(tdir, journal)
             done += 1
-    journaled = set()
-    if jdir.is_dir():
-        journaled = {json.loads(j.read_text())["tmp"] for j in jdir.glob("*.json")}
+    # every journal is finished now: a temporary file left was written before its journal, its sources are whole
     for tmp in tdir.glob("job=*/date=*/.compact-*.parquet.tmp"):
-        if tmp.relative_to(tdir).as_posix() not in journaled:
-            tmp.unlink(missing_ok=True)  # written before its journal: the sources are whole
+        tmp.unlink(missing_ok=True)
     return done
 
 
