@@ -164,6 +164,7 @@ class WorkerApp:
         self._counters_at = time.monotonic()
         self._stuck: dict[int, tuple[int, int]] = {}  # partition -> (next offset, ticks it has stayed there behind)
         self._reading: dict[int, asyncio.Task[None]] = {}  # partition -> its read-back by _read_stuck
+        self._skipping: set[int] = set()  # partitions in a run of re-delivered messages (logged once per run)
         self._topic_retry_at = 0.0  # monotonic time before which _learn_topic does not ask the broker again
         self._agent_busy = False  # the metrics agent is inside a message (a slow deliver or checkpoint)
         self._agent_queue: Any = None  # the metrics agent's channel queue (empty: nothing fetched waits)
@@ -227,7 +228,13 @@ class WorkerApp:
                     # Delivered again (the consumer resumed below a snapshot, or a read-back got there first):
                     # analysed once only, so every record counts once; still held and checkpointed below.
                     proc.counters["redelivered_skipped"] = proc.counters.get("redelivered_skipped", 0) + 1
+                    if msg.partition not in self._skipping:  # once per run of re-deliveries, not per message
+                        self._skipping.add(msg.partition)
+                        log.info("partition %d: offset %d delivered again below the snapshot's next offset %d: "
+                                 "skipping re-deliveries (each record is analysed once)", msg.partition,
+                                 msg.offset, proc.next_offset)
                 else:
+                    self._skipping.discard(msg.partition)
                     if 0 <= proc.next_offset < msg.offset:
                         await self._catch_up(msg.partition, proc, msg.offset)
                     ts = msg.timestamp if msg.timestamp else None

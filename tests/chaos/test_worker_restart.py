@@ -131,14 +131,46 @@ def test_messages_delivered_again_below_the_snapshot_are_analysed_once(
     """The group's committed offset rewound to 0 under a snapshot that covers every message: the restarted
     worker is handed all of them again. Each record must be analysed once (the counters persist in the
     snapshot) and the verdict must not be repeated: re-deliveries are skipped, and counted."""
-    from confluent_kafka import Consumer, TopicPartition
-
     s = chaos_settings
     a = scenario_batches("again-a", {"kind": "H1", "rank": 1, "onset_s": 12.0}, 40.0)
     b = scenario_batches("again-b", {"kind": "H1", "rank": 5, "onset_s": 10.0}, 40.0)
     worker = chaos_worker.start()
     sent = _analysed(s, worker, a, "again-a", 1)
     assert worker.stop() == 0
+    # Faust may drop a whole fetch of re-delivered messages unseen (one that lands while a rebalance or the
+    # recovery pauses the flow: 212 of 213 came back in one CI run, none in another), harmless below the
+    # snapshot. The worker logs the first of each run of re-deliveries it skips: restart until it has one.
+    for attempt in range(1, 4):
+        _rewind(s)
+        seen = _redelivery_runs(worker)
+        worker.start()
+        if wait_for(lambda: _redelivery_runs(worker) > seen, 20):
+            break
+        assert worker.stop() == 0
+    else:
+        pytest.fail(f"no re-delivery reached the worker in {attempt} restarts from offset 0:\n{worker.log()}")
+    sent += produce(s, b)
+    got = collect_verdicts(s, 50, until=lambda vs: any(5 in v.root_cause_ranks for v in vs))
+    assert any(v.kind.value == "H1" and 5 in v.root_cause_ranks and v.job == "again-b" for v in got), worker.log()
+    _opened_once(s, "again-a", "again-b")
+    assert worker.stop() == 0
+    counters = worker_counters(worker)
+    assert counters.get("analyzed_records") == sent, (counters, sent)
+    # every message handled once: a's first time, b's now; a's re-deliveries skipped and counted (at most
+    # once per restart: some of them may have been dropped unseen)
+    assert counters.get("messages") == len(a) + len(b), (counters, len(a), len(b))
+    assert 0 < counters.get("redelivered_skipped", 0) <= attempt * len(a), (counters, len(a), attempt)
+
+
+def _redelivery_runs(worker: WorkerProcess) -> int:
+    """Runs of re-delivered messages the worker has logged skipping, over the whole log (every start)."""
+    return worker.log_path.read_text(errors="replace").count("delivered again below the snapshot's next offset")
+
+
+def _rewind(s: Settings) -> None:
+    """Commit offset 0 of the metrics topic for the worker's (stopped) group."""
+    from confluent_kafka import Consumer, TopicPartition
+
     # The broker takes commits from members only: join the group, then rewind it.
     c = Consumer({"bootstrap.servers": s.bootstrap, "group.id": s.worker_app_id, "enable.auto.commit": False})
     try:
@@ -148,19 +180,6 @@ def test_messages_delivered_again_below_the_snapshot_are_analysed_once(
     finally:
         c.close()
     assert committed(s) == 0
-    worker.start()
-    sent += produce(s, b)
-    got = collect_verdicts(s, 50, until=lambda vs: any(5 in v.root_cause_ranks for v in vs))
-    assert any(v.kind.value == "H1" and 5 in v.root_cause_ranks and v.job == "again-b" for v in got), worker.log()
-    _opened_once(s, "again-a", "again-b")
-    assert worker.stop() == 0
-    counters = worker_counters(worker)
-    assert counters.get("analyzed_records") == sent, (counters, sent)
-    # every message handled once: a's first time, b's now; a's re-deliveries skipped and counted. Faust may
-    # drop a re-delivered message unseen (a fetch that lands while recovery pauses the flow: 212 of 213
-    # came back in one CI run), harmless below the snapshot, so at most len(a) of them are skipped
-    assert counters.get("messages") == len(a) + len(b), (counters, len(a), len(b))
-    assert 0 < counters.get("redelivered_skipped", 0) <= len(a), (counters, len(a))
 
 
 def test_pending_verdicts_of_a_snapshot_are_sent_once_after_a_restart(
