@@ -7,6 +7,7 @@ and from offsets that were committed only once a snapshot covered them.
 
 from __future__ import annotations
 
+import functools
 import json
 import signal
 import time
@@ -146,7 +147,7 @@ def test_messages_delivered_again_below_the_snapshot_are_analysed_once(
         seen = _redelivery_runs(worker)
         worker.start()
         restarts += 1
-        if wait_for(lambda n=seen: _redelivery_runs(worker) > n, 20):
+        if wait_for(functools.partial(_more_redelivery_runs, worker, seen), 20):
             break
         assert restarts < 3, f"no re-delivery reached the worker in {restarts} restarts from offset 0:\n{worker.log()}"
         assert worker.stop() == 0
@@ -161,6 +162,10 @@ def test_messages_delivered_again_below_the_snapshot_are_analysed_once(
     # once per restart: some of them may have been dropped unseen)
     assert counters.get("messages") == len(a) + len(b), (counters, len(a), len(b))
     assert 0 < counters.get("redelivered_skipped", 0) <= restarts * len(a), (counters, len(a), restarts)
+
+
+def _more_redelivery_runs(worker: WorkerProcess, than: int) -> bool:
+    return _redelivery_runs(worker) > than
 
 
 def _redelivery_runs(worker: WorkerProcess) -> int:
