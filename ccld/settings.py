@@ -152,6 +152,9 @@ class Settings:
     sink_group: str = "ccld-sink"  # consumer group of the Parquet sink
     sink_max_rows: int = 100_000  # rows per Parquet file (and row group) at most
     sink_max_age_s: float = 10.0  # flush a partial file after this long
+    # the sink compacts its archive this often (and prunes past archive_retention_days when set; 0: never)
+    sink_compact_every_s: float = 600.0
+    sink_compact_max_file_mb: float = 64.0  # files this large are left as they are (a day: a few large files)
     sink_metrics_port: int = 9464  # `ccld sink` serves Prometheus metrics at http://<metrics_bind>:PORT/metrics; 0: off
     worker_app_id: str = "ccld-worker"  # Faust app id (consumer group and changelog names)
     worker_web_port: int = 0  # 0: no web server
@@ -338,6 +341,8 @@ def _validate(s: Settings) -> None:
     for name in ("worker_web_port", "sink_metrics_port", "alert_metrics_port", "aggregator_metrics_port"):
         if not 0 <= getattr(s, name) <= 65535:
             raise ConfigError(f"{name} must be a port from 0 (off) to 65535, got {getattr(s, name)}")
+    if s.sink_compact_max_file_mb <= 0:
+        raise ConfigError(f"sink_compact_max_file_mb must be positive, got {s.sink_compact_max_file_mb}")
     if s.alert_backlog_max < 1:
         raise ConfigError(f"alert_backlog_max must be at least 1, got {s.alert_backlog_max}")
     for name in ("alert_alertmanager_url", "alert_webhook_url"):

@@ -10,6 +10,9 @@ broker restarted, numbers offsets from 0 again, and its rows must not replace th
 A partition's incarnation is looked up when it is assigned and again whenever its offsets go
 back with no rebalance in between (what a consumer sees when the topic under it was recreated).
 
+The sink keeps its archive compact on a timer (``sinks.upkeep``, beside the consume loop): files of flushes
+below the offsets it has committed are merged, and whole days past the retention removed.
+
 An archive folder that cannot be written (full, read-only) is said once ("archive not
 writable: <path>: <reason>"); the files wait in memory, uncommitted, fetching is paused, and
 the write is tried again every few seconds.
@@ -36,6 +39,7 @@ from ccld.settings import Settings
 from ccld.sinks.incarnation import SinkTokens, TopicIds
 from ccld.sinks.layout import write_offsets
 from ccld.sinks.parquet import metrics_table, verdicts_table
+from ccld.sinks.upkeep import Upkeep
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +83,9 @@ class Archiver:
         self._blocked_parts: set[tuple[str, int]] = set()
         self._unreachable_said = False
         self.on_file: Callable[[Path, int], None] | None = None
+        # (topic, partition, incarnation) -> the offset last committed there (what the upkeep may merge below)
+        self.committed: dict[tuple[str, int, str], int] = {}
+        self.upkeep = Upkeep(settings, self.root, self.counters)
         self.assigned = threading.Event()  # set once the group gave us partitions
 
     def _consumer(self) -> Consumer:
@@ -127,9 +134,11 @@ class Archiver:
                     self._take(consumer, str(msg.topic()), msg.partition() or 0, msg.offset() or 0,
                                msg.timestamp()[1], msg.value())
                 self._flush_all(consumer, force=False)
+                self.upkeep.maybe_start(self.committed)
             self._flush_all(consumer, force=True)
         finally:
             consumer.close()
+            self.upkeep.stop()
 
     def uncommitted(self) -> tuple[int, float]:
         """Messages taken but not committed yet (buffered for a file), and how long the oldest has waited (s).
@@ -324,3 +333,6 @@ class Archiver:
         except KafkaException as exc:  # the file is complete; a replay rewrites it under the same name
             self.counters["commit_errors"] += 1
             log.warning("commit of %s[%d]@%d failed: %s", topic, partition, last + 1, exc)
+            return
+        if buf.incarnation is not None:
+            self.committed[(topic, partition, buf.incarnation)] = last + 1

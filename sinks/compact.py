@@ -18,20 +18,30 @@ the next ``compact`` sees the journal, checks the target against it and removes 
 Between the rename and the removal (and after a crash there, until the next run) a reader sees the sources'
 rows twice; nothing is ever lost.
 
+The sink runs it on a timer (``Archiver``) with what it knows better than the ledger: the offsets it has
+committed. A replay starts at a partition's committed offset, so a flush that ended below it is never written
+again, ledger or not (``committed``); and files of ``max_source_bytes`` or more are left as they are, so a day's
+merged file is not read and written again at every run once it is large (a day becomes a few large files).
+One compaction of an archive at a time: a lock file (``.compact.lock``) makes a second one say so and stop.
+
 ``prune`` removes the ``date=`` folders of days before a cutoff, every topic and job.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
+import errno
+import fcntl
 import hashlib
 import json
 import os
 import shutil
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import unquote
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -44,6 +54,8 @@ from ccld.sinks.parquet import write_file
 JOURNAL = "_compact"
 #: a folder with fewer files than this of one partition and incarnation is left as it is
 MIN_FILES = 2
+#: the lock file one compaction of an archive holds (a second one stops with ``CompactBusy``)
+LOCK = ".compact.lock"
 #: the columns merged rows are sorted by (those a file has): time first, then the message and its rows' order
 SORT_KEYS = ("kafka_ts_ms", "offset")
 
@@ -59,10 +71,41 @@ class CompactResult:
     errors: list[str] = field(default_factory=list)
 
 
-def compact(root: Path, *, progress: Callable[[str], None] | None = None, min_files: int = MIN_FILES) -> CompactResult:
-    """Merge every folder's small files (see the module's doc); returns what was done."""
+class CompactBusy(CcldError):
+    """Another compaction of the same archive holds its lock."""
+
+
+@contextlib.contextmanager
+def _locked(root: Path) -> Iterator[None]:
+    with open(root / LOCK, "a") as f:
+        try:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            if exc.errno in (errno.EAGAIN, errno.EACCES):
+                raise CompactBusy(f"another compaction of {root} is running") from None
+            raise
+        try:
+            yield
+        finally:
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
+
+def compact(root: Path, *, progress: Callable[[str], None] | None = None, min_files: int = MIN_FILES,
+            committed: Mapping[tuple[str, int, str], int] | None = None,
+            max_source_bytes: int | None = None) -> CompactResult:
+    """Merge every folder's small files (see the module's doc); returns what was done.
+
+    ``committed``: (topic, partition, incarnation) -> the offset the sink has committed there; the files of
+    flushes that ended below it are merged even while the ledger still names them. ``max_source_bytes``: files
+    this large or larger are left as they are. Raises ``CompactBusy`` while another compaction runs."""
     if not root.is_dir():
         raise CcldError(f"{root} is not a directory")
+    with _locked(root):
+        return _compact(root, progress, min_files, committed or {}, max_source_bytes)
+
+
+def _compact(root: Path, progress: Callable[[str], None] | None, min_files: int,
+             committed: Mapping[tuple[str, int, str], int], max_source_bytes: int | None) -> CompactResult:
     res = CompactResult()
     for tdir in sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith("topic=")):
         res.recovered += _recover(tdir)
@@ -70,9 +113,10 @@ def compact(root: Path, *, progress: Callable[[str], None] | None = None, min_fi
         # the files first, the ledgers after (module doc)
         for path in sorted(tdir.glob("job=*/date=*/*.parquet")):
             n = parse(tdir, path)
-            if n is not None:
+            if n is not None and (max_source_bytes is None or _size(path) < max_source_bytes):
                 groups[(path.parent, n.partition, n.incarnation)].append((n, path))
-        named = _in_ledgers(tdir)
+        topic = unquote(tdir.name.removeprefix("topic="))
+        named = _in_ledgers(tdir, {(p, i): o for (t, p, i), o in committed.items() if t == topic})
         todo = []
         for (folder, part, inc), files in sorted(groups.items()):
             free = [(n, p) for n, p in files if (part, inc, p.relative_to(tdir).as_posix()) not in named]
@@ -94,8 +138,16 @@ def compact(root: Path, *, progress: Callable[[str], None] | None = None, min_fi
     return res
 
 
-def _in_ledgers(tdir: Path) -> set[tuple[int, str, str]]:
-    """(partition, incarnation, file below the topic's folder) of every file a ledger entry names."""
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:  # replaced by the sink meanwhile: not merged this time
+        return 2**62
+
+
+def _in_ledgers(tdir: Path, committed: Mapping[tuple[int, str], int]) -> set[tuple[int, str, str]]:
+    """(partition, incarnation, file below the topic's folder) of every file a ledger entry names, but those of
+    flushes that ended below the offset committed for their partition and incarnation (never replayed)."""
     out: set[tuple[int, str, str]] = set()
     ledger_root = tdir / LEDGER
     if not ledger_root.is_dir():
@@ -105,8 +157,11 @@ def _in_ledgers(tdir: Path) -> set[tuple[int, str, str]]:
             continue
         for idir in pdir.iterdir():
             if idir.is_dir():
+                part = int(pdir.name[1:])
+                below = committed.get((part, idir.name), -1)
                 for e in entries(idir):
-                    out.update((int(pdir.name[1:]), idir.name, f.as_posix()) for f in e.files)
+                    if e.end >= below:
+                        out.update((part, idir.name, f.as_posix()) for f in e.files)
     return out
 
 

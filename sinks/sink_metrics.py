@@ -22,6 +22,10 @@ SINK_COUNTERS = (
     ("ccld_sink_commit_errors_total", "commit_errors", "Offset commits that failed (the files are written)."),
     ("ccld_sink_offset_resets_total", "offset_resets",
      "Times a partition's offsets went back without a rebalance (the topic was recreated)."),
+    ("ccld_sink_compactions_total", "compactions", "Archive compactions the sink's timer ran."),
+    ("ccld_sink_compacted_files_total", "compacted_files", "Files fewer in the archive after its compactions."),
+    ("ccld_sink_compact_errors_total", "compact_errors", "Folders or compactions that failed (tried again later)."),
+    ("ccld_sink_pruned_days_total", "pruned_days", "Days of the archive removed past archive_retention_days."),
 )
 
 

@@ -124,3 +124,45 @@ def test_the_cli_compacts_and_prune_needs_a_retention(tmp_path: Path, monkeypatc
     assert "--older-than" in capsys.readouterr().err
     assert main(["archive", "prune", str(tmp_path), "--older-than", "36500", "--dry-run"]) == 0
     assert "would remove 0 day folders" in capsys.readouterr().out
+
+
+def test_the_sinks_committed_offsets_free_the_files_its_ledger_still_names(tmp_path: Path) -> None:
+    """The sink's timer knows its committed offset: every flush that ended below it is merged (no replay can
+    write it again), ledger or not; the flushes at and above it stay as they are, and a replay of them keeps
+    every row once."""
+    before = flushes(tmp_path, 12)  # all 12 in the ledger (it keeps 64)
+    assert compact(tmp_path).files_before == 0, "the ledger's files merged with no committed offset given"
+    r = compact(tmp_path, committed={(M, 0, A): 9, (M, 1, A): 12, ("other", 0, A): 12})
+    assert (r.files_before, r.files_after, r.skipped_in_ledger) == (9, 1, 3)
+    assert [p.name for p in files(tmp_path)] == [f"part-p0-{A}-o{o:019d}.parquet" for o in (0, 9, 10, 11)]
+    write_offsets(tmp_path, M, 0, A, 9, 11, metrics_table(messages(*[("a", DAY1 + o) for o in (9, 10, 11)],
+                                                                   first=9)))
+    assert hive_rows(tmp_path) == before
+
+
+def test_large_files_are_left_as_they_are(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Files of ``max_source_bytes`` or more are not merged again: a day becomes a few large files instead of one
+    file read and written whole at every run."""
+    monkeypatch.setattr(layout, "LEDGER_KEEP", 1)
+    before = flushes(tmp_path, 6)
+    assert compact(tmp_path).files_after == 1
+    big = files(tmp_path)[0]  # flushes 0-4 merged; 5 stays, in the ledger
+    for o in range(6, 10):
+        write_offsets(tmp_path, M, 0, A, o, o, metrics_table(messages(("a", DAY1 + o), first=o)))
+    after = hive_rows(tmp_path)
+    r = compact(tmp_path, max_source_bytes=big.stat().st_size)
+    assert (r.files_before, r.files_after) == (4, 1), "the large file merged again, or the small ones not"
+    assert big in files(tmp_path) and len(files(tmp_path)) == 3 and hive_rows(tmp_path) == after
+    assert set(before) <= set(after)
+
+
+def test_one_compaction_at_a_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A second compaction of the same archive while one runs (the sink's timer and an operator's command) stops
+    at once, saying so, and merges nothing."""
+    monkeypatch.setattr(layout, "LEDGER_KEEP", 1)
+    before = flushes(tmp_path, 4)
+    with compact_mod._locked(tmp_path):
+        with pytest.raises(compact_mod.CompactBusy, match="another compaction"):
+            compact(tmp_path)
+        assert len(files(tmp_path)) == 4
+    assert compact(tmp_path).files_before == 3 and hive_rows(tmp_path) == before
