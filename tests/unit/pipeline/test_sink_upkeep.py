@@ -38,7 +38,7 @@ class Commits:
 def sink(tmp_path: Path, **kw: Any) -> Archiver:
     s = Settings.load({}, bootstrap="127.0.0.1:1", archive_dir=str(tmp_path), sink_max_rows=1, **kw)
     arch = Archiver(s)
-    arch._ids = Ids()  # type: ignore[assignment]
+    arch._ids = Ids()
     return arch
 
 
@@ -48,8 +48,8 @@ def take(arch: Archiver, commits: Commits, offsets: range, when: dt.datetime = D
         t0 = int(when.timestamp() * 1e9) + o * 1_000_000_000
         b = KernelBatch.from_records([make_kernel_record(job="j", rank=r, op_seq=o, t_enter_ns=t0, t_exit_ns=t0 + 5)
                                       for r in range(2)])
-        arch._take(commits, arch.settings.metrics_topic, 0, o, t0 // 1_000_000, encode_batch(b))  # type: ignore[arg-type]
-        arch._flush_all(commits, force=False)  # type: ignore[arg-type]
+        arch._take(commits, arch.settings.metrics_topic, 0, o, t0 // 1_000_000, encode_batch(b))
+        arch._flush_all(commits, force=False)
 
 
 def parquet(root: Path) -> list[Path]:
