@@ -11,6 +11,9 @@ Unix socket and it sends one message per job and second for all of them, instead
 It is stopped, and flushes what it holds, after the command exits. A rank that cannot reach it
 sends directly (counted); an aggregator that cannot start leaves every rank sending directly. It
 serves Prometheus metrics on ``aggregator_metrics_port`` (``--metrics-port``; 0: off) while it runs.
+
+Without ``--job`` the ranks take the job's name from their scheduler (Slurm, torchrun, Kubernetes), else
+the name of this launch, which every process it starts shares (``job_identity``).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from types import FrameType
 from typing import Any
 
 from ccld.producers.attach.bootstrap import child_env, write_site_dir
+from ccld.producers.attach.job_identity import DEFAULT_JOB, LAUNCH_ENV, from_environment, launch_name
 from ccld.reachability import broker_reachable
 from ccld.settings import Settings
 
@@ -184,12 +188,29 @@ class KafkaWatch:
         return f"ccld run: Kafka at {self.bootstrap} {'was not reachable at times' if self.warned else 'reached'}{sent}"
 
 
+def launch_env(settings: Settings, env: dict[str, str]) -> dict[str, str]:
+    """``env`` with this launch's job name for the ranks (``CCLD_JOB_LAUNCH``) when no one named the job, and
+    the one line that says which name the ranks will use."""
+    if settings.job != DEFAULT_JOB:
+        return env
+    env = dict(env)
+    env.setdefault(LAUNCH_ENV, launch_name())
+    found = from_environment({k: v for k, v in env.items() if k != LAUNCH_ENV})
+    if found is not None:
+        print(f"ccld run: no --job: the job is {found.name} (from {found.source})", file=sys.stderr, flush=True)
+    else:
+        print(f"ccld run: no --job: the job is torchrun's rendezvous id where the ranks have one, else this "
+              f"launch's name, {env[LAUNCH_ENV]}", file=sys.stderr, flush=True)
+    return env
+
+
 def _run(cmd: list[str], args: argparse.Namespace, settings: Settings, sink: str, aggregator: Any) -> int:
     with tempfile.TemporaryDirectory(prefix="ccld-run-") as site_dir:
         env = prepare_env(
             settings, site_dir, sink=sink, heartbeat_ms=args.heartbeat_ms,
             source=getattr(args, "source", None), fr_poll_ms=getattr(args, "fr_poll_ms", None),
             aggregate_socket=aggregator.path if aggregator is not None else None,
+            base=launch_env(settings, dict(os.environ)),
         )  # fmt: skip
         try:
             proc = subprocess.Popen(cmd, env=env)

@@ -15,6 +15,7 @@ from ccld.bounded import DEFAULT_INTERVAL_S, DETAIL_MODES
 from ccld.errors import ConfigError
 from ccld.producers.attach.cost import HookTime, attachment_cpu_ns, cost_enabled
 from ccld.producers.attach.fr_poll import enqueued_total
+from ccld.producers.attach.job_identity import resolve as resolve_job
 from ccld.producers.attach.op_tracker import RecordSink, Tracker
 from ccld.producers.attach.outlet_spec import sink_from_spec
 from ccld.settings import Settings
@@ -333,8 +334,9 @@ def attach(
                           interval_s=interval_s or DEFAULT_INTERVAL_S, detail=detail)  # fmt: skip
         if incarnation is None:
             incarnation = _env_int("TORCHELASTIC_RESTART_COUNT", 0)
+        job = resolve_job(settings.job, os.environ)  # unnamed: the scheduler's identity (job_identity)
         hooks = TorchHooks(
-            tracker, job=settings.job, incarnation=incarnation, marker=load_marker_hook() if markers else None
+            tracker, job=job.name, incarnation=incarnation, marker=load_marker_hook() if markers else None
         )
         if cost if cost is not None else cost_enabled(os.environ):
             hooks.cost = HookTime()
@@ -366,7 +368,7 @@ def attach(
         if poller is not None:
             poller.start()
         _current = att
-        log.info("ccld attached to torch.distributed (job %s, source %s)", settings.job, source)
+        log.info("ccld attached to torch.distributed (job %s from %s, source %s)", job.name, job.source, source)
         return _current
 
 

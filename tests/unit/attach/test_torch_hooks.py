@@ -284,3 +284,18 @@ def test_the_attachments_threads_cpu_is_counted_and_the_training_threads_is_not(
         added = attachment_cpu_ns() - before
         assert (45_000_000 <= added <= 80_000_000) if counted else added < 10_000_000, (name, added)
         th.join()
+
+
+def test_an_unnamed_job_takes_its_schedulers_identity_and_a_named_one_keeps_its_name(
+        world: None, monkeypatch: Any) -> None:
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "rdzv-9")
+    for job, want in (("default", "torchelastic-rdzv-9"), ("mine", "mine")):
+        sink = ListSink()
+        att = attach(Settings.load({}, job=job), sink=sink, markers=False, detail="all")
+        try:
+            t = torch.ones(2)
+            dist.all_reduce(t)
+            att.flush()
+            assert {r.job for r in sink.records} == {want}
+        finally:
+            detach()
