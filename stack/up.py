@@ -29,6 +29,7 @@ from ccld.lifeline import Lifeline
 from ccld.metrics_http import metrics_url
 from ccld.security import kafka_config
 from ccld.settings import Settings
+from ccld.stack import up_state
 from ccld.stack.broker import EmbeddedBroker, free_port, wait_until_answers
 from ccld.stack.signals import stop_on_sigterm
 from ccld.stack.supervise import Backoff
@@ -267,6 +268,7 @@ def main(args: argparse.Namespace, settings: Settings) -> int:
     if alerts:
         settings = settings.replace(**alerts)  # the children read them from the environment (child_env)
     pipeline = Pipeline(settings, port=args.port, log_dir=args.logs, metrics_port=args.metrics_port)
+    state: Path | None = None
     stop_on_sigterm()
     try:
         pipeline.start(workers=args.workers)
@@ -282,6 +284,9 @@ def main(args: argparse.Namespace, settings: Settings) -> int:
         workers = [url.removesuffix("/metrics") for name, url in urls.items() if name.startswith("worker")]
         if workers:
             print("status: ccld status --job JOB " + " ".join(f"--worker {w}" for w in workers), flush=True)
+            # `ccld status` on this machine finds them without --worker
+            state = up_state.write(up_state.UpState(os.getpid(), pipeline.settings.bootstrap,
+                                                    settings.topic_prefix, tuple(workers)))
         while True:
             for line in pipeline.supervise():
                 print(f"ccld up: {line}", file=sys.stderr, flush=True)
@@ -290,4 +295,6 @@ def main(args: argparse.Namespace, settings: Settings) -> int:
         print("stopping...", flush=True)
         return 0
     finally:
+        if state is not None:
+            up_state.remove(state)
         pipeline.stop()

@@ -3,8 +3,9 @@
 Asks every worker's ``/status/`` page (each serves the jobs of its partitions; a job spread over
 several workers is merged), then prints the ranks grouped by what they do, who waits for whom, the
 open incidents and the communicators, stalled first. Without ``--job``: the jobs the workers hold.
-Workers: ``--worker`` (repeatable), else ``CCLD_STATUS_WORKERS`` (comma-separated URLs), else the
-worker web port of these settings on this machine.
+Workers: ``--worker`` (repeatable), else ``CCLD_STATUS_WORKERS`` (comma-separated URLs), else the workers of
+a ``ccld up`` running on this machine for the same topics (``stack.up_state``; which one is said on stderr),
+else the worker web port of these settings on this machine.
 """
 
 from __future__ import annotations
@@ -33,6 +34,14 @@ def worker_urls(args: argparse.Namespace, settings: Settings) -> list[str]:
         return list(args.worker)
     if settings.status_workers:
         return [u.strip() for u in settings.status_workers.split(",") if u.strip()]
+    from ccld.stack.up_state import running
+
+    ups = running(settings.topic_prefix, settings.bootstrap)
+    if ups:
+        for up in ups:
+            print(f"ccld status: asking the workers of `ccld up` (pid {up.pid}, broker {up.bootstrap}): "
+                  f"{', '.join(up.workers)}", file=sys.stderr)
+        return [w for up in ups for w in up.workers]
     return [f"http://127.0.0.1:{settings.worker_web_port or 6066}"]
 
 

@@ -325,6 +325,11 @@ def test_ccld_up_prints_a_metrics_url_for_each_service_and_each_answers(tmp_path
         st = subprocess.run([sys.executable, "-P", "-m", "ccld.cli", "status", "--worker", worker], env=env,
                             capture_output=True, text=True, timeout=30)
         assert st.returncode == 0 and "no job on these workers" in st.stdout, st.stdout + st.stderr
+        # and without --worker: it finds this `ccld up` (same topics) through the file ccld up wrote
+        st = subprocess.run([sys.executable, "-P", "-m", "ccld.cli", "status"], env=env, capture_output=True,
+                            text=True, timeout=30)
+        assert st.returncode == 0 and "no job on these workers" in st.stdout, st.stdout + st.stderr
+        assert f"the workers of `ccld up` (pid {up.pid}" in st.stderr and worker in st.stderr, st.stderr
     finally:
         up.send_signal(signal.SIGTERM)
         try:
