@@ -23,13 +23,13 @@ from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 
+from ccld import up_state
 from ccld.cli import count_arg, port_arg
 from ccld.errors import BrokerError
 from ccld.lifeline import Lifeline
 from ccld.metrics_http import metrics_url
 from ccld.security import kafka_config
 from ccld.settings import Settings
-from ccld.stack import up_state
 from ccld.stack.broker import EmbeddedBroker, free_port, wait_until_answers
 from ccld.stack.signals import stop_on_sigterm
 from ccld.stack.supervise import Backoff

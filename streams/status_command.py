@@ -4,7 +4,7 @@ Asks every worker's ``/status/`` page (each serves the jobs of its partitions; a
 several workers is merged), then prints the ranks grouped by what they do, who waits for whom, the
 open incidents and the communicators, stalled first. Without ``--job``: the jobs the workers hold.
 Workers: ``--worker`` (repeatable), else ``CCLD_STATUS_WORKERS`` (comma-separated URLs), else the workers of
-a ``ccld up`` running on this machine for the same topics (``stack.up_state``; which one is said on stderr),
+a ``ccld up`` running on this machine for the same topics (``ccld.up_state``; which one is said on stderr),
 else the worker web port of these settings on this machine.
 """
 
@@ -34,7 +34,7 @@ def worker_urls(args: argparse.Namespace, settings: Settings) -> list[str]:
         return list(args.worker)
     if settings.status_workers:
         return [u.strip() for u in settings.status_workers.split(",") if u.strip()]
-    from ccld.stack.up_state import running
+    from ccld.up_state import running
 
     ups = running(settings.topic_prefix, settings.bootstrap)
     if ups:

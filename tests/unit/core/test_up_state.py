@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from ccld import up_state
 from ccld.settings import Settings
-from ccld.stack import up_state
 from ccld.streams.status_command import worker_urls
 
 
