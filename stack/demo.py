@@ -110,8 +110,13 @@ def publish_all(scenarios: list[Any], producer: Any, speed: float) -> None:
     """Interleave the jobs' batches in simulated time, paced at ``speed`` x real time."""
     import heapq
 
+    from ccld.producers.simulator.emit import EPOCH_NS
+    from ccld.producers.simulator.publish import shifted
     from ccld.producers.simulator.sim import simulate
 
+    # the jobs start at the wall clock, as real ones do: the archive's days and the verdicts' times are today's
+    epoch = time.time()
+    offset_ns = int(epoch * 1e9) - EPOCH_NS
     streams = [simulate(sc) for sc in scenarios]
     heap: list[tuple[float, int, Any]] = []
     for i, it in enumerate(streams):
@@ -126,7 +131,7 @@ def publish_all(scenarios: list[Any], producer: Any, speed: float) -> None:
             lag = t / speed - (time.monotonic() - wall0)
             if lag > 0:
                 time.sleep(lag)
-        producer.send_batch(batch, timestamp_ms=int(t * 1000))
+        producer.send_batch(shifted(batch, offset_ns), timestamp_ms=int((epoch + t) * 1000))
         n += 1
         if t - last_print >= 15.0:
             print(f"  progress: simulated t={t:5.0f}s of {horizon:.0f}s, {n} batches sent", flush=True)

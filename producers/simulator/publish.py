@@ -1,11 +1,15 @@
-"""Send a simulated job's batches through the real producer, stamped with simulated time."""
+"""Send a simulated job's batches through the real producer, stamped with simulated time from an epoch."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from typing import Protocol
 
+import numpy as np
+
+from ccld.producers.simulator.emit import EPOCH_NS
 from ccld.producers.simulator.scenario import Scenario
 from ccld.producers.simulator.sim import simulate
 from ccld.records import KernelBatch
@@ -19,23 +23,44 @@ class BatchSender(Protocol):
     def send_batch(self, batch: KernelBatch, timestamp_ms: int | None = None) -> bool: ...
 
 
+#: the record columns that hold times on a rank's clock (ns; -1: none)
+TIME_COLUMNS = ("t_enter_ns", "t_exit_ns", "t_sample_ns")
+
+
+def shifted(batch: KernelBatch, offset_ns: int) -> KernelBatch:
+    """``batch`` with every time on the ranks' clocks ``offset_ns`` later (a -1, "none", stays)."""
+    if not offset_ns:
+        return batch
+    cols = dict(batch.columns)
+    for name in TIME_COLUMNS:
+        col = np.asarray(cols[name], dtype=np.int64)
+        cols[name] = np.where(col >= 0, col + np.int64(offset_ns), col)
+    return dataclasses.replace(batch, columns=cols)
+
+
 def publish(
-    scenario: Scenario, producer: BatchSender, realtime: bool = False, *, job: str | None = None
+    scenario: Scenario, producer: BatchSender, realtime: bool = False, *, job: str | None = None,
+    epoch_s: float = 0.0,
 ) -> dict[str, int]:
-    """Send every batch with ``timestamp_ms`` = its simulated delivery time (epoch 0 = sim start),
-    so a worker reading Kafka timestamps sees the same clock as the in-process benchmark.
+    """Send every batch with ``timestamp_ms`` = its simulated delivery time after ``epoch_s``, and the ranks'
+    clocks (which read ``emit.EPOCH_NS`` at time 0) moved to read ``epoch_s`` there. The benchmark keeps
+    epoch 0 (a worker reading Kafka timestamps sees the same clock as the in-process bench); ``ccld
+    simulate`` starts a job at the wall clock, as a real one does (its archive days and verdict times are
+    today's, its ranks' clocks agree with its timestamps).
 
     ``realtime`` paces the batches to the wall clock (a live demo); otherwise as fast as possible.
     Returns counts of batches, records and batches the producer refused.
     """
     t_wall0 = time.monotonic()
+    # the ranks' clocks read EPOCH_NS at simulated time 0 (emit.py): moved to read epoch_s there
+    offset_ns = int(round(epoch_s * 1e9)) - EPOCH_NS if epoch_s else 0
     batches = records = refused = 0
     for t, batch in simulate(scenario, job=job):
         if realtime:
             wait = t - (time.monotonic() - t_wall0)
             if wait > 0:
                 time.sleep(wait)
-        ok = producer.send_batch(batch, timestamp_ms=int(t * 1000))
+        ok = producer.send_batch(shifted(batch, offset_ns), timestamp_ms=int((epoch_s + t) * 1000))
         batches += 1
         records += batch.n
         # a producer that answers None (fire and forget) is taken as accepted

@@ -25,6 +25,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--id", action="append", default=[], dest="ids", help="run only this scenario id (repeatable)")
     parser.add_argument("--limit", type=int, default=0, help="run at most N scenarios")
     parser.add_argument("--realtime", action="store_true", help="pace batches to the wall clock")
+    parser.add_argument("--epoch", type=float, metavar="SECONDS",
+                        help="a job's time 0 in seconds since 1970 (default: the wall clock when it starts; "
+                        "0: simulated time as the benchmark stamps it)")
     parser.add_argument(
         "--dry-run", action="store_true", help="do not publish; print per-scenario record counts instead"
     )
@@ -88,7 +91,9 @@ def main(args: argparse.Namespace, settings: Settings) -> int:
         producer.check_broker()
         for sc in scenarios:
             t0 = time.perf_counter()
-            counts = publish(sc, producer, realtime=args.realtime, job=settings.job if args.job else None)
+            epoch = time.time() if args.epoch is None else args.epoch
+            counts = publish(sc, producer, realtime=args.realtime, job=settings.job if args.job else None,
+                             epoch_s=epoch)
             print(f"{sc.id}: {counts['batches']} batches, {counts['records']} records, "
                   f"{counts['refused']} refused in {time.perf_counter() - t0:.1f} s", flush=True)
         left = producer.flush(args.flush_timeout_s)

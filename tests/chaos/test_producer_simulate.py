@@ -89,3 +89,8 @@ def test_frozen_broker_with_spool_delivers_everything(broker: EmbeddedBroker, tm
     seen = {(b.producer, b.batch_seq) for b in batches}
     records = sum(b.n for b in {(b.producer, b.batch_seq): b for b in batches}.values())
     assert records == expected_records(), (records, len(seen), out)
+    # a simulated job starts at the wall clock, as a real one does: its ranks' clocks and its messages'
+    # timestamps are today's (not 1970's: archive days, verdict times, the worker's far-clock count)
+    started = time.time() - 120
+    enters = [int(t) for b in batches for t in b.col("t_enter_ns") if t >= 0]
+    assert enters and min(enters) / 1e9 > started and max(enters) / 1e9 < time.time() + 60, (min(enters), started)
