@@ -78,6 +78,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "verdicts": ("ccld.streams.tail", "tail the verdicts topic"),
     "status": ("ccld.streams.status_command", "a job's live status: ranks by what they do, who waits for whom"),
     "alert": ("ccld.sinks.alert_command", "deliver verdicts to Alertmanager and/or a webhook"),
+    "nodes": ("ccld.stack.nodes_command", "which machines keep breaking jobs: incidents per host, drain candidates"),
     "simulate": ("ccld.producers.simulator.simulate_command", "run a simulated training job with injected faults"),
     "bench": ("ccld.stack.bench", "benchmarks (bench accuracy --scenarios FILE)"),
     "run": ("ccld.producers.attach.run_command", "run a command with the PyTorch attachment active"),

@@ -155,6 +155,12 @@ class Settings:
     # the sink compacts its archive this often (and prunes past archive_retention_days when set; 0: never)
     sink_compact_every_s: float = 600.0
     sink_compact_max_file_mb: float = 64.0  # files this large are left as they are (a day: a few large files)
+    # the cluster's view (`ccld nodes`, the alert bridge's CcldHostSuspect): a host is a drain candidate when it
+    # was root cause in at least fleet_min_incidents incidents of fleet_min_jobs jobs within fleet_window_days
+    fleet_window_days: float = 7.0
+    fleet_min_incidents: int = 3
+    fleet_min_jobs: int = 2
+    fleet_half_life_h: float = 24.0  # each incident's share of a host's score halves this often
     sink_metrics_port: int = 9464  # `ccld sink` serves Prometheus metrics at http://<metrics_bind>:PORT/metrics; 0: off
     worker_app_id: str = "ccld-worker"  # Faust app id (consumer group and changelog names)
     worker_web_port: int = 0  # 0: no web server
@@ -341,6 +347,9 @@ def _validate(s: Settings) -> None:
     for name in ("worker_web_port", "sink_metrics_port", "alert_metrics_port", "aggregator_metrics_port"):
         if not 0 <= getattr(s, name) <= 65535:
             raise ConfigError(f"{name} must be a port from 0 (off) to 65535, got {getattr(s, name)}")
+    if s.fleet_window_days <= 0 or s.fleet_half_life_h <= 0 or s.fleet_min_incidents < 1 or s.fleet_min_jobs < 1:
+        raise ConfigError("fleet_window_days and fleet_half_life_h must be positive, fleet_min_incidents and "
+                          "fleet_min_jobs at least 1")
     if s.sink_compact_max_file_mb <= 0:
         raise ConfigError(f"sink_compact_max_file_mb must be positive, got {s.sink_compact_max_file_mb}")
     if s.alert_backlog_max < 1:

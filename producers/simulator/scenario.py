@@ -24,7 +24,9 @@ layout's ``ep`` splits the data-parallel replicas into expert groups, ``Layout``
 only, on a whole host's network interface: ``{"kind": "S2", "nic": 3}`` (or ``"node-0003"``) and
 no rank or peer slows (stops) every network link leaving node 3 (its ring successors and pipeline
 partners on other nodes: ``Fault.links``). Links other than ``tp`` need the Megatron-style
-workload. ``expect`` is ground truth for scoring only:
+workload. ``hosts`` names the job's nodes (one distinct name per node, in rank order; default
+``node-0000``, ``node-0001``, ...), so jobs of a fleet can share machines; a ``nic`` may then be given by
+its host's name. ``expect`` is ground truth for scoring only:
 the simulator never hands it (or the faults) to the analyzer.
 """
 
@@ -70,7 +72,7 @@ FAULT_FIELDS: dict[str, dict[str, Any]] = {
 
 _TOP_KEYS = frozenset(
     {"id", "seed", "ranks", "gpus_per_node", "layout", "channels", "step_time_s", "duration_s",
-     "clock_skew_s", "clock_drift_ppm", "jitter", "sample_interval_s", "faults", "expect", "workload"}
+     "clock_skew_s", "clock_drift_ppm", "jitter", "sample_interval_s", "faults", "expect", "workload", "hosts"}
 )
 
 
@@ -172,6 +174,7 @@ class Scenario:
     faults: tuple[Fault, ...] = ()
     expect: tuple[Expectation, ...] = ()
     workload: Workload | None = None  # None: the simple four-ops-per-step model of engine.py
+    hosts: tuple[str, ...] = ()  # one name per node (empty: node-0000, node-0001, ...)
     raw: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @property
@@ -190,6 +193,10 @@ class Scenario:
     @property
     def nodes(self) -> int:
         return (self.ranks - 1) // self.gpus_per_node + 1
+
+    def host_name(self, node: int) -> str:
+        """The name of node ``node``: from ``hosts``, else ``node-NNNN``."""
+        return self.hosts[node] if self.hosts else f"node-{node:04d}"
 
     def link_peers(self, comm: str, rank: int) -> tuple[int, ...]:
         """The ranks ``rank`` sends to in its ``comm`` family (ring successor, pipeline partners)."""
@@ -251,6 +258,7 @@ class Scenario:
             workload=None if d.get("workload") is None else Workload.from_dict(d["workload"], sid),
             raw=dict(d),
         )
+        sc = _replace(sc, hosts=_hosts(d.get("hosts"), sc))
         if layout.ep > 1 and sc.workload is None:
             raise ScenarioError(f"scenario {sid}: expert parallelism (layout ep={layout.ep}) needs the Megatron-style "
                                 "workload (a 'workload' object)")
@@ -420,13 +428,28 @@ def _link_target(raw: Mapping[str, Any], vals: Mapping[str, Any], sc: Scenario, 
     return {"rank": rank, "peer": peer, "comm": comm, "links": ((comm, rank, peer),)}
 
 
+def _hosts(v: Any, sc: Scenario) -> tuple[str, ...]:
+    """``hosts``: absent, or one distinct non-empty name per node."""
+    if v is None:
+        return ()
+    if not isinstance(v, list) or not all(isinstance(h, str) and h.strip() for h in v):
+        raise ScenarioError(f"scenario {sc.id}: 'hosts' must be a list of host names, got {v!r}")
+    if len(v) != sc.nodes or len(set(v)) != len(v):
+        raise ScenarioError(f"scenario {sc.id}: 'hosts' needs {sc.nodes} distinct names (one per node of "
+                            f"{sc.gpus_per_node} GPUs), got {len(v)} ({len(set(v))} distinct)")
+    return tuple(str(h) for h in v)
+
+
 def _node(v: Any, sc: Scenario, where: str) -> int:
-    """A node index from ``3`` or ``"node-0003"``."""
+    """A node index from ``3``, ``"node-0003"`` or (with ``hosts``) the node's host name."""
     node = v
-    if isinstance(v, str) and v.startswith("node-") and v[5:].isdigit():
+    if isinstance(v, str) and v in sc.hosts:
+        node = sc.hosts.index(v)
+    elif isinstance(v, str) and v.startswith("node-") and v[5:].isdigit():
         node = int(v[5:])
     if isinstance(node, bool) or not isinstance(node, int) or not 0 <= node < sc.nodes:
-        raise ScenarioError(f"{where}: nic must be a node index 0..{sc.nodes - 1} or 'node-NNNN', got {v!r}")
+        raise ScenarioError(f"{where}: nic must be a node index 0..{sc.nodes - 1}, 'node-NNNN' or a name of "
+                            f"'hosts', got {v!r}")
     return node
 
 

@@ -30,10 +30,6 @@ def comm_hash_of(tag: str, ranks: npt.ArrayLike) -> int:
     return to_signed64(int.from_bytes(h.digest(), "little"))
 
 
-def host_name(node: int) -> str:
-    return f"node-{node:04d}"
-
-
 @dataclass(frozen=True, eq=False)
 class Topology:
     """Communicator tables of one job; per-rank arrays are indexed by global rank."""
@@ -75,7 +71,7 @@ class Topology:
         n, tp, pp, dp = sc.ranks, sc.layout.tp, sc.layout.pp, sc.layout.dp
         r = np.arange(n, dtype=np.int64)
         host_of = r // sc.gpus_per_node
-        hosts = tuple(host_name(i) for i in range(int(host_of[-1]) + 1))
+        hosts = tuple(sc.host_name(i) for i in range(int(host_of[-1]) + 1))
         tp_i, pp_i, dp_i = r % tp, (r // tp) % pp, r // (tp * pp)
         hashes: list[int] = []
         sizes: list[int] = []

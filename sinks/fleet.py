@@ -1,0 +1,146 @@
+"""The cluster's view: which machines keep breaking jobs. Pure: verdicts in, per-host standing out.
+
+An incident answers "what broke this job"; a machine whose GPU computes slowly or whose NIC flaps hurts
+every job placed on it, and each job alone sees one incident. ``HostTracker`` takes the verdicts of every
+job (in any order, repeats and later states of an incident included) and keeps, per incident, when it was
+first reported, its job, and its latest class and root-cause hosts. Per host it then gives the incidents
+it was root cause of within a window, by class and job, a score that halves every ``half_life_s``, and
+whether it is a **drain candidate**: root cause in at least ``min_incidents`` incidents of at least
+``min_jobs`` different jobs within ``window_s`` (one job's own bug, hitting the same rank at every restart,
+is one job). Only root-cause hosts count, never the hosts of ranks that merely waited; a NIC or link
+incident counts for the host the analyzer names (the host whose interface, or whose sending rank, is
+slow). An incident that names more than ``max_hosts`` hosts blames no one machine: it is listed for each,
+never counted toward a candidate. Used by ``ccld nodes``, the alert bridge (``CcldHostSuspect``, the
+``ccld_host_suspect_score`` gauge) and ``benchmarks/fleet.py``.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ccld.records import Verdict
+from ccld.settings import Settings
+
+DAY_S = 86_400.0
+
+
+@dataclass(frozen=True)
+class FleetSettings:
+    window_s: float = 7 * DAY_S  # incidents older than this are forgotten
+    min_incidents: int = 3  # a candidate was root cause in at least this many incidents ...
+    min_jobs: int = 2  # ... of at least this many different jobs, within the window
+    half_life_s: float = DAY_S  # the score of an incident halves every half_life_s
+    max_hosts: int = 2  # an incident naming more hosts than this blames no one machine
+
+    def __post_init__(self) -> None:
+        if self.window_s <= 0 or self.half_life_s <= 0 or self.min_incidents < 1 or self.min_jobs < 1 \
+                or self.max_hosts < 1:
+            raise ValueError(f"fleet settings out of range: {self}")
+
+
+def fleet_settings(settings: Settings) -> FleetSettings:
+    """The tracker's rule from the ``fleet_*`` settings."""
+    return FleetSettings(window_s=settings.fleet_window_days * DAY_S, min_incidents=settings.fleet_min_incidents,
+                         min_jobs=settings.fleet_min_jobs, half_life_s=settings.fleet_half_life_h * 3600.0)
+
+
+@dataclass
+class HostIncident:
+    incident_id: str
+    job: str
+    kind: str
+    first_s: float  # when it was first reported (the analyzer's clock)
+    hosts: tuple[str, ...]  # its root-cause hosts, as last reported
+    evidence: str = ""
+
+
+@dataclass(frozen=True)
+class HostStanding:
+    """One host's record within the window, as of ``now``."""
+
+    host: str
+    incidents: int  # counted toward a candidate (naming at most max_hosts hosts)
+    jobs: int  # distinct jobs among them
+    by_kind: dict[str, int]
+    score: float
+    candidate: bool
+    first_s: float
+    last_s: float
+    spread: int = 0  # incidents naming more hosts: listed, not counted
+    recent: tuple[HostIncident, ...] = field(default=(), repr=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"host": self.host, "candidate": self.candidate, "score": round(self.score, 3),
+                "incidents": self.incidents, "jobs": self.jobs, "by_kind": dict(sorted(self.by_kind.items())),
+                "spread_incidents": self.spread, "first_s": self.first_s, "last_s": self.last_s,
+                "recent": [{"incident_id": i.incident_id, "job": i.job, "kind": i.kind, "time_s": i.first_s,
+                            "evidence": i.evidence} for i in self.recent]}  # fmt: skip
+
+
+class HostTracker:
+    """Per-incident memory of root-cause hosts; ``standings(now)`` per host (see the module doc)."""
+
+    def __init__(self, settings: FleetSettings | None = None) -> None:
+        self.settings = settings or FleetSettings()
+        self.incidents: dict[str, HostIncident] = {}
+
+    def observe(self, v: Verdict) -> None:
+        """Take one verdict of any state; the first seen of an incident sets its time, the newest its claim."""
+        inc = self.incidents.get(v.incident_id)
+        if inc is None:
+            self.incidents[v.incident_id] = HostIncident(v.incident_id, v.job, v.kind.value, v.detected_time,
+                                                         tuple(v.root_cause_hosts), v.evidence)
+            return
+        if v.detected_time < inc.first_s:  # read out of order (partitions, a replay): the earliest is the onset
+            inc.first_s = v.detected_time
+        if v.root_cause_hosts:  # a RESOLVED or CLOSED verdict repeats the claim; an empty one keeps it
+            inc.kind, inc.hosts, inc.evidence = v.kind.value, tuple(v.root_cause_hosts), v.evidence
+
+    def observe_all(self, verdicts: Iterable[Verdict]) -> HostTracker:
+        for v in verdicts:
+            self.observe(v)
+        return self
+
+    def forget_before(self, t_s: float) -> None:
+        """Drop incidents first reported before ``t_s`` (the window's start): memory stays bounded."""
+        for iid in [i for i, inc in self.incidents.items() if inc.first_s < t_s]:
+            del self.incidents[iid]
+
+    def standings(self, now_s: float, *, window_s: float | None = None) -> list[HostStanding]:
+        """Every host root cause of an incident in the window ending at ``now_s``: candidates first, then by
+        score."""
+        st = self.settings
+        start = now_s - (st.window_s if window_s is None else window_s)
+        per_host: dict[str, list[HostIncident]] = {}
+        for inc in self.incidents.values():
+            if start <= inc.first_s <= now_s:
+                for h in dict.fromkeys(inc.hosts):
+                    per_host.setdefault(h, []).append(inc)
+        out = []
+        for host, incs in per_host.items():
+            counted = [i for i in incs if len(set(i.hosts)) <= st.max_hosts]
+            jobs = {i.job for i in counted}
+            score = sum(0.5 ** (max(now_s - i.first_s, 0.0) / st.half_life_s) / len(set(i.hosts)) for i in counted)
+            out.append(HostStanding(
+                host=host, incidents=len(counted), jobs=len(jobs), by_kind=dict(Counter(i.kind for i in counted)),
+                score=score, candidate=len(counted) >= st.min_incidents and len(jobs) >= st.min_jobs,
+                first_s=min(i.first_s for i in incs), last_s=max(i.first_s for i in incs),
+                spread=len(incs) - len(counted), recent=tuple(sorted(incs, key=lambda i: -i.first_s)[:5]),
+            ))  # fmt: skip
+        return sorted(out, key=lambda h: (not h.candidate, -h.score, h.host))
+
+    def candidates(self, now_s: float) -> list[HostStanding]:
+        return [h for h in self.standings(now_s) if h.candidate]
+
+
+def describe(h: HostStanding) -> str:
+    """One line for a person: the host, whether to drain it, and why."""
+    kinds = ", ".join(f"{n} {k}" for k, n in sorted(h.by_kind.items(), key=lambda kv: (-kv[1], kv[0])))
+    verdict = "DRAIN CANDIDATE" if h.candidate else "watch"
+    spread = f" (+{h.spread} naming several hosts)" if h.spread else ""
+    return (f"{h.host}: {verdict}: root cause of {h.incidents} incidents{spread} in {h.jobs} jobs ({kinds or '-'}), "
+            f"score {h.score:.2f}")
+

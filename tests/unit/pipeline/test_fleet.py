@@ -1,0 +1,69 @@
+"""The cluster's view: a host is a drain candidate after enough incidents of enough jobs, victims never count."""
+
+from __future__ import annotations
+
+import pytest
+
+from ccld.records import AnomalyKind, Verdict, VerdictState
+from ccld.sinks.fleet import DAY_S, FleetSettings, HostTracker, describe
+from factories import make_verdict
+
+H = 3600.0
+
+
+def incident(iid: str, job: str, host: str | tuple[str, ...], t: float, kind: AnomalyKind = AnomalyKind.S1,
+             state: VerdictState = VerdictState.OPEN) -> Verdict:
+    hosts = (host,) if isinstance(host, str) else host
+    return make_verdict(incident_id=iid, job=job, kind=kind, state=state, root_cause_hosts=hosts, detected_time=t,
+                        evidence=f"{kind.value} on {hosts[0]}")
+
+
+def test_three_incidents_of_two_jobs_make_a_candidate_and_one_jobs_restarts_do_not() -> None:
+    tr = HostTracker()
+    tr.observe_all([incident("a1", "job-a", "bad", 1 * H), incident("a2", "job-a", "bad", 2 * H)])
+    assert tr.candidates(3 * H) == []
+    tr.observe(incident("b1", "job-b", "bad", 4 * H, AnomalyKind.H1))
+    (h,) = tr.candidates(5 * H)
+    assert (h.host, h.incidents, h.jobs, h.by_kind) == ("bad", 3, 2, {"S1": 2, "H1": 1})
+    assert "DRAIN CANDIDATE" in describe(h) and "3 incidents" in describe(h)
+    # one job restarted on the same host, hitting the same rank every time: its own bug, one job
+    tr2 = HostTracker().observe_all([incident(f"r{i}", "job-r", "h", i * H) for i in range(5)])
+    assert tr2.candidates(6 * H) == [] and tr2.standings(6 * H)[0].incidents == 5
+
+
+def test_every_state_of_an_incident_is_one_incident_at_its_first_report_with_its_newest_claim() -> None:
+    tr = HostTracker()
+    tr.observe(incident("i", "j", "h1", 10.0, AnomalyKind.S1))
+    tr.observe(incident("i", "j", "h2", 30.0, AnomalyKind.S3, VerdictState.UPDATE))  # a better root cause
+    tr.observe(make_verdict(incident_id="i", job="j", state=VerdictState.CLOSED, detected_time=90.0))  # no hosts
+    tr.observe(incident("i", "j", "h2", 5.0, AnomalyKind.S3, VerdictState.UPDATE))  # read out of order
+    (h,) = tr.standings(100.0)
+    assert (h.host, h.incidents, h.by_kind, h.first_s) == ("h2", 1, {"S3": 1}, 5.0)
+
+
+def test_victims_never_count_and_an_incident_naming_many_hosts_blames_no_one() -> None:
+    v = make_verdict(incident_id="x", job="j", root_cause_hosts=("root",), affected_ranks=tuple(range(64)),
+                     detected_time=1.0)
+    tr = HostTracker().observe_all([v])
+    assert [h.host for h in tr.standings(2.0)] == ["root"]
+    wide = HostTracker(FleetSettings(min_incidents=1, min_jobs=1))
+    wide.observe_all([incident(f"w{i}", f"j{i}", ("a", "b", "c"), float(i)) for i in range(4)])
+    assert all(h.incidents == 0 and h.spread == 4 and not h.candidate for h in wide.standings(10.0))
+    pair = HostTracker(FleetSettings(min_incidents=1, min_jobs=1)).observe_all([incident("p", "j", ("a", "b"), 1.0)])
+    assert {h.host: h.score for h in pair.standings(1.0)} == pytest.approx({"a": 0.5, "b": 0.5})  # a link: both ends
+
+
+def test_the_score_halves_each_half_life_and_the_window_forgets() -> None:
+    st = FleetSettings(window_s=2 * DAY_S, half_life_s=DAY_S)
+    tr = HostTracker(st).observe_all([incident("a", "j1", "h", 0.0), incident("b", "j2", "h", 0.0),
+                                      incident("c", "j3", "h", 0.0)])
+    assert tr.standings(0.0)[0].score == pytest.approx(3.0)
+    assert tr.standings(DAY_S)[0].score == pytest.approx(1.5) and tr.standings(DAY_S)[0].candidate
+    assert tr.standings(2 * DAY_S + 1) == []  # out of the window: not a candidate any more
+    tr.forget_before(1.0)
+    assert tr.incidents == {}
+
+
+def test_bad_settings_are_refused() -> None:
+    with pytest.raises(ValueError):
+        FleetSettings(min_jobs=0)
