@@ -27,7 +27,8 @@ def archive(root: Path, now: float) -> None:
                             affected_ranks=(0, 1), detected_time=now - ago_s)
 
     vs = [v("a", "j1", AnomalyKind.S1, "bad-1", 7200),
-          v("a", "j1", AnomalyKind.S1, "bad-1", 7000, VerdictState.RESOLVED), v("b", "j2", AnomalyKind.H1, "bad-1", 3600), v("c", "j3", AnomalyKind.S2, "bad-1", 600),
+          v("a", "j1", AnomalyKind.S1, "bad-1", 7000, VerdictState.RESOLVED),
+          v("b", "j2", AnomalyKind.H1, "bad-1", 3600), v("c", "j3", AnomalyKind.S2, "bad-1", 600),
           v("d", "j3", AnomalyKind.H3, "good-7", 500), v("e", "j0", AnomalyKind.H1, "old-2", 30 * 86_400)]
     for o, x in enumerate(vs):
         write_offsets(root, s.verdicts_topic, 0, INC, o, o, verdicts_table([(o, int(x.detected_time * 1000), x)]))
