@@ -8,7 +8,9 @@ labels and fires the new one, so no stale alert is left firing. ``resolved`` (an
 where ``VerdictState`` has it) sets ``endsAt`` to now. Open incidents are re-posted every
 ``alert_repeat_s`` with ``endsAt`` a few periods ahead: Alertmanager resolves an alert that is not
 re-sent, and so an alert whose sender died resolves by itself instead of firing forever.
-``ccld.sinks.alerts`` does the consuming and the HTTP.
+A host that the fleet tracker (``sinks.fleet``) makes a drain candidate is one more alert,
+``CcldHostSuspect`` (labels ``host``, ``severity`` warning), re-posted like an open incident while it
+stays a candidate and resolved when it no longer is. ``ccld.sinks.alerts`` does the consuming and the HTTP.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from ccld.records import Verdict, VerdictState
+from ccld.sinks.fleet import HostStanding, describe, drain_action
 
 #: ``endsAt`` of a firing alert is this many repeat periods ahead: one lost re-post does not resolve it.
 TTL_REPEATS = 3
@@ -29,6 +32,8 @@ ENDING_STATES = frozenset(s for s in VerdictState if s.value in ("resolved", "cl
 OPEN_MAX = 10_000
 #: Resolved incident ids remembered, so a late repeat of their ``open`` does not fire them again.
 RESOLVED_MEMORY = 10_000
+#: The alert of a drain candidate (``sinks.fleet``): one per host, while it is a candidate.
+SUSPECT_ALERT = "CcldHostSuspect"
 #: A verdict time this far from the wall clock is not wall time (the simulator stamps simulated seconds).
 PLAUSIBLE_CLOCK_S = 7 * 86_400.0
 
@@ -186,6 +191,23 @@ class IncidentTable:
             del self.open[iid]
         for iid in [i for i, p in self.resolved.items() if p in partitions]:
             del self.resolved[iid]
+
+
+def suspect_labels(host: str) -> dict[str, str]:
+    return {"alertname": SUSPECT_ALERT, "severity": "warning", "host": host}
+
+
+def suspect_alert(h: HostStanding, starts_at: float, ends_at: float) -> dict[str, Any]:
+    """``CcldHostSuspect`` for a drain candidate (``sinks.fleet``): one alert per host, its runbook action."""
+    jobs = ", ".join(dict.fromkeys(i.job for i in h.recent))
+    notes = {"summary": describe(h), "action": drain_action(h), "score": f"{h.score:.2f}",
+             "recent_jobs": jobs, "list": "ccld nodes"}
+    return am_alert(suspect_labels(h.host), notes, starts_at, ends_at)
+
+
+def suspect_ended_alert(host: str, starts_at: float, now: float) -> dict[str, Any]:
+    """The same alert resolved: the host is no longer a drain candidate (its incidents aged out of the window)."""
+    return am_alert(suspect_labels(host), {"summary": f"{host}: no longer a drain candidate"}, starts_at, now)
 
 
 def repost_alerts(incidents: list[OpenIncident], now: float, ttl_s: float) -> list[dict[str, Any]]:

@@ -11,6 +11,9 @@ a restart re-reads what was not delivered. Repeats are dropped on ``Verdict.dedu
 On every partition assignment the partition is read from its beginning: what lies before the
 committed offset was delivered already and only rebuilds the table of open incidents, which are then
 re-posted to Alertmanager every ``alert_repeat_s`` (a restarted service keeps their alerts firing).
+Every verdict, replayed or new, also feeds the fleet tracker (``sinks.fleet``): a host that becomes a
+drain candidate fires ``CcldHostSuspect`` in Alertmanager (re-posted like an open incident, resolved when
+it no longer is one), and every host's standing is on ``/metrics`` (``ccld_host_suspect_score``).
 Counters go to the log as one JSON line (``counters {...}``) when they change, at most every 5 s,
 and at exit.
 """
@@ -45,8 +48,11 @@ from ccld.sinks.alert_payloads import (
     alertmanager_alerts,
     repost_alerts,
     slack_body,
+    suspect_alert,
+    suspect_ended_alert,
     webhook_body,
 )
+from ccld.sinks.fleet import HostStanding, HostTracker, fleet_settings
 
 log = logging.getLogger(__name__)
 
@@ -168,7 +174,8 @@ class AlertService:
         self.seen: OrderedDict[str, None] = OrderedDict()
         self.counters: dict[str, int] = dict.fromkeys((
             "messages", "verdicts", "duplicates", "undecodable", "stale", "replayed", "pauses", "reposts",
-            "repost_failures", "commits", "commit_errors", "kafka_errors", "backlog", "open_incidents"), 0)
+            "repost_failures", "commits", "commit_errors", "kafka_errors", "backlog", "open_incidents",
+            "suspect_hosts", "suspect_posts", "suspect_post_failures"), 0)
         for r in self.receivers:
             for what in ("delivered", "failures", "rejected"):
                 self.counters[f"{what}_{r.name}"] = 0
@@ -177,6 +184,10 @@ class AlertService:
         self._paused = False
         self._report_at = 0.0
         self._repost_check_at = 0.0
+        self.fleet = HostTracker(fleet_settings(settings))
+        self.hosts: list[HostStanding] = []  # the tracker's standings as last computed (read by /metrics)
+        self._suspects: dict[str, tuple[float, float]] = {}  # candidate host -> (alert start, last posted)
+        self._fleet_at = 0.0
         self._reported = ""
         self.final_line = ""  # the counters at exit, gauges taken before the consumer closed
 
@@ -242,6 +253,7 @@ class AlertService:
                 self._poll(consumer)
                 self._deliver(stop)
                 self._repost()
+                self._fleet()
                 self._commit(consumer)
                 self._report()
             self._commit(consumer)
@@ -296,6 +308,7 @@ class AlertService:
             if not replaying:
                 self.backlog.add(partition, offset, None)
             return True
+        self.fleet.observe(v)  # every state, replayed or new, repeats too: the tracker keeps one per incident
         key = v.dedupe_key
         repeat = key in self.seen
         self.seen[key] = None
@@ -381,6 +394,47 @@ class AlertService:
         self.counters["reposts"] += len(due)
         for inc in due:
             self.table.posted(inc.verdict.incident_id, now)
+
+    def _fleet(self) -> None:
+        """Once a second: the hosts' standings; ``CcldHostSuspect`` for new candidates at once, re-posted every
+        ``alert_repeat_s``, resolved for hosts that are no longer candidates."""
+        now = time.time()
+        if now < self._fleet_at:
+            return
+        self._fleet_at = now + 1.0
+        st = self.fleet.settings
+        self.fleet.forget_before(now - st.window_s)
+        self.hosts = self.fleet.standings(now)
+        cands = {h.host: h for h in self.hosts if h.candidate}
+        self.counters["suspect_hosts"] = len(cands)
+        am = self.am
+        if am is None or time.monotonic() < am.retry_at:
+            return
+        ended = [h for h in self._suspects if h not in cands]
+        every = self.settings.alert_repeat_s
+        due = [h for h in cands if h not in self._suspects or now - self._suspects[h][1] >= every]
+        if not ended and not due:
+            return
+        ttl = TTL_REPEATS * self.settings.alert_repeat_s
+        body = [suspect_alert(cands[h], self._suspects.get(h, (now, 0.0))[0], now + ttl) for h in cands]
+        body += [suspect_ended_alert(h, self._suspects[h][0], now) for h in ended]
+        try:
+            am.target.post(body)
+        except DeliveryError as exc:
+            self.counters["suspect_post_failures"] += 1
+            delay = am.failed(time.monotonic(), self.settings.alert_retry_max_s)
+            log.warning("posting %d suspect hosts to alertmanager failed: %s; retrying in %.1f s", len(body), exc,
+                        delay)
+            return
+        am.succeeded()
+        for h in cands:
+            if h not in self._suspects:
+                log.warning("host %s is a drain candidate: %s", h, cands[h].by_kind)
+            self._suspects[h] = (self._suspects.get(h, (now, 0.0))[0], now)
+        for h in ended:
+            log.info("host %s is no longer a drain candidate", h)
+            del self._suspects[h]
+        self.counters["suspect_posts"] += 1
 
     def _commit(self, consumer: Consumer) -> None:
         offsets = self.backlog.committable()

@@ -136,6 +136,24 @@ class HostTracker:
         return [h for h in self.standings(now_s) if h.candidate]
 
 
+#: what to check on a drained host, by the classes it was root cause of (docs/runbook.md, "Drain candidates")
+CHECKS = {
+    "H1": "the GPU and its process: Xid errors in the kernel log, nvidia-smi -q (ECC, retired pages), dcgmi diag -r 3",
+    "H2": "the software: a node with another driver, CUDA, NCCL or framework version than its peers",
+    "H3": "the NIC, cable and switch port: ibstat, perfquery or ethtool -S error counters, link flaps in the log",
+    "S1": "the GPU's clocks and thermals (nvidia-smi -q -d CLOCK,PERFORMANCE,TEMPERATURE), dcgmi diag -r 3",
+    "S2": "the NIC: link speed and width, error and retransmit counters (ethtool -S, perfquery), the cable",
+    "S3": "both the GPU (clocks, thermals, dcgmi diag) and the NIC (counters, link speed)",
+}
+
+
+def drain_action(h: HostStanding) -> str:
+    """The runbook's action for a candidate: drain it, then the checks of the classes it was root cause of."""
+    checks = "; ".join(f"{k}: {CHECKS[k]}" for k in sorted(h.by_kind) if k in CHECKS)
+    return (f"drain {h.host} (no new jobs; move the running ones when they can checkpoint), then check "
+            f"{checks or 'the node'}; put it back after the checks pass")
+
+
 def describe(h: HostStanding) -> str:
     """One line for a person: the host, whether to drain it, and why."""
     kinds = ", ".join(f"{n} {k}" for k, n in sorted(h.by_kind.items(), key=lambda kv: (-kv[1], kv[0])))

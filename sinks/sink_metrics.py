@@ -11,6 +11,7 @@ import time
 from ccld.metrics import Family
 from ccld.sinks.alerts import AlertService
 from ccld.sinks.archiver import Archiver
+from ccld.sinks.fleet import HostStanding
 
 #: metric name, the archiver's counter, help
 SINK_COUNTERS = (
@@ -90,4 +91,21 @@ def alert_families(service: AlertService) -> list[Family]:
         since = r.failing_since
         failing.add(0.0 if since is None else round(now - since, 3), receiver=r.name)
     out.append(failing)
+    out += host_families(list(service.hosts))
     return out
+
+
+def host_families(hosts: list[HostStanding]) -> list[Family]:
+    """The fleet tracker's standings (``sinks.fleet``): each host root cause of an incident in the window."""
+    score = Family("ccld_host_suspect_score", "gauge", "A host's fleet score: its root-cause incidents in the "
+                   "window, each counting 1 halved every fleet_half_life_h (split among the hosts it names).",
+                   ("host",))
+    cand = Family("ccld_host_drain_candidate", "gauge", "1 for a drain candidate: root cause in fleet_min_incidents "
+                  "incidents of fleet_min_jobs jobs within fleet_window_days.", ("host",))
+    incidents = Family("ccld_host_incidents", "gauge", "Incidents a host was root cause of within the window.",
+                       ("host",))
+    for h in hosts:
+        score.add(round(h.score, 4), host=h.host)
+        cand.add(1 if h.candidate else 0, host=h.host)
+        incidents.add(h.incidents, host=h.host)
+    return [score, cand, incidents]

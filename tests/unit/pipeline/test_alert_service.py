@@ -15,7 +15,7 @@ import pytest
 
 import ccld.sinks.alerts as alerts
 from ccld.errors import ConfigError
-from ccld.records import Verdict, VerdictState
+from ccld.records import AnomalyKind, Verdict, VerdictState
 from ccld.schemas.codec import encode_verdict
 from ccld.settings import Settings
 from ccld.sinks.alerts import AlertService, DeliveryError, alertmanager_url, shown_url
@@ -117,7 +117,7 @@ def run(verdicts: list[Verdict], script: list[DeliveryError], monkeypatch: pytes
     monkeypatch.setattr(alerts, "time", clock)
     service = AlertService(Settings.load({}, bootstrap="kafka:9092", alert_webhook_url="http://hook", **settings))
     target = Target(script)
-    service.receivers[0].target = target  # type: ignore[assignment]
+    service.receivers[0].target = target
     stop = threading.Event()
     consumer = FakeConsumer([encode_verdict(v) for v in verdicts], clock, stop, lambda: done(target), target)
     monkeypatch.setattr(service, "_consumer", lambda: consumer)
@@ -183,3 +183,38 @@ def test_logs_never_show_a_webhook_s_path_or_credentials() -> None:
     assert shown_url("https://hooks.slack.com/services/T000/B000/XXXX") == "https://hooks.slack.com/..."
     assert shown_url("http://user:secret@10.0.0.5:8080/hook?token=t") == "http://10.0.0.5:8080/..."
     assert shown_url("http://10.0.0.5:8080") == "http://10.0.0.5:8080"
+
+
+def test_a_host_root_cause_in_three_incidents_of_two_jobs_fires_ccld_host_suspect(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fleet tracker in the bridge: the drain candidate fires one CcldHostSuspect with the runbook's action;
+    the host of a single incident and the victims' hosts do not; /metrics carries every host's standing."""
+    from ccld.metrics import render
+    from ccld.sinks.sink_metrics import alert_families
+
+    clock = Clock()
+    monkeypatch.setattr(alerts, "time", clock)
+    now = clock.time()
+    sent = [make_verdict(incident_id=f"i{n}", job=job, kind=kind, root_cause_hosts=(host,), detected_time=now - 60,
+                         affected_ranks=(0, 1, 2))
+            for n, (job, kind, host) in enumerate([("j1", AnomalyKind.S1, "bad-1"), ("j1", AnomalyKind.S1, "bad-1"),
+                                                   ("j2", AnomalyKind.H1, "bad-1"), ("j3", AnomalyKind.S2, "once-2")])]
+    service = AlertService(Settings.load({}, bootstrap="kafka:9092", alert_alertmanager_url="http://am:9093"))
+    target = Target([])
+    service.receivers[0].target = target
+    stop = threading.Event()
+
+    def suspects() -> list[dict[str, Any]]:
+        return [a for body in target.taken for a in body if a["labels"]["alertname"] == "CcldHostSuspect"]
+
+    consumer = FakeConsumer([encode_verdict(v) for v in sent], clock, stop, lambda: bool(suspects()), target)
+    monkeypatch.setattr(service, "_consumer", lambda: consumer)
+    service.run(stop)
+    (alert,) = suspects()
+    assert alert["labels"] == {"alertname": "CcldHostSuspect", "severity": "warning", "host": "bad-1"}
+    assert "drain bad-1" in alert["annotations"]["action"] and "S1:" in alert["annotations"]["action"]
+    assert "3 incidents" in alert["annotations"]["summary"] and alert["annotations"]["recent_jobs"] in ("j2, j1",
+                                                                                                        "j1, j2")
+    assert service.counters["suspect_hosts"] == 1
+    text = render(alert_families(service))
+    assert 'ccld_host_drain_candidate{host="bad-1"} 1' in text and 'ccld_host_drain_candidate{host="once-2"} 0' in text
