@@ -116,7 +116,7 @@ class HostTracker:
         start = now_s - (st.window_s if window_s is None else window_s)
         per_host: dict[str, list[HostIncident]] = {}
         for inc in self.incidents.values():
-            if start <= inc.first_s <= now_s:
+            if inc.first_s >= start:  # one ahead of now_s too: the analyzer's clock may run ahead of ours
                 for h in dict.fromkeys(inc.hosts):
                     per_host.setdefault(h, []).append(inc)
         out = []

@@ -338,3 +338,72 @@ def test_a_real_hung_job_pages_in_alertmanager_and_the_page_ends_when_the_job_is
         job.kill()
         bridge.stop()
         worker.stop()
+
+
+# --- the cluster's view: a host that keeps breaking jobs ---------------------------------------------
+
+
+FLEET = [  # three jobs meet the slow GPU of host bad-7 (rank 3 of node 0 or 1); one H1 on host once-9
+    {"id": "fleet-a", "hosts": ["bad-7", "ok-1"], "faults": [{"kind": "S1", "rank": 3, "onset_s": 8, "factor": 3.0}]},
+    {"id": "fleet-b", "hosts": ["ok-2", "bad-7"], "faults": [{"kind": "S1", "rank": 11, "onset_s": 8, "factor": 3.0}]},
+    {"id": "fleet-c", "hosts": ["bad-7", "ok-3"], "faults": [{"kind": "S1", "rank": 3, "onset_s": 8, "factor": 2.5}]},
+    {"id": "fleet-d", "hosts": ["once-9", "ok-4"], "faults": [{"kind": "H1", "rank": 2, "onset_s": 10}]},
+]
+
+
+def test_three_jobs_on_a_bad_host_make_it_a_drain_candidate_in_alertmanager_and_ccld_nodes(
+    alertmanager: str, tmp_path: Path
+) -> None:
+    """`ccld up --alertmanager`, and `ccld simulate` of four jobs (stamped from the wall clock): three meet one
+    host's slow GPU, one hangs on another host. CcldHostSuspect fires for the first host only, and `ccld nodes`
+    names it a drain candidate and the other a host to watch."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    tag = uuid.uuid4().hex[:8]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CCLD_")}
+    env.update({"CCLD_TOPIC_PREFIX": f"f{tag}.", "CCLD_WORKER_APP_ID": f"fleet-{tag}", "CCLD_SINK_GROUP": f"s-{tag}",
+                "CCLD_ALERT_GROUP": f"a-{tag}", "CCLD_ARCHIVE_DIR": str(tmp_path / "archive"),
+                "CCLD_ALERT_REPEAT_S": "2", "CCLD_ALERT_RETRY_MAX_S": "1"})
+    suite = tmp_path / "fleet.jsonl"
+    suite.write_text("".join(json.dumps({"ranks": 16, "gpus_per_node": 8, "layout": {"tp": 4, "pp": 2, "dp": 2},
+                                         "duration_s": 45, **sc}) + "\n" for sc in FLEET))
+    up = subprocess.Popen([sys.executable, "-P", "-m", "ccld.cli", "up", "--port", "0", "--logs",
+                           str(tmp_path / "logs"), "--alertmanager", alertmanager], env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        assert up.stdout is not None
+        boot = ""
+        while not boot:
+            line = up.stdout.readline()
+            assert line, "ccld up exited before it printed its broker"
+            boot = line.removeprefix("bootstrap: ").strip() if line.startswith("bootstrap: ") else ""
+        env["CCLD_BOOTSTRAP"] = boot
+        sim = subprocess.run([sys.executable, "-P", "-m", "ccld.cli", "simulate", str(suite)], env=env,
+                             capture_output=True, text=True, timeout=180)
+        assert sim.returncode == 0, sim.stdout + sim.stderr
+
+        def suspects() -> list[dict[str, Any]]:
+            return [a for a in list_alerts(alertmanager) if a["labels"].get("alertname") == "CcldHostSuspect"
+                    and a["labels"].get("host", "").startswith(("bad-7", "once-9", "ok-"))]
+
+        got = wait_for(suspects, 120)
+        logs = "".join((tmp_path / "logs" / f).read_text()[-3000:] for f in ("worker.log", "alert.log"))
+        assert [a["labels"]["host"] for a in got] == ["bad-7"], logs
+        assert "drain bad-7" in got[0]["annotations"]["action"], got[0]
+        nodes = subprocess.run([sys.executable, "-P", "-m", "ccld.cli", "nodes", "--json"], env=env,
+                               capture_output=True, text=True, timeout=60)
+        assert nodes.returncode == 0, nodes.stderr
+        hosts = {h["host"]: h for h in json.loads(nodes.stdout)["hosts"]}
+        assert hosts["bad-7"]["candidate"] and hosts["bad-7"]["jobs"] == 3, hosts
+        assert "once-9" in hosts and not hosts["once-9"]["candidate"], hosts
+        assert not any(h.startswith("ok-") for h in hosts), f"a victim host counted: {hosts}"
+    finally:
+        up.send_signal(signal.SIGTERM)
+        try:
+            up.wait(40)
+        except subprocess.TimeoutExpired:
+            os.killpg(up.pid, signal.SIGKILL)
+            up.wait()
