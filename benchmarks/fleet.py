@@ -164,13 +164,17 @@ def main(argv: list[str] | None = None) -> int:
 
     verdicts = run_suite(scenarios, jobs=args.workers, progress=progress)
     results = [timeline(day, verdicts, rule) for rule in RULES]
+    starts = {j["scenario"]["id"]: float(j["start_s"]) for j in day["jobs"]}
+    # every verdict as the tracker took it (its time in the day): enough to try another rule again
+    events = [[round(starts[sid] + v.detected_time, 1), v.incident_id, sid, v.kind.value, list(v.root_cause_hosts)]
+              for sid, vs in verdicts.items() for v in vs]
     opened = sum(1 for vs in verdicts.values() for v in vs if v.state.value == "open")
     report = {"seed": args.seed, "jobs": args.jobs, "hosts": args.hosts, "noise": args.noise, "bad": day["bad"],
               "job_hours": round(sum(sc.duration_s for sc in scenarios) / 3600, 1),
               "ranks": sum(sc.ranks for sc in scenarios), "incidents": opened,
               "faulted_jobs": sum(1 for j in day["jobs"] if j["bad_roles"]),
               "noise_jobs": sum(1 for j in day["jobs"] if j["scenario"]["expect"]),
-              "wall_s": round(time.perf_counter() - t0, 1), "rules": results}
+              "wall_s": round(time.perf_counter() - t0, 1), "rules": results, "events": events}
     print(json.dumps(report, indent=1))
     if args.out:
         args.out.write_text(json.dumps(report, indent=1) + "\n")

@@ -5,13 +5,17 @@ every job placed on it, and each job alone sees one incident. ``HostTracker`` ta
 job (in any order, repeats and later states of an incident included) and keeps, per incident, when it was
 first reported, its job, and its latest class and root-cause hosts. Per host it then gives the incidents
 it was root cause of within a window, by class and job, a score that halves every ``half_life_s``, and
-whether it is a **drain candidate**: root cause in at least ``min_incidents`` incidents of at least
-``min_jobs`` different jobs within ``window_s`` (one job's own bug, hitting the same rank at every restart,
-is one job). Only root-cause hosts count, never the hosts of ranks that merely waited; a NIC or link
-incident counts for the host the analyzer names (the host whose interface, or whose sending rank, is
-slow). An incident that names more than ``max_hosts`` hosts blames no one machine: it is listed for each,
-never counted toward a candidate. Used by ``ccld nodes``, the alert bridge (``CcldHostSuspect``, the
-``ccld_host_suspect_score`` gauge) and ``benchmarks/fleet.py``.
+whether it is a **drain candidate**: root cause in at least ``min_incidents`` incidents of one part of the
+machine, of at least ``min_jobs`` different jobs, within ``window_s``. The parts (``PARTS``): its GPUs
+(S1, H1: a rank that computes slowly or stops; S3 too), its network (S2, H3: a link or interface that is slow
+or stops; S3 too) and its software (H2: a rank whose op differs). A broken part fails the same way job after
+job; faults that strike machines at random spread over the classes, so counting per part keeps a good
+machine that met three unrelated faults from looking like a bad one. One job's own bug, hitting the same
+rank at every restart, is one job. Only root-cause hosts count, never the hosts of ranks that merely
+waited; a NIC or link incident counts for the host the analyzer names (the host whose interface, or whose
+sending rank, is slow). An incident that names more than ``max_hosts`` hosts blames no one machine: it is
+listed for each, never counted toward a candidate. Used by ``ccld nodes``, the alert bridge
+(``CcldHostSuspect``, the ``ccld_host_suspect_score`` gauge) and ``benchmarks/fleet.py``.
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ from ccld.records import Verdict
 from ccld.settings import Settings
 
 DAY_S = 86_400.0
+#: the parts of a machine and the classes that point at each (S3, a slow rank with a slow link, at both)
+PARTS = {"gpu": frozenset({"S1", "H1", "S3"}), "network": frozenset({"S2", "H3", "S3"}), "software": frozenset({"H2"})}
 
 
 @dataclass(frozen=True)
@@ -39,6 +45,18 @@ class FleetSettings:
         if self.window_s <= 0 or self.half_life_s <= 0 or self.min_incidents < 1 or self.min_jobs < 1 \
                 or self.max_hosts < 1:
             raise ValueError(f"fleet settings out of range: {self}")
+
+
+def _part(incs: list[HostIncident], st: FleetSettings) -> tuple[str, bool]:
+    """The part most of ``incs`` point at, and whether that part (or another) meets the candidate rule."""
+    best, best_n, met = "", 0, ""
+    for part, kinds in PARTS.items():
+        mine = [i for i in incs if i.kind in kinds]
+        if len(mine) > best_n:
+            best, best_n = part, len(mine)
+        if not met and len(mine) >= st.min_incidents and len({i.job for i in mine}) >= st.min_jobs:
+            met = part
+    return (met, True) if met else (best, False)
 
 
 def fleet_settings(settings: Settings) -> FleetSettings:
@@ -67,13 +85,14 @@ class HostStanding:
     by_kind: dict[str, int]
     score: float
     candidate: bool
+    part: str  # the part with the most incidents (the candidate's: the one that met the rule)
     first_s: float
     last_s: float
     spread: int = 0  # incidents naming more hosts: listed, not counted
     recent: tuple[HostIncident, ...] = field(default=(), repr=False)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"host": self.host, "candidate": self.candidate, "score": round(self.score, 3),
+        return {"host": self.host, "candidate": self.candidate, "part": self.part, "score": round(self.score, 3),
                 "incidents": self.incidents, "jobs": self.jobs, "by_kind": dict(sorted(self.by_kind.items())),
                 "spread_incidents": self.spread, "first_s": self.first_s, "last_s": self.last_s,
                 "recent": [{"incident_id": i.incident_id, "job": i.job, "kind": i.kind, "time_s": i.first_s,
@@ -124,9 +143,10 @@ class HostTracker:
             counted = [i for i in incs if len(set(i.hosts)) <= st.max_hosts]
             jobs = {i.job for i in counted}
             score = sum(0.5 ** (max(now_s - i.first_s, 0.0) / st.half_life_s) / len(set(i.hosts)) for i in counted)
+            part, candidate = _part(counted, st)
             out.append(HostStanding(
                 host=host, incidents=len(counted), jobs=len(jobs), by_kind=dict(Counter(i.kind for i in counted)),
-                score=score, candidate=len(counted) >= st.min_incidents and len(jobs) >= st.min_jobs,
+                score=score, candidate=candidate, part=part,
                 first_s=min(i.first_s for i in incs), last_s=max(i.first_s for i in incs),
                 spread=len(incs) - len(counted), recent=tuple(sorted(incs, key=lambda i: -i.first_s)[:5]),
             ))  # fmt: skip
@@ -157,7 +177,7 @@ def drain_action(h: HostStanding) -> str:
 def describe(h: HostStanding) -> str:
     """One line for a person: the host, whether to drain it, and why."""
     kinds = ", ".join(f"{n} {k}" for k, n in sorted(h.by_kind.items(), key=lambda kv: (-kv[1], kv[0])))
-    verdict = "DRAIN CANDIDATE" if h.candidate else "watch"
+    verdict = f"DRAIN CANDIDATE ({h.part})" if h.candidate else "watch"
     spread = f" (+{h.spread} naming several hosts)" if h.spread else ""
     return (f"{h.host}: {verdict}: root cause of {h.incidents} incidents{spread} in {h.jobs} jobs ({kinds or '-'}), "
             f"score {h.score:.2f}")

@@ -24,11 +24,24 @@ def test_three_incidents_of_two_jobs_make_a_candidate_and_one_jobs_restarts_do_n
     assert tr.candidates(3 * H) == []
     tr.observe(incident("b1", "job-b", "bad", 4 * H, AnomalyKind.H1))
     (h,) = tr.candidates(5 * H)
-    assert (h.host, h.incidents, h.jobs, h.by_kind) == ("bad", 3, 2, {"S1": 2, "H1": 1})
+    assert (h.host, h.incidents, h.jobs, h.by_kind, h.part) == ("bad", 3, 2, {"S1": 2, "H1": 1}, "gpu")
     assert "DRAIN CANDIDATE" in describe(h) and "3 incidents" in describe(h)
     # one job restarted on the same host, hitting the same rank every time: its own bug, one job
     tr2 = HostTracker().observe_all([incident(f"r{i}", "job-r", "h", i * H) for i in range(5)])
     assert tr2.candidates(6 * H) == [] and tr2.standings(6 * H)[0].incidents == 5
+
+
+@pytest.mark.parametrize(("kinds", "part"), [
+    ((AnomalyKind.S2, AnomalyKind.H3, AnomalyKind.S3), "network"),
+    ((AnomalyKind.S1, AnomalyKind.S3, AnomalyKind.H1), "gpu"),
+    ((AnomalyKind.H2, AnomalyKind.H2, AnomalyKind.H2), "software"),
+    ((AnomalyKind.S1, AnomalyKind.S2, AnomalyKind.H2), None),  # three unrelated faults: no part failed twice
+    ((AnomalyKind.H1, AnomalyKind.H3, AnomalyKind.S1), None),
+])  # fmt: skip
+def test_a_candidate_is_one_part_of_the_machine_failing_again(kinds: tuple[AnomalyKind, ...], part: str | None) -> None:
+    tr = HostTracker().observe_all([incident(f"i{n}", f"job-{n}", "h", n * H, k) for n, k in enumerate(kinds)])
+    (h,) = tr.standings(4 * H)
+    assert (h.part if h.candidate else None) == part and h.incidents == 3
 
 
 def test_every_state_of_an_incident_is_one_incident_at_its_first_report_with_its_newest_claim() -> None:
