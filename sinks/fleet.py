@@ -20,6 +20,8 @@ listed for each, never counted toward a candidate. Used by ``ccld nodes``, the a
 
 from __future__ import annotations
 
+import argparse
+import re
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -182,3 +184,14 @@ def describe(h: HostStanding) -> str:
     return (f"{h.host}: {verdict}: root cause of {h.incidents} incidents{spread} in {h.jobs} jobs ({kinds or '-'}), "
             f"score {h.score:.2f}")
 
+
+_SPAN = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
+_UNIT_S = {"s": 1.0, "": 1.0, "m": 60.0, "h": 3600.0, "d": 86_400.0, "w": 7 * 86_400.0}
+
+
+def span_s(text: str) -> float:
+    """``"7d"``, ``"12h"``, ``"90m"``, ``"3600"`` -> seconds (an argparse type: ``--since``)."""
+    m = _SPAN.match(text)
+    if m is None or float(m.group(1)) <= 0:
+        raise argparse.ArgumentTypeError(f"not a span of time: {text!r} (e.g. 7d, 12h, 90m, 3600)")
+    return float(m.group(1)) * _UNIT_S[m.group(2)]

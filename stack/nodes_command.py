@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 import time
 from collections.abc import Iterable
@@ -20,18 +19,7 @@ from pathlib import Path
 from ccld.errors import BrokerError, CcldError
 from ccld.records import Verdict
 from ccld.settings import Settings
-from ccld.sinks.fleet import HostTracker, describe, fleet_settings
-
-_SPAN = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
-_UNIT_S = {"s": 1.0, "": 1.0, "m": 60.0, "h": 3600.0, "d": 86_400.0, "w": 7 * 86_400.0}
-
-
-def span_s(text: str) -> float:
-    """``"7d"``, ``"12h"``, ``"90m"``, ``"3600"`` -> seconds."""
-    m = _SPAN.match(text)
-    if m is None or float(m.group(1)) <= 0:
-        raise argparse.ArgumentTypeError(f"not a span of time: {text!r} (e.g. 7d, 12h, 90m, 3600)")
-    return float(m.group(1)) * _UNIT_S[m.group(2)]
+from ccld.sinks.fleet import HostTracker, describe, fleet_settings, span_s
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

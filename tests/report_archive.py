@@ -102,3 +102,22 @@ def write_archive(root: Path, metrics_topic: str = "ccl-d.metrics", verdicts_top
     else:
         write_offsets(root, verdicts_topic, 0, "sink-1", 0, len(vs) - 1, verdicts_table(vs))
     return root
+
+
+#: the fleet archive's hosts: gpu-bad's GPU root cause in four jobs, gpu-nic's network twice, three once
+FLEET_INCIDENTS = [("gpu-bad", "S1", "train-a", 20.0), ("gpu-bad", "S1", "train-b", 14.0),
+                   ("gpu-bad", "H1", "train-c", 9.0), ("gpu-bad", "S3", "train-d", 2.0),
+                   ("gpu-nic", "S2", "train-b", 13.0), ("gpu-nic", "H3", "train-e", 6.0),
+                   ("gpu-x1", "H2", "train-f", 30.0), ("gpu-x2", "S2", "train-g", 3.0),
+                   ("gpu-x3", "S1", "train-a", 1.0)]
+
+
+def write_fleet_archive(root: Path, now: float, verdicts_topic: str = "ccl-d.verdicts") -> Path:
+    """Verdicts of several jobs over the last 30 hours naming ``FLEET_INCIDENTS``' hosts (hours ago)."""
+    vs = [make_verdict(incident_id=f"f{n}", job=job, kind=AnomalyKind(kind), root_cause_hosts=(host,),
+                       root_cause_ranks=(n,), affected_ranks=(n + 1,), evidence=f"{kind} on {host}",
+                       detected_time=now - hours * 3600)
+          for n, (host, kind, job, hours) in enumerate(FLEET_INCIDENTS)]
+    rows = [(i, int(round(v.detected_time * 1e3)), v) for i, v in enumerate(vs)]
+    write_offsets(root, verdicts_topic, 0, "sink-1", 0, len(rows) - 1, verdicts_table(rows))
+    return root

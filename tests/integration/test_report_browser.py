@@ -69,3 +69,32 @@ def test_report_renders_in_chromium_with_its_pictures_and_no_console_error(incid
     assert colours > 200 and inked > 0.03, f"{colours} colours, {inked:.1%} of pixels not white"
     near_bar = (np.abs(px.astype(int) - np.array(DONE_RGB)) <= 40).all(axis=1).sum()
     assert near_bar > 2000, "the timeline picture was not drawn (its bar colour is missing)"
+
+
+@needs_chromium
+def test_the_fleet_page_renders_in_chromium_with_its_picture(tmp_path: Path) -> None:
+    """`ccld report --fleet`: the hosts-by-time picture is drawn (the candidate's shaded row, the S1 and S2 dots)
+    and the page logs no error."""
+    import time
+
+    from ccld.sinks.report_fleet import KIND_COLORS
+    from report_archive import write_fleet_archive
+
+    archive = write_fleet_archive(tmp_path / "archive", time.time())
+    page = tmp_path / "fleet.html"
+    run = subprocess.run([sys.executable, "-m", "ccld.cli", "report", "--fleet", "--archive", str(archive),
+                          "--out", str(page)], capture_output=True, text=True, timeout=120, check=False)
+    assert run.returncode == 0, run.stderr
+    png = tmp_path / "fleet.png"
+    shot = _chromium(page, f"--screenshot={png}", "--window-size=1200,1400")
+    assert shot.returncode == 0 and png.is_file(), shot.stderr[-2000:]
+    assert not _console(shot.stderr), _console(shot.stderr)
+    with Image.open(png) as im:
+        px = np.asarray(im.convert("RGB")).reshape(-1, 3).astype(int)
+
+    def near(hex_rgb: str, tol: int = 12) -> int:
+        rgb = np.array([int(hex_rgb[i:i + 2], 16) for i in (1, 3, 5)])
+        return int((np.abs(px - rgb) <= tol).all(axis=1).sum())
+
+    assert near("#fbe3e4", 4) > 5000, "the drain candidate's shaded row is missing"
+    assert near(KIND_COLORS["S1"]) > 100 and near(KIND_COLORS["S2"]) > 100, "the incidents' dots are missing"
