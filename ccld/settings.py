@@ -189,6 +189,10 @@ class Settings:
     alert_alertmanager_url: str = ""  # Alertmanager base URL for `ccld alert` (http://host:9093); empty: none
     alert_webhook_url: str = ""  # URL `ccld alert` POSTs each verdict to as JSON; empty: none
     alert_slack: bool = False  # the webhook gets a Slack-compatible {"text": ...} body instead of the verdict
+    # how the worker writes verdicts: "avro" (single-object encoding, docs/wire-format.md) or "json" (the fields
+    # of `ccld verdicts --json`, header content-type: application/json), for consumers without our schemas;
+    # every reader of the topic takes both
+    verdicts_encoding: str = "avro"
     alert_repeat_s: float = 60.0  # re-post open incidents to Alertmanager this often (it resolves alerts not re-sent)
     alert_backlog_max: int = 1_000  # verdicts waiting for a receiver, at most; then consuming pauses (none dropped)
     alert_timeout_s: float = 10.0  # one HTTP delivery attempt gives up after this long
@@ -350,6 +354,8 @@ def _validate(s: Settings) -> None:
     if s.fleet_window_days <= 0 or s.fleet_half_life_h <= 0 or s.fleet_min_incidents < 1 or s.fleet_min_jobs < 1:
         raise ConfigError("fleet_window_days and fleet_half_life_h must be positive, fleet_min_incidents and "
                           "fleet_min_jobs at least 1")
+    if s.verdicts_encoding not in ("avro", "json"):
+        raise ConfigError(f"verdicts_encoding must be avro or json, got {s.verdicts_encoding!r}")
     if s.sink_compact_max_file_mb <= 0:
         raise ConfigError(f"sink_compact_max_file_mb must be positive, got {s.sink_compact_max_file_mb}")
     if s.alert_backlog_max < 1:

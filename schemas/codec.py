@@ -269,12 +269,32 @@ def encode_verdict(v: Verdict) -> bytes:
     return encode("Verdict", v.to_dict())
 
 
+#: the encodings a verdict may travel in (``verdicts_encoding``); the header that names a JSON one
+VERDICT_ENCODINGS = ("avro", "json")
+ENCODING_HEADER = "content-type"
+JSON_CONTENT_TYPE = b"application/json"
+
+
+def encode_verdict_json(v: Verdict) -> bytes:
+    """A verdict as one JSON object: the fields ``ccld verdicts --json`` prints, for consumers without Avro."""
+    return json.dumps(v.to_dict(), sort_keys=True, separators=(",", ":")).encode()
+
+
 def decode_verdict(data: bytes) -> Verdict:
-    _, rec = decode(data, reader="Verdict")
+    """A verdict in either encoding: JSON starts with ``{``, Avro's single-object encoding with its marker."""
+    if data[:1] == b"{":
+        try:
+            rec = json.loads(data)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise SchemaError("corrupt-body", f"Verdict (JSON): {exc}") from exc
+        if not isinstance(rec, dict):
+            raise SchemaError("corrupt-body", "Verdict (JSON) is not an object")
+    else:
+        _, rec = decode(data, reader="Verdict")
     try:
         return Verdict.from_dict(rec)
-    except RecordError as exc:
-        raise SchemaError("bad-record", str(exc)) from exc
+    except (RecordError, KeyError, TypeError, ValueError) as exc:
+        raise SchemaError("bad-record", f"{type(exc).__name__}: {exc}") from exc
 
 
 def encode_dead_letter(d: DeadLetter) -> bytes:

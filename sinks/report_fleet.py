@@ -36,9 +36,9 @@ def fleet_png(tracker: HostTracker, hosts: list[HostStanding], start_s: float, n
         if inc.first_s < start_s:
             continue
         x = (inc.first_s - start_s) / 3600.0
-        for h in dict.fromkeys(inc.hosts):
-            if h in row:
-                ax.scatter([x], [row[h]], s=60, color=KIND_COLORS.get(inc.kind, "#777777"), edgecolors="black",
+        for name in dict.fromkeys(inc.hosts):
+            if name in row:
+                ax.scatter([x], [row[name]], s=60, color=KIND_COLORS.get(inc.kind, "#777777"), edgecolors="black",
                            linewidths=0.4, zorder=3)
     for h in shown:
         if h.candidate:

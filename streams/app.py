@@ -42,6 +42,7 @@ from faust.web import Request, Response, View
 
 from ccld.errors import CcldError
 from ccld.records import DeadLetter, Verdict, job_partition
+from ccld.schemas.codec import ENCODING_HEADER, JSON_CONTENT_TYPE, encode_verdict_json
 from ccld.security import faust_kwargs
 from ccld.settings import Settings
 from ccld.streams.lag import LagWatch
@@ -367,8 +368,12 @@ class WorkerApp:
             try:
                 # The pending verdicts reach the changelog before they reach the verdicts topic.
                 await st.checkpoint(partition, force=True)
+                json_out = self.settings.verdicts_encoding == "json"
                 for v, raw in items:
-                    fut = await self.verdicts.send(key=v.incident_id.encode(), value=raw, force=True)
+                    # the snapshot keeps the Avro bytes; a consumer without our schemas gets JSON (verdicts_encoding)
+                    fut = await self.verdicts.send(
+                        key=v.incident_id.encode(), value=encode_verdict_json(v) if json_out else raw, force=True,
+                        headers={ENCODING_HEADER: JSON_CONTENT_TYPE} if json_out else None)
                     await fut  # resolves on the broker's acknowledgement (acks=all), raises on failure
                     proc.mark_sent(v)
                     sent.append(v)

@@ -198,3 +198,31 @@ def test_dead_letters_keep_at_most_raw_max_bytes_and_say_the_size() -> None:
     assert len(codec.encode_dead_letter(codec.make_dead_letter(bytes(5 << 20), "x", "d", source_topic="t",
                                                                 source_partition=0, source_offset=0, time_ms=0))) \
         < codec.DEAD_LETTER_RAW_MAX + 512
+
+
+def test_a_verdict_in_json_decodes_like_avro_and_bad_json_is_a_clear_error() -> None:
+    import json as _json
+
+    from ccld.errors import SchemaError
+    from ccld.schemas.codec import decode_verdict, encode_verdict, encode_verdict_json
+    from factories import make_verdict
+
+    v = make_verdict(root_cause_hosts=("node-0003",), details={"nic": "node-0003"})
+    raw = encode_verdict_json(v)
+    assert raw[:1] == b"{" and _json.loads(raw) == v.to_dict()
+    assert decode_verdict(raw) == v == decode_verdict(encode_verdict(v))
+    for bad, reason in ((b"{not json", "corrupt-body"), (b'{"kind": "H1"}', "bad-record"),
+                        (b'{"incident_id": 1}', "bad-record")):
+        with pytest.raises(SchemaError) as info:
+            decode_verdict(bad)
+        assert info.value.reason == reason, (bad, info.value)
+
+
+def test_ccld_schema_prints_the_verdict_schema(capsys: pytest.CaptureFixture[str]) -> None:
+    import json as _json
+
+    from ccld.cli import main
+
+    assert main(["schema", "verdict"]) == 0
+    schema = _json.loads(capsys.readouterr().out)
+    assert schema["name"] == "Verdict" and any(f["name"] == "root_cause_hosts" for f in schema["fields"])
