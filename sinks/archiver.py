@@ -10,6 +10,10 @@ broker restarted, numbers offsets from 0 again, and its rows must not replace th
 A partition's incarnation is looked up when it is assigned and again whenever its offsets go
 back with no rebalance in between (what a consumer sees when the topic under it was recreated).
 
+The sink also keeps the cluster's view (``sinks.fleet``) over every verdict it archives, seeded at start from
+the verdicts the archive already holds, for its ``/metrics`` (``ccld_host_suspect_score``): a service of
+``ccld up`` whether or not alerts are configured.
+
 The sink keeps its archive compact on a timer (``sinks.upkeep``, beside the consume loop): files of flushes
 below the offsets it has committed are merged, and whole days past the retention removed.
 
@@ -36,6 +40,7 @@ from ccld.reachability import broker_reachable
 from ccld.schemas.codec import decode_metrics, decode_verdict
 from ccld.security import kafka_config
 from ccld.settings import Settings
+from ccld.sinks.fleet import HostStanding, HostTracker, fleet_settings
 from ccld.sinks.incarnation import SinkTokens, TopicIds
 from ccld.sinks.layout import write_offsets
 from ccld.sinks.parquet import metrics_table, verdicts_table
@@ -86,6 +91,9 @@ class Archiver:
         # (topic, partition, incarnation) -> the offset last committed there (what the upkeep may merge below)
         self.committed: dict[tuple[str, int, str], int] = {}
         self.upkeep = Upkeep(settings, self.root, self.counters)
+        self.fleet = HostTracker(fleet_settings(settings))
+        self.hosts: list[HostStanding] = []  # the fleet's standings as last computed (read by /metrics)
+        self._hosts_at = 0.0
         self.assigned = threading.Event()  # set once the group gave us partitions
 
     def _consumer(self) -> Consumer:
@@ -103,7 +111,28 @@ class Archiver:
             self.counters["commit_errors"] += 1
             log.warning("offset commit failed: %s", err)
 
+    def _seed_fleet(self) -> None:
+        """The verdicts the archive holds within the fleet's window: the view survives a restart of the sink."""
+        from ccld.sinks.catalog import read_verdicts
+        from ccld.sinks.report_model import verdict_from_row
+
+        since = time.time() - self.fleet.settings.window_s
+        try:
+            rows = read_verdicts(self.root, self.settings.verdicts_topic) if self.root.is_dir() else []
+            self.fleet.observe_all(v for v in map(verdict_from_row, rows) if v.detected_time >= since)
+        except Exception as exc:  # noqa: BLE001 - an unreadable old file costs the view its history, never the sink
+            log.warning("the fleet view starts empty: the archive's verdicts could not be read: %s: %s",
+                        type(exc).__name__, exc)
+
+    def _update_hosts(self) -> None:
+        now = time.time()
+        if now - self._hosts_at >= 5.0:
+            self._hosts_at = now
+            self.fleet.forget_before(now - self.fleet.settings.window_s)
+            self.hosts = self.fleet.standings(now)
+
     def run(self, stop: threading.Event) -> None:
+        self._seed_fleet()
         consumer = self._consumer()
         consumer.subscribe(self.topics, on_assign=self._on_assign,
                            on_revoke=lambda c, parts: self._flush_all(c, force=True))
@@ -135,6 +164,7 @@ class Archiver:
                                msg.timestamp()[1], msg.value())
                 self._flush_all(consumer, force=False)
                 self.upkeep.maybe_start(self.committed)
+                self._update_hosts()
             self._flush_all(consumer, force=True)
         finally:
             consumer.close()
@@ -214,6 +244,8 @@ class Archiver:
             self.counters["bad_value" if exc.reason == "bad-value" else "undecodable"] += 1
             log.debug("skipping undecodable message %s[%d]@%d: %s", topic, partition, offset, exc)
             item = None
+        if item is not None and topic == self.settings.verdicts_topic:
+            self.fleet.observe(item)  # repeats and replays too: the tracker keeps one entry per incident
         buf = self._buffers.get((topic, partition))
         if buf is None:
             buf = self._buffers[(topic, partition)] = _Buffer(start_offset=offset, first_seen=time.monotonic(),

@@ -45,6 +45,7 @@ def archiver_families(arch: Archiver) -> list[Family]:
     out.append(Family("ccld_sink_archive_blocked", "gauge",
                       "1 while the archive folder cannot be written (fetching paused, retried every 5 s).")
                .add(1 if arch.blocked else 0))
+    out += host_families(list(arch.hosts))
     return out
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from ccld.records import AnomalyKind, Verdict, VerdictState
@@ -80,3 +82,40 @@ def test_the_score_halves_each_half_life_and_the_window_forgets() -> None:
 def test_bad_settings_are_refused() -> None:
     with pytest.raises(ValueError):
         FleetSettings(min_jobs=0)
+
+
+def test_the_sink_keeps_the_view_over_what_it_archives_and_seeds_it_from_the_archive_at_start(
+        tmp_path: Path) -> None:
+    """The sink (always a service of ccld up) feeds every verdict it takes to its tracker; a restarted sink
+    starts from the verdicts its archive holds, so its ccld_host_suspect_score survives the restart."""
+    import time as _time
+
+    from ccld.metrics import render
+    from ccld.schemas.codec import encode_verdict
+    from ccld.settings import Settings
+    from ccld.sinks.archiver import Archiver
+    from ccld.sinks.sink_metrics import archiver_families
+    from report_archive import write_fleet_archive
+
+    now = _time.time()
+    s = Settings.load({}, bootstrap="127.0.0.1:1", archive_dir=str(tmp_path))
+    write_fleet_archive(tmp_path, now, s.verdicts_topic)
+    arch = Archiver(s)
+    arch._seed_fleet()
+    arch._update_hosts()
+    assert [h.host for h in arch.hosts if h.candidate] == ["gpu-bad"]
+
+    class Ids:
+        def labels(self, topics: object, timeout_s: float) -> dict[str, str]:
+            return {s.verdicts_topic: "id-" + "f" * 32}
+
+    arch._ids = Ids()
+    for n, job in enumerate(("n1", "n2", "n3")):
+        v = make_verdict(incident_id=f"new-{n}", job=job, kind=AnomalyKind.S2, root_cause_hosts=("gpu-nic",),
+                         detected_time=now - 60)
+        arch._take(None, s.verdicts_topic, 0, 100 + n, int(now * 1000), encode_verdict(v))
+    arch._hosts_at = 0.0
+    arch._update_hosts()
+    assert sorted(h.host for h in arch.hosts if h.candidate) == ["gpu-bad", "gpu-nic"]
+    text = render(archiver_families(arch))
+    assert 'ccld_host_drain_candidate{host="gpu-nic"} 1' in text and 'ccld_host_incidents{host="gpu-nic"} 5' in text
