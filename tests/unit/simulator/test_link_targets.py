@@ -60,7 +60,7 @@ def test_a_nic_is_every_network_link_leaving_its_node() -> None:
          "expert group (ep consecutive data-parallel replicas) (ep=1, no links)"),
         ({"kind": "S2", "comm": "dp", "rank": 1}, {"workload": None}, "needs the Megatron-style workload"),
         ({"kind": "S2", "nic": 1, "rank": 4}, {}, "a NIC fault names its node only ('nic'), not ['rank']"),
-        ({"kind": "S2", "nic": 4}, {}, "nic must be a node index 0..3 or 'node-NNNN', got 4"),
+        ({"kind": "S2", "nic": 4}, {}, "nic must be a node index 0..3, 'node-NNNN' or a name of 'hosts', got 4"),
         ({"kind": "S2", "nic": 0}, {"gpus_per_node": 16}, "node 0 has no network link"),
         ({"kind": "S3", "nic": 0}, {}, "unknown keys ['nic']"),
     ],

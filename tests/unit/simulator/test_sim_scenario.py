@@ -80,3 +80,23 @@ def test_file_errors_name_the_line(tmp_path: Path) -> None:
     p.write_text(good + "\n{oops\n")
     with pytest.raises(ScenarioError, match=r"s.jsonl:2: not JSON"):
         load_scenarios(p)
+
+
+def test_a_scenario_names_its_hosts_and_its_records_carry_them() -> None:
+    """``hosts``: one distinct name per node (jobs of a fleet share machines); a nic may be named by it."""
+    from ccld.errors import ScenarioError
+    from ccld.producers.simulator.sim import simulate
+
+    base = {"id": "h", "ranks": 16, "gpus_per_node": 8, "layout": {"tp": 8, "pp": 1, "dp": 2}, "duration_s": 5}
+    sc = Scenario.from_dict({**base, "hosts": ["gpu-a", "gpu-b"]})
+    assert sc.host_name(1) == "gpu-b" and Scenario.from_dict(base).host_name(1) == "node-0001"
+    _, batch = next(iter(simulate(sc)))
+    assert set(batch.hosts) <= {"gpu-a", "gpu-b"} and batch.hosts
+    for bad, why in ((["gpu-a"], "needs 2 distinct names"), (["gpu-a", "gpu-a"], "needs 2 distinct names"),
+                     ("gpu-a", "must be a list"), (["gpu-a", ""], "must be a list")):
+        with pytest.raises(ScenarioError, match=why):
+            Scenario.from_dict({**base, "hosts": bad})
+    wl = {"microbatches": 2, "layers": 2, "layer_ms": 5.0}
+    nic = Scenario.from_dict({**base, "hosts": ["gpu-a", "gpu-b"], "workload": wl,
+                              "faults": [{"kind": "S2", "nic": "gpu-b", "onset_s": 1.0, "factor": 0.5}]})
+    assert all(nic.node_of(src) == 1 for _, src, _ in nic.faults[0].links)
