@@ -21,7 +21,6 @@ candidate. The injected faults are used for scoring only; the tracker sees verdi
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import importlib.util
 import json
 import random
@@ -42,6 +41,8 @@ GPUS = 8
 #: the rules tried on the same verdicts: (min incidents, min jobs); the default first
 RULES = ((FleetSettings().min_incidents, FleetSettings().min_jobs), (2, 1), (2, 2), (3, 1), (4, 2), (3, 3))
 BAD = ("slow-gpu", "flaky-nic", "hanging-gpu")
+#: windows tried (days); the default first
+WINDOWS_D = (FleetSettings().window_s / DAY_S, 1.0, 2.0, 3.0)
 
 
 def _false_alarms() -> ModuleType:
@@ -59,15 +60,17 @@ def host_names(n: int) -> list[str]:
     return [f"gpu-h{i:02d}" for i in range(n)]
 
 
-def draw_fleet(seed: int, jobs: int, hosts: int, max_duration_s: float, noise: float = 0.25) -> dict[str, Any]:
-    """The day: bad hosts, and each job's scenario and start (pure: the same seed gives the same day)."""
+def draw_fleet(seed: int, jobs: int, hosts: int, max_duration_s: float, noise: float = 0.25,
+               days: int = 1) -> dict[str, Any]:
+    """The days: bad hosts, and each job's scenario and start (pure: the same seed gives the same days);
+    ``jobs`` a day."""
     fa = _false_alarms()
     r = random.Random(seed)
     names = host_names(hosts)
     bad = dict(zip(BAD, r.sample(names, len(BAD)), strict=True))
     gpu = {role: r.randrange(GPUS) for role in BAD}  # the bad GPU's index on its host
     out = []
-    for i in range(jobs):
+    for i in range(jobs * days):
         jr = random.Random(seed * 1_000_003 + i)
         sc = fa.draw_job(seed, i, max_ranks=256, max_duration_s=max_duration_s)
         if jr.random() < noise:
@@ -104,56 +107,83 @@ def draw_fleet(seed: int, jobs: int, hosts: int, max_duration_s: float, noise: f
                             or f["onset_s"] < first - 60]
         sc["faults"].sort(key=lambda f: f["onset_s"])
         Scenario.from_dict(sc)
-        out.append({"scenario": sc, "start_s": round(jr.uniform(0.0, DAY_S - dur), 1), "bad_roles": injected,
+        out.append({"scenario": sc, "start_s": round(jr.uniform(0.0, days * DAY_S - dur), 1), "bad_roles": injected,
                     "hosts": placed})
-    return {"seed": seed, "hosts": names, "bad": bad, "bad_gpu": gpu, "jobs": out}
+    return {"seed": seed, "days": days, "hosts": names, "bad": bad, "bad_gpu": gpu, "jobs": out}
 
 
-def timeline(day: Mapping[str, Any], verdicts: Mapping[str, Sequence[Verdict]],
-             rule: tuple[int, int]) -> dict[str, Any]:
-    """Feed the day's verdicts in time order; when each host first became a candidate, and how many jobs
-    had been placed on it by then."""
-    st = FleetSettings(min_incidents=rule[0], min_jobs=rule[1])
+def events_of(day: Mapping[str, Any], verdicts: Mapping[str, Sequence[Verdict]]) -> list[list[Any]]:
+    """Every verdict as the tracker takes it, its time moved into the day: [time, incident, job, class, hosts]."""
     starts = {j["scenario"]["id"]: float(j["start_s"]) for j in day["jobs"]}
-    events = sorted(((starts[sid] + v.detected_time, v) for sid, vs in verdicts.items() for v in vs),
-                    key=lambda e: e[0])
-    tracker = HostTracker(st)
+    return [[round(starts[sid] + v.detected_time, 1), v.incident_id, sid, v.kind.value, list(v.root_cause_hosts)]
+            for sid, vs in verdicts.items() for v in vs]
+
+
+def timeline(bad: Mapping[str, str], placed: Sequence[tuple[float, Sequence[str]]], events: Sequence[Sequence[Any]],
+             rule: tuple[int, int], window_s: float, horizon_s: float) -> dict[str, Any]:
+    """Feed the events in time order; when each host first became a candidate under ``rule`` and ``window_s``,
+    and how many jobs had been placed on it by then."""
+    tracker = HostTracker(FleetSettings(min_incidents=rule[0], min_jobs=rule[1], window_s=window_s))
     flagged: dict[str, float] = {}
-    for t, v in events:
-        tracker.observe(dataclasses.replace(v, detected_time=t))
-        for h in tracker.candidates(t):
-            flagged.setdefault(h.host, t)
-    bad = set(day["bad"].values())
-    placed = [(float(j["start_s"]), set(j["hosts"])) for j in day["jobs"]]
-    out: dict[str, Any] = {"rule": {"min_incidents": rule[0], "min_jobs": rule[1]},
-                           "flagged_bad": sorted(bad & set(flagged)), "flagged_good": sorted(set(flagged) - bad)}
-    per_bad = {}
-    for role, host in day["bad"].items():
-        at = flagged.get(host)
-        jobs_before = sum(1 for s, hs in placed if host in hs and (at is None or s <= at))
-        per_bad[role] = {"host": host, "flagged_h": None if at is None else round(at / 3600, 2),
-                         "jobs_placed_before": jobs_before,
-                         "jobs_placed_day": sum(1 for _, hs in placed if host in hs)}
-    out["bad_hosts"] = per_bad
+    for t, iid, job, kind, hosts in sorted(events, key=lambda e: e[0]):
+        tracker.observe_claim(iid, job, kind, tuple(hosts), t)
+        for h in tracker.standings(t):
+            if h.candidate:
+                flagged.setdefault(h.host, t)
+    bad_hosts = set(bad.values())
+    out: dict[str, Any] = {"rule": {"min_incidents": rule[0], "min_jobs": rule[1], "window_d": window_s / DAY_S},
+                           "flagged_bad": sorted(bad_hosts & set(flagged)),
+                           "flagged_good": sorted(set(flagged) - bad_hosts)}
+    at = {h: round(t / 3600, 2) for h, t in flagged.items()}
+    out["bad_hosts"] = {role: {"host": host, "flagged_h": at.get(host),
+                               "jobs_placed_before": sum(1 for st, hs in placed if host in hs
+                                                         and (host not in flagged or st <= flagged[host])),
+                               "jobs_placed": sum(1 for _, hs in placed if host in hs)}
+                        for role, host in bad.items()}  # fmt: skip
+    out["recall"] = len(out["flagged_bad"]) / len(bad_hosts)
     out["precision"] = len(out["flagged_bad"]) / len(flagged) if flagged else None
-    out["recall"] = len(out["flagged_bad"]) / len(bad)
-    standings = tracker.standings(DAY_S + 3600, window_s=DAY_S + 3600)
-    out["hosts_with_incidents"] = len(standings)
+    standings = tracker.standings(horizon_s, window_s=horizon_s)
     out["top"] = [h.to_dict() for h in standings[:6]]
     return out
+
+
+def rescore(report: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Every rule and window of ``RULES`` x ``WINDOWS_D`` on a report's events (no job analyzed again)."""
+    placed = [(float(st), list(hs)) for st, hs in report["placements"]]
+    horizon = report["days"] * DAY_S + 3600
+    return [timeline(report["bad"], placed, report["events"], rule, w * DAY_S, horizon)
+            for w in WINDOWS_D for rule in RULES]
+
+
+def summary_line(res: Mapping[str, Any]) -> str:
+    r = res["rule"]
+    return (f"{r['min_incidents']} incidents of one part in {r['min_jobs']} jobs within {r['window_d']:g} d: bad "
+            f"hosts flagged {len(res['flagged_bad'])}/{len(BAD)}, good hosts flagged {len(res['flagged_good'])}"
+            + "".join(f"; {role} {b['host']} at {b['flagged_h']} h after {b['jobs_placed_before']} of "
+                      f"{b['jobs_placed']} jobs" for role, b in res["bad_hosts"].items()))
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--jobs", type=int, default=64)
+    p.add_argument("--jobs", type=int, default=64, help="jobs a day")
+    p.add_argument("--days", type=int, default=1)
     p.add_argument("--hosts", type=int, default=64)
     p.add_argument("--max-duration-s", type=float, default=240.0, help="each job's simulated length at most")
     p.add_argument("--noise", type=float, default=0.25, help="share of jobs with one fault on a random rank")
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--out", type=Path)
+    p.add_argument("--rescore", type=Path, nargs="+", metavar="REPORT",
+                   help="try the rules again on these reports' events (no job analyzed again)")
     args = p.parse_args(argv)
-    day = draw_fleet(args.seed, args.jobs, args.hosts, args.max_duration_s, args.noise)
+    if args.rescore:
+        for path in args.rescore:
+            old = json.loads(path.read_text())
+            print(f"{path} (seed {old['seed']}, {old['days']} d, noise {old['noise']}):")
+            for res in rescore(old):
+                print("  " + summary_line(res))
+        return 0
+    day = draw_fleet(args.seed, args.jobs, args.hosts, args.max_duration_s, args.noise, args.days)
     scenarios = [Scenario.from_dict(j["scenario"]) for j in day["jobs"]]
     t0 = time.perf_counter()
 
@@ -163,28 +193,24 @@ def main(argv: list[str] | None = None) -> int:
                   flush=True)
 
     verdicts = run_suite(scenarios, jobs=args.workers, progress=progress)
-    results = [timeline(day, verdicts, rule) for rule in RULES]
-    starts = {j["scenario"]["id"]: float(j["start_s"]) for j in day["jobs"]}
-    # every verdict as the tracker took it (its time in the day): enough to try another rule again
-    events = [[round(starts[sid] + v.detected_time, 1), v.incident_id, sid, v.kind.value, list(v.root_cause_hosts)]
-              for sid, vs in verdicts.items() for v in vs]
     opened = sum(1 for vs in verdicts.values() for v in vs if v.state.value == "open")
-    report = {"seed": args.seed, "jobs": args.jobs, "hosts": args.hosts, "noise": args.noise, "bad": day["bad"],
-              "job_hours": round(sum(sc.duration_s for sc in scenarios) / 3600, 1),
-              "ranks": sum(sc.ranks for sc in scenarios), "incidents": opened,
-              "faulted_jobs": sum(1 for j in day["jobs"] if j["bad_roles"]),
-              "noise_jobs": sum(1 for j in day["jobs"] if j["scenario"]["expect"]),
-              "wall_s": round(time.perf_counter() - t0, 1), "rules": results, "events": events}
-    print(json.dumps(report, indent=1))
+    report: dict[str, Any] = {
+        "seed": args.seed, "days": args.days, "jobs_a_day": args.jobs, "hosts": args.hosts, "noise": args.noise,
+        "bad": day["bad"], "job_hours": round(sum(sc.duration_s for sc in scenarios) / 3600, 1),
+        "ranks": sum(sc.ranks for sc in scenarios), "incidents": opened,
+        "faulted_jobs": sum(1 for j in day["jobs"] if j["bad_roles"]),
+        "noise_jobs": sum(1 for j in day["jobs"] if j["scenario"]["expect"]),
+        "wall_s": round(time.perf_counter() - t0, 1),
+        # every verdict as the tracker takes it, and where each job ran: enough to try other rules later
+        "events": events_of(day, verdicts), "placements": [[j["start_s"], j["hosts"]] for j in day["jobs"]],
+    }  # fmt: skip
+    report["rules"] = rescore(report)
     if args.out:
         args.out.write_text(json.dumps(report, indent=1) + "\n")
-    default = results[0]
-    ok = default["recall"] == 1.0 and not default["flagged_good"]
-    print(f"default rule ({RULES[0][0]} incidents in {RULES[0][1]} jobs): bad hosts flagged "
-          f"{len(default['flagged_bad'])}/{len(BAD)}, good hosts flagged {len(default['flagged_good'])}"
-          + "".join(f"; {role} {b['host']} at {b['flagged_h']} h after {b['jobs_placed_before']} jobs"
-                    for role, b in default["bad_hosts"].items()), file=sys.stderr)
-    return 0 if ok else 1
+    for res in report["rules"]:
+        print(summary_line(res))
+    default = report["rules"][0]
+    return 0 if default["recall"] == 1.0 and not default["flagged_good"] else 1
 
 
 if __name__ == "__main__":

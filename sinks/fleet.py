@@ -110,15 +110,19 @@ class HostTracker:
 
     def observe(self, v: Verdict) -> None:
         """Take one verdict of any state; the first seen of an incident sets its time, the newest its claim."""
-        inc = self.incidents.get(v.incident_id)
+        self.observe_claim(v.incident_id, v.job, v.kind.value, tuple(v.root_cause_hosts), v.detected_time, v.evidence)
+
+    def observe_claim(self, incident_id: str, job: str, kind: str, hosts: tuple[str, ...], t_s: float,
+                      evidence: str = "") -> None:
+        """``observe`` of a verdict's parts (the fleet benchmark replays them so)."""
+        inc = self.incidents.get(incident_id)
         if inc is None:
-            self.incidents[v.incident_id] = HostIncident(v.incident_id, v.job, v.kind.value, v.detected_time,
-                                                         tuple(v.root_cause_hosts), v.evidence)
+            self.incidents[incident_id] = HostIncident(incident_id, job, kind, t_s, hosts, evidence)
             return
-        if v.detected_time < inc.first_s:  # read out of order (partitions, a replay): the earliest is the onset
-            inc.first_s = v.detected_time
-        if v.root_cause_hosts:  # a RESOLVED or CLOSED verdict repeats the claim; an empty one keeps it
-            inc.kind, inc.hosts, inc.evidence = v.kind.value, tuple(v.root_cause_hosts), v.evidence
+        if t_s < inc.first_s:  # read out of order (partitions, a replay): the earliest is the onset
+            inc.first_s = t_s
+        if hosts:  # a RESOLVED or CLOSED verdict repeats the claim; an empty one keeps it
+            inc.kind, inc.hosts, inc.evidence = kind, hosts, evidence
 
     def observe_all(self, verdicts: Iterable[Verdict]) -> HostTracker:
         for v in verdicts:
