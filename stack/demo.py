@@ -90,8 +90,10 @@ def main(args: argparse.Namespace, settings: Settings) -> int:
 
         listener = threading.Thread(target=listen, name="ccld-demo-verdicts", daemon=True)
         listener.start()
+        # the jobs start at the wall clock, as real ones do: the archive's days and the verdicts' times are today's
+        epoch = time.time()
         with MetricsProducer(s, producer_id=f"demo-{tag}", background=False) as producer:
-            publish_all(scenarios, producer, args.speed)
+            publish_all(scenarios, producer, args.speed, epoch)
             producer.flush(30)
         print(f"published both jobs in {time.monotonic() - t_start:.0f} s; waiting for the worker", flush=True)
         deadline = time.monotonic() + args.wait
@@ -103,19 +105,17 @@ def main(args: argparse.Namespace, settings: Settings) -> int:
         time.sleep(3.0)  # let the sink's next flush include the last verdicts
         done.set()
         listener.join(5)
-    return report(expected, verdicts, archive, s.verdicts_topic, time.monotonic() - t_start)
+    return report(expected, verdicts, archive, s.verdicts_topic, time.monotonic() - t_start, epoch)
 
 
-def publish_all(scenarios: list[Any], producer: Any, speed: float) -> None:
-    """Interleave the jobs' batches in simulated time, paced at ``speed`` x real time."""
+def publish_all(scenarios: list[Any], producer: Any, speed: float, epoch: float) -> None:
+    """Interleave the jobs' batches in simulated time, paced at ``speed`` x real time, their time 0 at ``epoch``."""
     import heapq
 
     from ccld.producers.simulator.emit import EPOCH_NS
     from ccld.producers.simulator.publish import shifted
     from ccld.producers.simulator.sim import simulate
 
-    # the jobs start at the wall clock, as real ones do: the archive's days and the verdicts' times are today's
-    epoch = time.time()
     offset_ns = int(epoch * 1e9) - EPOCH_NS
     streams = [simulate(sc) for sc in scenarios]
     heap: list[tuple[float, int, Any]] = []
@@ -142,7 +142,7 @@ def publish_all(scenarios: list[Any], producer: Any, speed: float) -> None:
 
 
 def report(expected: list[Expected], verdicts: list[Verdict], archive: Path, verdicts_topic: str,
-           elapsed_s: float) -> int:
+           elapsed_s: float, epoch: float = 0.0) -> int:
     from ccld.sinks.archive_command import summarize
 
     missed = [e for e in expected if not any(e.matched_by(v) for v in verdicts)]
@@ -153,7 +153,7 @@ def report(expected: list[Expected], verdicts: list[Verdict], archive: Path, ver
         if hit is None:
             print(f"  MISSED {e.kind} on rank {e.rank} of {e.job}")
         else:
-            print(f"  found  {e.kind} on rank {e.rank} of {e.job}: {hit.detected_time - e.onset_s:.1f} s "
+            print(f"  found  {e.kind} on rank {e.rank} of {e.job}: {hit.detected_time - epoch - e.onset_s:.1f} s "
                   f"after onset (simulated time)")
     for v in extra:
         print(f"  unexpected: {v.describe()}")

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -21,3 +23,9 @@ def test_demo_reports_every_injected_fault_and_archives(tmp_path: Path) -> None:
     assert "found  H1 on rank 13 of demo-hang" in out and "found  S2 on rank 21 of demo-slow" in out, out
     assert "every injected fault was reported" in out and "unexpected:" not in out, out
     assert list((tmp_path / "archive").rglob("*.parquet")), "the demo archived nothing"
+    # the jobs start at the wall clock: the time to verdict is counted from the onset, the archive's days are today's
+    ttv = [float(x) for x in re.findall(r"found  \S+ on rank \d+ of \S+: (-?[\d.]+) s after onset", out)]
+    assert len(ttv) == 2 and all(0 < t < 120 for t in ttv), out
+    today = dt.datetime.now(dt.UTC).date()
+    days = {p.name for p in (tmp_path / "archive").rglob("date=*")}
+    assert days and days <= {f"date={today}", f"date={today - dt.timedelta(days=1)}"}, days
