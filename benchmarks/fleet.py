@@ -39,10 +39,10 @@ from ccld.stack.bench import run_suite
 DAY_S = 86_400.0
 GPUS = 8
 #: the rules tried on the same verdicts: (min incidents, min jobs); the default first
-RULES = ((FleetSettings().min_incidents, FleetSettings().min_jobs), (2, 1), (2, 2), (3, 1), (4, 2), (3, 3))
+RULES = ((FleetSettings().min_incidents, FleetSettings().min_jobs), (2, 2), (3, 2), (3, 3), (4, 3), (5, 2))
 BAD = ("slow-gpu", "flaky-nic", "hanging-gpu")
 #: windows tried (days); the default first
-WINDOWS_D = (FleetSettings().window_s / DAY_S, 1.0, 2.0, 3.0)
+WINDOWS_D = (FleetSettings().window_s / DAY_S, 2.0, 7.0)
 
 
 def _false_alarms() -> ModuleType:

@@ -37,8 +37,8 @@ PARTS = {"gpu": frozenset({"S1", "H1", "S3"}), "network": frozenset({"S2", "H3",
 
 @dataclass(frozen=True)
 class FleetSettings:
-    window_s: float = 7 * DAY_S  # incidents older than this are forgotten
-    min_incidents: int = 3  # a candidate was root cause in at least this many incidents ...
+    window_s: float = DAY_S  # incidents older than this are forgotten
+    min_incidents: int = 4  # a candidate was root cause in at least this many incidents ...
     min_jobs: int = 2  # ... of at least this many different jobs, within the window
     half_life_s: float = DAY_S  # the score of an incident halves every half_life_s
     max_hosts: int = 2  # an incident naming more hosts than this blames no one machine

@@ -25,7 +25,7 @@ from ccld.sinks.fleet import HostTracker, describe, fleet_settings, span_s
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.description = __doc__.splitlines()[0] if __doc__ else None
     parser.add_argument("--since", type=span_s, metavar="SPAN",
-                        help="the window: 7d, 12h, 90m, ... (default: fleet_window_days, 7)")
+                        help="the window: 7d, 12h, 90m, ... (default: fleet_window_days, 1)")
     parser.add_argument("--archive", type=Path, metavar="DIR", help="read the verdicts from this Parquet archive "
                         "instead of the verdicts topic")
     parser.add_argument("--json", action="store_true", help="one JSON object: the rule and every host")

@@ -366,7 +366,9 @@ def test_three_jobs_on_a_bad_host_make_it_a_drain_candidate_in_alertmanager_and_
     env = {k: v for k, v in os.environ.items() if not k.startswith("CCLD_")}
     env.update({"CCLD_TOPIC_PREFIX": f"f{tag}.", "CCLD_WORKER_APP_ID": f"fleet-{tag}", "CCLD_SINK_GROUP": f"s-{tag}",
                 "CCLD_ALERT_GROUP": f"a-{tag}", "CCLD_ARCHIVE_DIR": str(tmp_path / "archive"),
-                "CCLD_ALERT_REPEAT_S": "2", "CCLD_ALERT_RETRY_MAX_S": "1"})
+                "CCLD_ALERT_REPEAT_S": "2", "CCLD_ALERT_RETRY_MAX_S": "1",
+                # three jobs, as an operator would see them in a morning; the default asks four incidents a day
+                "CCLD_FLEET_MIN_INCIDENTS": "3"})
     suite = tmp_path / "fleet.jsonl"
     suite.write_text("".join(json.dumps({"ranks": 16, "gpus_per_node": 8, "layout": {"tp": 4, "pp": 2, "dp": 2},
                                          "duration_s": 45, **sc}) + "\n" for sc in FLEET))

@@ -185,7 +185,7 @@ def test_logs_never_show_a_webhook_s_path_or_credentials() -> None:
     assert shown_url("http://10.0.0.5:8080") == "http://10.0.0.5:8080"
 
 
-def test_a_host_root_cause_in_three_incidents_of_two_jobs_fires_ccld_host_suspect(
+def test_a_host_root_cause_in_four_incidents_of_two_jobs_fires_ccld_host_suspect(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """The fleet tracker in the bridge: the drain candidate fires one CcldHostSuspect with the runbook's action;
     the host of a single incident and the victims' hosts do not; /metrics carries every host's standing."""
@@ -198,7 +198,8 @@ def test_a_host_root_cause_in_three_incidents_of_two_jobs_fires_ccld_host_suspec
     sent = [make_verdict(incident_id=f"i{n}", job=job, kind=kind, root_cause_hosts=(host,), detected_time=now - 60,
                          affected_ranks=(0, 1, 2))
             for n, (job, kind, host) in enumerate([("j1", AnomalyKind.S1, "bad-1"), ("j1", AnomalyKind.S1, "bad-1"),
-                                                   ("j2", AnomalyKind.H1, "bad-1"), ("j3", AnomalyKind.S2, "once-2")])]
+                                                   ("j2", AnomalyKind.H1, "bad-1"), ("j3", AnomalyKind.S3, "bad-1"),
+                                                   ("j3", AnomalyKind.S2, "once-2")])]
     service = AlertService(Settings.load({}, bootstrap="kafka:9092", alert_alertmanager_url="http://am:9093"))
     target = Target([])
     service.receivers[0].target = target
@@ -213,8 +214,8 @@ def test_a_host_root_cause_in_three_incidents_of_two_jobs_fires_ccld_host_suspec
     (alert,) = suspects()
     assert alert["labels"] == {"alertname": "CcldHostSuspect", "severity": "warning", "host": "bad-1"}
     assert "drain bad-1" in alert["annotations"]["action"] and "S1:" in alert["annotations"]["action"]
-    assert "3 incidents" in alert["annotations"]["summary"] and alert["annotations"]["recent_jobs"] in ("j2, j1",
-                                                                                                        "j1, j2")
+    assert "4 incidents" in alert["annotations"]["summary"]
+    assert set(alert["annotations"]["recent_jobs"].split(", ")) == {"j1", "j2", "j3"}
     assert service.counters["suspect_hosts"] == 1
     text = render(alert_families(service))
     assert 'ccld_host_drain_candidate{host="bad-1"} 1' in text and 'ccld_host_drain_candidate{host="once-2"} 0' in text

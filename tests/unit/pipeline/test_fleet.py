@@ -11,6 +11,8 @@ from ccld.sinks.fleet import DAY_S, FleetSettings, HostTracker, describe
 from factories import make_verdict
 
 H = 3600.0
+#: the rule these tests read most easily: 3 incidents of one part in 2 jobs within a week (the defaults: below)
+WEEK3 = FleetSettings(min_incidents=3, min_jobs=2, window_s=7 * DAY_S)
 
 
 def incident(iid: str, job: str, host: str | tuple[str, ...], t: float, kind: AnomalyKind = AnomalyKind.S1,
@@ -21,7 +23,7 @@ def incident(iid: str, job: str, host: str | tuple[str, ...], t: float, kind: An
 
 
 def test_three_incidents_of_two_jobs_make_a_candidate_and_one_jobs_restarts_do_not() -> None:
-    tr = HostTracker()
+    tr = HostTracker(WEEK3)
     tr.observe_all([incident("a1", "job-a", "bad", 1 * H), incident("a2", "job-a", "bad", 2 * H)])
     assert tr.candidates(3 * H) == []
     tr.observe(incident("b1", "job-b", "bad", 4 * H, AnomalyKind.H1))
@@ -29,7 +31,7 @@ def test_three_incidents_of_two_jobs_make_a_candidate_and_one_jobs_restarts_do_n
     assert (h.host, h.incidents, h.jobs, h.by_kind, h.part) == ("bad", 3, 2, {"S1": 2, "H1": 1}, "gpu")
     assert "DRAIN CANDIDATE" in describe(h) and "3 incidents" in describe(h)
     # one job restarted on the same host, hitting the same rank every time: its own bug, one job
-    tr2 = HostTracker().observe_all([incident(f"r{i}", "job-r", "h", i * H) for i in range(5)])
+    tr2 = HostTracker(WEEK3).observe_all([incident(f"r{i}", "job-r", "h", i * H) for i in range(5)])
     assert tr2.candidates(6 * H) == [] and tr2.standings(6 * H)[0].incidents == 5
 
 
@@ -41,7 +43,7 @@ def test_three_incidents_of_two_jobs_make_a_candidate_and_one_jobs_restarts_do_n
     ((AnomalyKind.H1, AnomalyKind.H3, AnomalyKind.S1), None),
 ])  # fmt: skip
 def test_a_candidate_is_one_part_of_the_machine_failing_again(kinds: tuple[AnomalyKind, ...], part: str | None) -> None:
-    tr = HostTracker().observe_all([incident(f"i{n}", f"job-{n}", "h", n * H, k) for n, k in enumerate(kinds)])
+    tr = HostTracker(WEEK3).observe_all([incident(f"i{n}", f"job-{n}", "h", n * H, k) for n, k in enumerate(kinds)])
     (h,) = tr.standings(4 * H)
     assert (h.part if h.candidate else None) == part and h.incidents == 3
 
@@ -69,7 +71,7 @@ def test_victims_never_count_and_an_incident_naming_many_hosts_blames_no_one() -
 
 
 def test_the_score_halves_each_half_life_and_the_window_forgets() -> None:
-    st = FleetSettings(window_s=2 * DAY_S, half_life_s=DAY_S)
+    st = FleetSettings(window_s=2 * DAY_S, half_life_s=DAY_S, min_incidents=3)
     tr = HostTracker(st).observe_all([incident("a", "j1", "h", 0.0), incident("b", "j2", "h", 0.0),
                                       incident("c", "j3", "h", 0.0)])
     assert tr.standings(0.0)[0].score == pytest.approx(3.0)
@@ -77,6 +79,17 @@ def test_the_score_halves_each_half_life_and_the_window_forgets() -> None:
     assert tr.standings(2 * DAY_S + 1) == []  # out of the window: not a candidate any more
     tr.forget_before(1.0)
     assert tr.incidents == {}
+
+
+def test_the_default_rule_four_incidents_of_one_part_in_two_jobs_within_a_day() -> None:
+    """The defaults benchmarks/fleet.py chose (RESULTS.md): a host that fails three times a day, or four times
+    over two days, is watched, not drained."""
+    three = HostTracker().observe_all([incident(f"a{n}", f"j{n}", "h", n * H) for n in range(3)])
+    assert three.candidates(3 * H) == []
+    four = HostTracker().observe_all([incident(f"a{n}", f"j{n % 2}", "h", n * H) for n in range(4)])
+    assert [h.host for h in four.candidates(4 * H)] == ["h"]
+    slow = HostTracker().observe_all([incident(f"a{n}", f"j{n}", "h", n * 12 * H) for n in range(4)])
+    assert slow.candidates(36 * H) == [] and slow.standings(36 * H)[0].incidents == 3  # the first left the window
 
 
 def test_bad_settings_are_refused() -> None:

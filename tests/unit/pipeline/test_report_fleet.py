@@ -16,12 +16,13 @@ def test_the_fleet_page_names_the_candidate_its_part_and_what_to_do(tmp_path: Pa
     root = write_fleet_archive(tmp_path / "archive", time.time())
     out = tmp_path / "fleet.html"
     assert main(["report", "--fleet", "--archive", str(root), "--out", str(out)]) == 0
-    assert "5 hosts root cause of an incident, drain candidates: gpu-bad" in capsys.readouterr().out
+    assert "4 hosts root cause of an incident, drain candidates: gpu-bad" in capsys.readouterr().out
     page = out.read_text()
-    assert "Fleet: 1 drain candidate among 5 hosts" in page and "drain (gpu)" in page
+    assert "Fleet: 1 drain candidate among 4 hosts" in page and "drain (gpu)" in page
     assert "drain gpu-bad" in page and page.count("<img") == 1 and "data:image/png;base64," in page
-    assert page.index("gpu-bad") < page.index("gpu-nic") < page.index("gpu-x1"), "candidates first, then by score"
-    # a shorter window: gpu-bad's GPU failed in three jobs within 15 h, still a candidate; within 10 h only twice
+    assert page.index("gpu-bad") < page.index("gpu-nic") < page.index("gpu-x2"), "candidates first, then by score"
+    assert "gpu-x1" not in page, "30 h ago: outside the 1-day window"
+    # a shorter window: gpu-bad's GPU failed only twice within 10 h
     assert main(["report", "--fleet", "--archive", str(root), "--out", str(out), "--since", "10h"]) == 0
     assert "drain candidates: none" in capsys.readouterr().out
 
