@@ -77,6 +77,8 @@ def draw_fleet(seed: int, jobs: int, hosts: int, max_duration_s: float, noise: f
             sc = fa.add_late_fault(sc, i, seed)
         dur, ranks, gpn = float(sc["duration_s"]), int(sc["ranks"]), int(sc["gpus_per_node"])
         nodes = (ranks - 1) // gpn + 1
+        if nodes > len(names):
+            raise SystemExit(f"job {i} needs {nodes} hosts of {gpn} GPUs; the fleet has {len(names)} (--hosts)")
         placed = jr.sample(names, nodes)
         sc["hosts"] = placed
         sc["id"] = f"fleet-{seed}-{i:03d}"
