@@ -26,7 +26,8 @@ SINK_COUNTERS = (
     ("ccld_sink_compactions_total", "compactions", "Archive compactions the sink's timer ran."),
     ("ccld_sink_compacted_files_total", "compacted_files", "Files fewer in the archive after its compactions."),
     ("ccld_sink_compact_errors_total", "compact_errors", "Folders or compactions that failed (tried again later)."),
-    ("ccld_sink_pruned_days_total", "pruned_days", "Days of the archive removed past archive_retention_days."),
+    ("ccld_sink_pruned_folders_total", "pruned_folders",
+     "Day folders (one topic and job each) removed past archive_retention_days."),
 )
 
 

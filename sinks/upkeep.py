@@ -34,7 +34,7 @@ class Upkeep:
         self.retention_days = settings.archive_retention_days
         self.root = root
         self.counters = counters
-        for key in ("compactions", "compacted_files", "compact_errors", "pruned_days"):
+        for key in ("compactions", "compacted_files", "compact_errors", "pruned_folders"):
             counters.setdefault(key, 0)
         self._due = time.monotonic() + self.every_s
         self._thread: threading.Thread | None = None
@@ -69,7 +69,7 @@ class Upkeep:
                          r.files_before, r.folders, r.files_after, r.rows, time.monotonic() - began)
             if self.retention_days > 0:
                 p = prune(self.root, self.retention_days)
-                self.counters["pruned_days"] += len(p.days)
+                self.counters["pruned_folders"] += p.folders
                 if p.folders:
                     log.info("archive retention (%g days): removed %d folders, %d files (%.1f MB) of %s",
                              self.retention_days, p.folders, p.files, p.bytes / _MB, ", ".join(p.days))

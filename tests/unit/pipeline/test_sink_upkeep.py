@@ -103,7 +103,7 @@ def test_the_timer_prunes_past_the_retention_and_zero_turns_it_off(tmp_path: Pat
     take(arch, c, range(3), when=old)
     take(arch, c, range(3, 5), when=dt.datetime.now(dt.UTC))
     arch.upkeep.run_once(arch.committed)
-    assert arch.counters["pruned_days"] == 1
+    assert arch.counters["pruned_folders"] == 1
     assert {p.parent.name for p in parquet(tmp_path)} == {f"date={dt.datetime.now(dt.UTC).date().isoformat()}"}
     off = sink(tmp_path / "off", sink_compact_every_s=0.0)
     assert not off.upkeep.maybe_start({}, now=1e12)
