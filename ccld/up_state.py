@@ -47,9 +47,7 @@ def remove(path: Path) -> None:
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # someone else's process has that pid now
+    except (ProcessLookupError, PermissionError):  # gone, or someone else's process has that pid now
         return False
     return True
 

@@ -269,8 +269,7 @@ def encode_verdict(v: Verdict) -> bytes:
     return encode("Verdict", v.to_dict())
 
 
-#: the encodings a verdict may travel in (``verdicts_encoding``); the header that names a JSON one
-VERDICT_ENCODINGS = ("avro", "json")
+#: the header that names a JSON verdict's encoding (``verdicts_encoding=json``)
 ENCODING_HEADER = "content-type"
 JSON_CONTENT_TYPE = b"application/json"
 

@@ -402,9 +402,7 @@ class AlertService:
         if now < self._fleet_at:
             return
         self._fleet_at = now + 1.0
-        st = self.fleet.settings
-        self.fleet.forget_before(now - st.window_s)
-        self.hosts = self.fleet.standings(now)
+        self.hosts = self.fleet.current(now)
         cands = {h.host: h for h in self.hosts if h.candidate}
         self.counters["suspect_hosts"] = len(cands)
         am = self.am

@@ -113,13 +113,12 @@ class Archiver:
 
     def _seed_fleet(self) -> None:
         """The verdicts the archive holds within the fleet's window: the view survives a restart of the sink."""
-        from ccld.sinks.catalog import read_verdicts
-        from ccld.sinks.report_model import verdict_from_row
+        from ccld.sinks.report_model import archived_verdicts
 
         since = time.time() - self.fleet.settings.window_s
         try:
-            rows = read_verdicts(self.root, self.settings.verdicts_topic) if self.root.is_dir() else []
-            self.fleet.observe_all(v for v in map(verdict_from_row, rows) if v.detected_time >= since)
+            held = archived_verdicts(self.root, self.settings.verdicts_topic) if self.root.is_dir() else []
+            self.fleet.observe_all(v for v in held if v.detected_time >= since)
         except Exception as exc:  # noqa: BLE001 - an unreadable old file costs the view its history, never the sink
             log.warning("the fleet view starts empty: the archive's verdicts could not be read: %s: %s",
                         type(exc).__name__, exc)
@@ -128,8 +127,7 @@ class Archiver:
         now = time.time()
         if now - self._hosts_at >= 5.0:
             self._hosts_at = now
-            self.fleet.forget_before(now - self.fleet.settings.window_s)
-            self.hosts = self.fleet.standings(now)
+            self.hosts = self.fleet.current(now)
 
     def run(self, stop: threading.Event) -> None:
         self._seed_fleet()

@@ -134,6 +134,11 @@ class HostTracker:
         for iid in [i for i, inc in self.incidents.items() if inc.first_s < t_s]:
             del self.incidents[iid]
 
+    def current(self, now_s: float) -> list[HostStanding]:
+        """Forget what left the window, then the standings at ``now_s`` (a service's periodic view)."""
+        self.forget_before(now_s - self.settings.window_s)
+        return self.standings(now_s)
+
     def standings(self, now_s: float, *, window_s: float | None = None) -> list[HostStanding]:
         """Every host root cause of an incident in the window ending at ``now_s``: candidates first, then by
         score."""

@@ -36,15 +36,14 @@ def fleet(root: Path, settings: Settings, since_s: float | None, out: Path) -> s
     """The fleet page from the archive's verdicts; the line to print."""
     import time
 
-    from ccld.sinks.catalog import read_verdicts
     from ccld.sinks.fleet import HostTracker, fleet_settings
     from ccld.sinks.report_fleet import fleet_html, fleet_png
-    from ccld.sinks.report_model import verdict_from_row
+    from ccld.sinks.report_model import archived_verdicts
 
     if not root.is_dir():
         raise CcldError(f"{root} is not a directory")
     tracker = HostTracker(fleet_settings(settings))
-    tracker.observe_all(verdict_from_row(row) for row in read_verdicts(root, settings.verdicts_topic))
+    tracker.observe_all(archived_verdicts(root, settings.verdicts_topic))
     now = time.time()
     window = since_s or tracker.settings.window_s
     hosts = tracker.standings(now, window_s=window)

@@ -133,6 +133,11 @@ def verdict_from_row(row: Mapping[str, Any]) -> Verdict:
     return Verdict.from_dict(d)
 
 
+def archived_verdicts(root: Path, topic: str) -> list[Verdict]:
+    """Every verdict the archive holds (every state, both layouts), as Verdicts."""
+    return [verdict_from_row(row) for row in read_verdicts(root, topic)]
+
+
 def incident_verdicts(rows: Iterable[Mapping[str, Any]], incident_id: str) -> list[Verdict]:
     """The incident's distinct verdicts (repeats dropped on ``dedupe_key``), in the order they happened."""
     seen: dict[str, tuple[int, Verdict]] = {}

@@ -112,11 +112,10 @@ def publish_all(scenarios: list[Any], producer: Any, speed: float, epoch: float)
     """Interleave the jobs' batches in simulated time, paced at ``speed`` x real time, their time 0 at ``epoch``."""
     import heapq
 
-    from ccld.producers.simulator.emit import EPOCH_NS
-    from ccld.producers.simulator.publish import shifted
+    from ccld.producers.simulator.publish import clock_offset_ns, shifted
     from ccld.producers.simulator.sim import simulate
 
-    offset_ns = int(epoch * 1e9) - EPOCH_NS
+    offset_ns = clock_offset_ns(epoch)
     streams = [simulate(sc) for sc in scenarios]
     heap: list[tuple[float, int, Any]] = []
     for i, it in enumerate(streams):

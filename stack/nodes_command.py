@@ -34,12 +34,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def _from_archive(root: Path, settings: Settings) -> Iterable[Verdict]:
-    from ccld.sinks.catalog import read_verdicts
-    from ccld.sinks.report_model import verdict_from_row
+    from ccld.sinks.report_model import archived_verdicts
 
     if not root.is_dir():
         raise CcldError(f"{root} is not a directory")
-    return [verdict_from_row(row) for row in read_verdicts(root, settings.verdicts_topic)]
+    return archived_verdicts(root, settings.verdicts_topic)
 
 
 def _from_topic(settings: Settings, timeout_s: float) -> Iterable[Verdict]:

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import importlib.util
 import io
+import sys
+from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import fastavro
@@ -50,3 +54,17 @@ def make_verdict(**over: Any) -> Verdict:
                                 affected_ranks=(0,), confidence=1.0, evidence="", onset_time=0.0, detected_time=0.0)
     base.update(over)
     return Verdict(**base)
+
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def load_benchmark(name: str, module: str) -> ModuleType:
+    """``benchmarks/<name>.py`` (a script, not a package) as module ``module``, registered in ``sys.modules``:
+    pickling (a process pool) and dataclasses look their module up there."""
+    spec = importlib.util.spec_from_file_location(module, BENCHMARKS / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod

@@ -73,6 +73,16 @@ class WorkerProcess:
         return self.log_path.read_text(errors="replace")[-6000:] if self.log_path.exists() else "(no log)"
 
 
+def stop_up(up: subprocess.Popen[str], timeout_s: float = 40.0) -> None:
+    """SIGTERM to a ``ccld up`` (it stops its children, then its broker); its group killed after ``timeout_s``."""
+    up.send_signal(signal.SIGTERM)
+    try:
+        up.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(up.pid, signal.SIGKILL)
+        up.wait()
+
+
 def collect_verdicts(
     settings: Settings, timeout_s: float, until: Callable[[list[Verdict]], bool] = lambda vs: False
 ) -> list[Verdict]:

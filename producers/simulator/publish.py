@@ -38,6 +38,12 @@ def shifted(batch: KernelBatch, offset_ns: int) -> KernelBatch:
     return dataclasses.replace(batch, columns=cols)
 
 
+def clock_offset_ns(epoch_s: float) -> int:
+    """How far to move the ranks' clocks (which read ``emit.EPOCH_NS`` at simulated time 0) so that they read
+    ``epoch_s`` there; 0 for epoch 0 (the benchmark's stamps)."""
+    return int(round(epoch_s * 1e9)) - EPOCH_NS if epoch_s else 0
+
+
 def publish(
     scenario: Scenario, producer: BatchSender, realtime: bool = False, *, job: str | None = None,
     epoch_s: float = 0.0,
@@ -52,8 +58,7 @@ def publish(
     Returns counts of batches, records and batches the producer refused.
     """
     t_wall0 = time.monotonic()
-    # the ranks' clocks read EPOCH_NS at simulated time 0 (emit.py): moved to read epoch_s there
-    offset_ns = int(round(epoch_s * 1e9)) - EPOCH_NS if epoch_s else 0
+    offset_ns = clock_offset_ns(epoch_s)
     batches = records = refused = 0
     for t, batch in simulate(scenario, job=job):
         if realtime:

@@ -25,7 +25,7 @@ from ccld.schemas.codec import encode_verdict
 from ccld.settings import Settings
 from ccld.stack.alertmanager import LocalAlertmanager, alertmanager_binary, list_alerts
 from factories import make_verdict
-from harness import WorkerProcess
+from harness import WorkerProcess, stop_up
 
 pytestmark = pytest.mark.integration
 
@@ -358,7 +358,6 @@ def test_three_jobs_on_a_bad_host_make_it_a_drain_candidate_in_alertmanager_and_
     host's slow GPU, one hangs on another host. CcldHostSuspect fires for the first host only, and `ccld nodes`
     names it a drain candidate and the other a host to watch."""
     import os
-    import signal
     import subprocess
     import sys
 
@@ -403,9 +402,4 @@ def test_three_jobs_on_a_bad_host_make_it_a_drain_candidate_in_alertmanager_and_
         assert "once-9" in hosts and not hosts["once-9"]["candidate"], hosts
         assert not any(h.startswith("ok-") for h in hosts), f"a victim host counted: {hosts}"
     finally:
-        up.send_signal(signal.SIGTERM)
-        try:
-            up.wait(40)
-        except subprocess.TimeoutExpired:
-            os.killpg(up.pid, signal.SIGKILL)
-            up.wait()
+        stop_up(up)

@@ -14,7 +14,6 @@ import json
 import os
 import queue
 import shutil
-import signal
 import subprocess
 import sys
 import threading
@@ -41,7 +40,7 @@ from ccld.schemas.codec import encode_verdict
 from ccld.settings import Settings
 from ccld.stack.broker import free_port
 from factories import make_verdict
-from harness import WorkerProcess, parse_exposition, scrape
+from harness import WorkerProcess, parse_exposition, scrape, stop_up
 
 pytestmark = pytest.mark.integration
 
@@ -331,12 +330,7 @@ def test_ccld_up_prints_a_metrics_url_for_each_service_and_each_answers(tmp_path
         assert st.returncode == 0 and "no job on these workers" in st.stdout, st.stdout + st.stderr
         assert f"the workers of `ccld up` (pid {up.pid}" in st.stderr and worker in st.stderr, st.stderr
     finally:
-        up.send_signal(signal.SIGTERM)
-        try:
-            up.wait(40)
-        except subprocess.TimeoutExpired:
-            os.killpg(up.pid, signal.SIGKILL)
-            up.wait()
+        stop_up(up)
     assert up.returncode == 0, "".join(seen)
 
 

@@ -3,9 +3,7 @@ minutes (no verdict), one late fault (found), and its counting and bound on plan
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -13,21 +11,16 @@ import pytest
 
 from ccld.producers.simulator.scenario import Scenario
 from ccld.records import AnomalyKind, Verdict, VerdictState
+from factories import load_benchmark
 
 pytestmark = pytest.mark.slow
 
-BENCH = Path(__file__).resolve().parents[3] / "benchmarks" / "false_alarms.py"
 SEED = 19
 
 
 @pytest.fixture(scope="module")
 def fa() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("false_alarms_bench", BENCH)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # pickling JobResult and dataclasses need the module registered
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("false_alarms", "false_alarms_bench")  # pickling JobResult needs the module registered
 
 
 def planted(kind: str, state: str, t: float, iid: str = "i1") -> Verdict:

@@ -3,27 +3,19 @@ else, and its timeline flags a host when the tracker's rule is met (synthetic ev
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 from types import ModuleType
 
 import pytest
 
 from ccld.producers.simulator.scenario import Scenario
+from factories import load_benchmark
 
-BENCH = Path(__file__).resolve().parents[3] / "benchmarks" / "fleet.py"
 H = 3600.0
 
 
 @pytest.fixture(scope="module")
 def fl() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("fleet_bench", BENCH)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("fleet", "fleet_bench")
 
 
 def test_the_draw_places_jobs_on_named_hosts_and_the_bad_hosts_faults_only_where_they_are(fl: ModuleType) -> None:
