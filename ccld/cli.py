@@ -85,6 +85,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "import-fr": ("ccld.streams.flight_recorder.import_fr_command",
                   "name the broken ranks from PyTorch Flight Recorder dumps"),
     "probe": ("ccld.probe.probe_command", "GPU probe tools (layout, compile check)"),
+    "nccl": ("ccld.producers.attach.nccl_command", "NCCL profiler plugin: build it, check its interface, aggregate"),
     "schema": ("ccld.schemas.schema_command", "print the Avro schema of a topic's records (schema verdict)"),
 }
 

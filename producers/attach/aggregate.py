@@ -100,6 +100,9 @@ class HostAggregator:
     max_rows: int = 200_000
     producer_id: str = ""
     stats: AggregatorStats = field(default_factory=AggregatorStats)
+    #: the NCCL profiler plugin's directory (``CCLD_NCCL_DIR``): its processes' tables are polled there
+    nccl_dir: str | None = None
+    nccl_poll_s: float = 0.1
 
     def __post_init__(self) -> None:
         if not self.producer_id:
@@ -114,6 +117,7 @@ class HostAggregator:
         self._seq = itertools.count()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
+        self.nccl: Any = None  # the TableWatcher over nccl_dir, once started
 
     # ---- lifecycle ----
     def start(self) -> HostAggregator:
@@ -133,7 +137,14 @@ class HostAggregator:
             self._remove_dir()
             raise
         self._sock = sock
-        for target, name in ((self._receive_loop, "ccld-agg-recv"), (self._flush_loop, "ccld-agg-flush")):
+        loops = [(self._receive_loop, "ccld-agg-recv"), (self._flush_loop, "ccld-agg-flush")]
+        if self.nccl_dir is not None:
+            from ccld.probe.nccl_watch import TableWatcher, announce
+
+            self.nccl = TableWatcher(self.nccl_dir, self.take_batch, name_job=nccl_job)
+            announce(self.nccl_dir)  # last: the plugin starts only once something polls its tables
+            loops.append((self._nccl_loop, "ccld-agg-nccl"))
+        for target, name in loops:
             t = threading.Thread(target=target, name=name, daemon=True)
             t.start()
             self._threads.append(t)
@@ -146,6 +157,14 @@ class HostAggregator:
         for t in self._threads:
             t.join(timeout_s)
         self._threads = []
+        if self.nccl is not None:  # the frames' last states (a job that just ended), then no more tables
+            from ccld.probe.nccl_watch import PID_FILE
+
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(str(self.nccl_dir), PID_FILE))
+            with contextlib.suppress(Exception):
+                self.nccl.poll(final=True)
+            self.nccl.close()
         sock, self._sock = self._sock, None
         if sock is not None:
             self._drain(sock)
@@ -189,6 +208,20 @@ class HostAggregator:
             with contextlib.suppress(OSError):
                 os.rmdir(d)
 
+    # ---- the NCCL plugin's tables ----
+    def _nccl_loop(self) -> None:
+        next_scan = 0.0
+        while not self._stop.wait(self.nccl_poll_s):
+            try:
+                now = time.monotonic()
+                if now >= next_scan:  # new processes and communicators: once a second is soon enough
+                    self.nccl.scan()
+                    next_scan = now + 1.0
+                self.nccl.poll()
+            except Exception:  # noqa: BLE001 - the poller must survive anything
+                self.stats.internal_errors += 1
+                log.debug("aggregator: polling the NCCL tables failed", exc_info=True)
+
     # ---- receiving ----
     def _receive_loop(self) -> None:
         buf = bytearray(MAX_DATAGRAM)
@@ -231,6 +264,10 @@ class HostAggregator:
         except Exception:  # noqa: BLE001 - SchemaError, or a decoder bug on odd bytes: counted, dropped
             self.stats.decode_errors += 1
             return
+        self.take_batch(batch)
+
+    def take_batch(self, batch: KernelBatch) -> None:
+        """Buffer one batch for the next flush (a rank's datagram, or the NCCL plugin's frames of a poll)."""
         if batch.n == 0:
             return
         with self._lock:
@@ -285,6 +322,15 @@ class HostAggregator:
                 else:
                     self.stats.send_failures += 1
             return sent
+
+
+def nccl_job(env: dict[str, str] | Any) -> tuple[str, int]:
+    """(job, incarnation) of a plugin table's writer from its environment, by the attachment's rules."""
+    from ccld.producers.attach.job_identity import DEFAULT_JOB, resolve
+
+    named = str(env.get("CCLD_JOB", "")).strip() or DEFAULT_JOB
+    inc = str(env.get("CCLD_INCARNATION") or env.get("TORCHELASTIC_RESTART_COUNT") or "0")
+    return resolve(named, env).name, int(inc) if inc.isdigit() else 0
 
 
 @dataclass

@@ -124,6 +124,7 @@ class TrackerStats:
     internal_errors: int = 0
     unobserved: int = 0  # calls we could not identify (e.g. recv from any source)
     comms_forgotten: int = 0  # communicators dropped from the bounded table
+    deferred: int = 0  # calls NCCL runs, left to the NCCL profiler plugin (``ccld run --nccl-plugin``)
 
 
 @dataclass(frozen=True)

@@ -14,12 +14,17 @@ serves Prometheus metrics on ``aggregator_metrics_port`` (``--metrics-port``; 0:
 
 Without ``--job`` the ranks take the job's name from their scheduler (Slurm, torchrun, Kubernetes), else
 the name of this launch, which every process it starts shares (``job_identity``).
+
+``--nccl-plugin`` builds CCL-D's NCCL profiler plugin (``ccld.probe.nccl_build``) and names it to every rank
+(``NCCL_PROFILER_PLUGIN``, ``CCLD_NCCL_DIR``): NCCL then reports each op it runs, from any framework, into
+a table the aggregator polls (``ccld.probe.nccl_watch``); the PyTorch hooks leave NCCL's calls to it.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -30,6 +35,7 @@ from typing import Any
 
 from ccld.producers.attach.bootstrap import child_env, write_site_dir
 from ccld.producers.attach.job_identity import DEFAULT_JOB, LAUNCH_ENV, from_environment, launch_name
+from ccld.producers.attach.session import ENV_NCCL_PLUGIN
 from ccld.reachability import broker_reachable
 from ccld.settings import Settings
 
@@ -58,6 +64,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="with the kafka sink: one message per host and second from a local aggregator instead of one "
         "per rank (default on; a rank that cannot reach it sends directly)",
     )  # fmt: skip
+    parser.add_argument(
+        "--nccl-plugin", dest="nccl_plugin", action="store_true",
+        help="load CCL-D's NCCL profiler plugin in every rank (NCCL_PROFILER_PLUGIN): every op NCCL runs, with "
+        "its kernel channels and network steps, whatever the framework; the PyTorch hooks keep the rest",
+    )  # fmt: skip
     parser.add_argument("--metrics-port", type=int, metavar="PORT",
                         help="the host aggregator serves Prometheus metrics on this port, 0: off "
                         "(default: aggregator_metrics_port, 9466)")
@@ -77,12 +88,13 @@ def prepare_env(
     )  # fmt: skip
 
 
-def start_aggregator(settings: Settings) -> Any:
-    """A running ``HostAggregator`` sending through Kafka, or None (said on stderr) when it cannot start."""
+def start_aggregator(settings: Settings, nccl_dir: str | None = None) -> Any:
+    """A running ``HostAggregator`` sending through Kafka (polling the NCCL plugin's tables in ``nccl_dir``),
+    or None (said on stderr) when it cannot start."""
     from ccld.producers.attach.aggregate import HostAggregator
     from ccld.producers.attach.outlets import KafkaSink
 
-    agg = HostAggregator(sink=KafkaSink(settings, keep_ids=True))
+    agg = HostAggregator(sink=KafkaSink(settings, keep_ids=True), nccl_dir=nccl_dir)
     try:
         return agg.start()
     except OSError as exc:
@@ -115,17 +127,39 @@ def main(args: argparse.Namespace, settings: Settings) -> int:
     if getattr(args, "metrics_port", None) is not None:
         settings = settings.replace(aggregator_metrics_port=args.metrics_port)
     server = None
+    plugin_env: dict[str, str] = {}
+    nccl_dir = None
+    if getattr(args, "nccl_plugin", False):
+        if not (getattr(args, "aggregate", False) and sink.partition(":")[0] in ("", "kafka")):
+            print("ccld run: --nccl-plugin sends through the host aggregator: it needs the kafka sink and --aggregate",
+                  file=sys.stderr)  # fmt: skip
+            return 2
+        from ccld.errors import ConfigError
+        from ccld.probe.nccl_build import build
+
+        try:
+            lib = build()
+        except ConfigError as exc:
+            print(f"ccld run: {exc}", file=sys.stderr)
+            return 2
+        nccl_dir = tempfile.mkdtemp(prefix="ccld-nccl-")
+        plugin_env = {"NCCL_PROFILER_PLUGIN": str(lib), "CCLD_NCCL_DIR": nccl_dir, ENV_NCCL_PLUGIN: "1"}
     if getattr(args, "aggregate", False) and sink.partition(":")[0] in ("", "kafka"):
-        aggregator = start_aggregator(settings)
+        aggregator = start_aggregator(settings, nccl_dir)
         if aggregator is not None:
             server = serve_aggregator_metrics(aggregator, settings)
+        elif nccl_dir is not None:
+            print("ccld run: without the host aggregator nothing polls the NCCL plugin: it stays off", file=sys.stderr)
+            plugin_env = {}
     try:
-        return _run(cmd, args, settings, sink, aggregator)
+        return _run(cmd, args, settings, sink, aggregator, plugin_env)
     finally:
         if aggregator is not None:  # after the job: its ranks' last batches are in the socket by now
             aggregator.close(AGGREGATOR_CLOSE_S)  # logs its stats line
         if server is not None:
             server.close()
+        if nccl_dir is not None:
+            shutil.rmtree(nccl_dir, ignore_errors=True)
 
 
 class KafkaWatch:
@@ -204,7 +238,8 @@ def launch_env(settings: Settings, env: dict[str, str]) -> dict[str, str]:
     return env
 
 
-def _run(cmd: list[str], args: argparse.Namespace, settings: Settings, sink: str, aggregator: Any) -> int:
+def _run(cmd: list[str], args: argparse.Namespace, settings: Settings, sink: str, aggregator: Any,
+         plugin_env: dict[str, str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="ccld-run-") as site_dir:
         env = prepare_env(
             settings, site_dir, sink=sink, heartbeat_ms=args.heartbeat_ms,
@@ -212,6 +247,7 @@ def _run(cmd: list[str], args: argparse.Namespace, settings: Settings, sink: str
             aggregate_socket=aggregator.path if aggregator is not None else None,
             base=launch_env(settings, dict(os.environ)),
         )  # fmt: skip
+        env.update(plugin_env or {})
         try:
             proc = subprocess.Popen(cmd, env=env)
         except OSError as exc:

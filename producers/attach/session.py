@@ -41,6 +41,8 @@ SOURCES = ("auto", "wrap", "fr", "both")
 #: :meth:`Attachment.watch_check`): then it switches to "both" for good.
 #: nccl: both (not measured here): its active-only dump holds only unfinished entries.
 AUTO_SOURCE = {"gloo": "wrap", "nccl": "both"}
+#: set by ``ccld run --nccl-plugin``: the NCCL profiler plugin reports NCCL's ops, the attachment the rest
+ENV_NCCL_PLUGIN = "CCLD_NCCL_PLUGIN"
 
 
 def fr_enabled(environ: Mapping[str, str]) -> bool:
@@ -340,6 +342,12 @@ def attach(
         )
         if cost if cost is not None else cost_enabled(os.environ):
             hooks.cost = HookTime()
+        if os.environ.get(ENV_NCCL_PLUGIN) == "1":
+            # NCCL's own profiler plugin reports every op NCCL runs, with its channels and the network's
+            # steps; this attachment keeps what NCCL does not run (gloo groups, CPU tensors) and Flight
+            # Recorder (which would see the NCCL ops again) stays off
+            hooks.defer_nccl = True
+            source = "wrap"
         poller = None
         if source != "wrap":
             if fr_enabled(os.environ):

@@ -216,6 +216,9 @@ class TorchHooks:
         self.seq_base: dict[str, int] = {}
         #: the training thread's time inside these hooks (set before ``install``; None: not measured)
         self.cost: HookTime | None = None
+        #: the NCCL profiler plugin reports every op NCCL runs (``ccld run --nccl-plugin``): calls that go to
+        #: NCCL are left to it (counted in ``deferred``), so no collective is counted twice
+        self.defer_nccl = False
 
     # ---- install / uninstall ----
     def install(self) -> None:
@@ -410,6 +413,23 @@ class TorchHooks:
                 )
         return st
 
+    def _deferred(self, group: Any, tensors: Any) -> bool:
+        """True when the NCCL profiler plugin sees this call (NCCL runs it): this wrapper leaves it alone."""
+        if not self.defer_nccl:
+            return False
+        try:
+            backend = str(self.c10d.get_backend(group)).lower()
+        except Exception:  # noqa: BLE001 - not a group torch knows: not NCCL's
+            return False
+        if "nccl" not in backend:
+            return False
+        if ":" in backend:  # "cpu:gloo,cuda:nccl": NCCL runs the call when its tensors are on a GPU
+            first = tensors[0] if isinstance(tensors, (list, tuple)) and tensors else tensors
+            if not bool(getattr(getattr(first, "device", None), "type", "") == "cuda"):
+                return False
+        self.tracker.stats.deferred += 1
+        return True
+
     def _begin_coll(
         self,
         op_type: OpType,
@@ -419,7 +439,7 @@ class TorchHooks:
     ) -> tuple[list[OpCall], bool] | None:
         group, tensors, root_global, root_group, is_async = ext(args, kwargs)
         st = self.group_state(group)
-        if st is None:
+        if st is None or self._deferred(group, tensors):
             return None
         if self.seq_source is not None and ext is _x_monitored_barrier:
             # Flight Recorder has no entry for it (gloo runs it as send/recv): the other source
@@ -474,11 +494,12 @@ class TorchHooks:
         self, spec: tuple[OpType, str, str, bool], args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> tuple[list[OpCall], bool] | None:
         op_type, peer_kw, group_peer_kw, is_async = spec
-        st = self.group_state(_a(args, kwargs, 2, "group"))
-        if st is None:
+        group = _a(args, kwargs, 2, "group")
+        st = self.group_state(group)
+        tensor = _a(args, kwargs, 0, "tensor")
+        if st is None or self._deferred(group, tensor):
             return None
         st.issued += 1
-        tensor = _a(args, kwargs, 0, "tensor")
         group_peer = _a(args, kwargs, 4, group_peer_kw)
         if group_peer is None:
             peer_global = _a(args, kwargs, 1, peer_kw)
@@ -494,7 +515,7 @@ class TorchHooks:
         calls = []
         for op in ops:
             st = self.group_state(op.group)
-            if st is None:
+            if st is None or self._deferred(op.group, op.tensor):
                 continue
             st.issued += 1
             op_type = OpType.SEND if getattr(op.op, "__name__", "") in ("isend", "send") else OpType.RECV

@@ -850,6 +850,16 @@ class SlowDetector:
                 if (self.alarmed_for(bi) < s.slow_link_wait_s or not steady) and (counters or late is None):
                     return []
                 link_src, unobserved = -1, counters
+        if late is not None and link_src is not None and link_src >= 0 and link_src != late and sender is None:
+            # Data piled up before the late arriver itself: a network transport's sender waits for its
+            # receiver's buffers, so the rank upstream of a late one receives and cannot pass on until it
+            # arrives (NCCL's proxy steps, as the profiler plugin counts them). While the op's own kernel
+            # time did not grow, that backlog is the lateness's shadow, not a slow link into it.
+            size = js.members_of(cid).stop - js.members_of(cid).start
+            own = _median([float(self.w_tmin[bi, j]) for j in idx]) - float(self.b_hmin[bi])
+            grew = own > max(s.slow_min_excess_s, (s.slow_factor - 1) * float(self.b_min[bi]))
+            if int(self.b_sig[bi] >> 60 & 0xF) in RING_OPS and (link_src + 1) % size == late and not grew:
+                link_src = None
         mk = functools.partial(self._finding, js=js, bi=bi, idx=idx, p=p, lateness=lateness, unobserved=unobserved,
                                cpu_share=cpu_share, cost=cost,
                                pair=sender is not None)

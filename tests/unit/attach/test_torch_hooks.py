@@ -299,3 +299,26 @@ def test_an_unnamed_job_takes_its_schedulers_identity_and_a_named_one_keeps_its_
             assert {r.job for r in sink.records} == {want}
         finally:
             detach()
+
+
+def test_with_the_nccl_plugin_calls_nccl_runs_are_left_to_it(world: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``ccld run --nccl-plugin``: the plugin reports what NCCL runs, so the hooks skip (and count) those calls and
+    keep the rest; without the plugin they keep everything. The group here is gloo; NCCL's is told by its backend."""
+    monkeypatch.setenv("CCLD_NCCL_PLUGIN", "1")
+    sink = ListSink()
+    att = attach(Settings.load({}, job="unit"), sink=sink, heartbeat_s=0.05, markers=False, detail="all", source="auto")
+    try:
+        assert att.source == "wrap" and att.hooks.defer_nccl  # Flight Recorder would see NCCL's ops again
+        dist.all_reduce(torch.ones(2))  # gloo: kept
+        real = c10d.get_backend
+        monkeypatch.setattr(c10d, "get_backend", lambda group=None: "nccl")
+        dist.all_reduce(torch.ones(2))  # NCCL's: left to the plugin
+        dist.broadcast(torch.ones(2), src=0)
+        monkeypatch.setattr(c10d, "get_backend", lambda group=None: "cpu:gloo,cuda:nccl")
+        dist.all_reduce(torch.ones(2))  # a CPU tensor on a mixed group goes to gloo: kept
+        monkeypatch.setattr(c10d, "get_backend", real)
+        att.flush()
+        kept = [r for r in sink.records if r.status is Status.DONE]
+        assert [r.op_seq for r in kept] == [0, 1] and att.tracker.stats.deferred == 2
+    finally:
+        detach()
