@@ -4,7 +4,7 @@ The plugin (``probe/nccl/ccld_nccl_profiler.c``) writes, per process, one file
 ``<dir>/nccl-<host>-<pid>-<tag>.table`` in the aggregator's directory (``CCLD_NCCL_DIR``), mapped shared:
 
 - a 4,096-byte **header**: magic, table version, slot count, the writer's pid, the profiler interface
-  version NCCL chose, slots used and refused (table full), events seen, dropped (pools full) and of
+  version NCCL chose, slots used and refused (table full), events started, dropped (pools full) and of
   unknown types, the start time, counts the network finished after its kernel, the environment the job
   and rank are named from (``KEY=VALUE`` strings, NUL-separated) and the host name;
 - one 64-byte **slot** per communicator (kind 0) or point-to-point channel (kinds 1 send, 2 receive;

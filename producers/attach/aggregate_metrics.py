@@ -64,4 +64,34 @@ def aggregator_families(agg: HostAggregator, *, spool_max_bytes: int = 0) -> lis
     out.append(Family("ccld_aggregator_spool_max_bytes", "gauge",
                       "The spool's bound (spool_max_mb; 0 without spool_dir): past it records are lost.")
                .add(spool_max_bytes))
+    out.extend(nccl_families(agg))
+    return out
+
+
+def nccl_families(agg: HostAggregator) -> list[Family]:
+    """The NCCL profiler plugin's side (``ccld run --nccl-plugin``): the tables polled and the plugins' own counters."""
+    w = agg.nccl
+    ws = dataclasses.asdict(w.stats) if w is not None else {}
+    plugin = w.table_stats() if w is not None else {}
+    out = [
+        Family("ccld_aggregator_nccl_tables", "gauge", "NCCL plugin tables (processes) polled now.")
+        .add(int(ws.get("tables", 0))),
+        Family("ccld_aggregator_nccl_tables_done_total", "counter",
+               "Plugin tables whose process ended: polled a last time and removed.").add(int(ws.get("tables_done", 0))),
+        Family("ccld_aggregator_nccl_bad_tables_total", "counter",
+               "Files in the plugin's directory that were no readable table (skipped).")
+        .add(int(ws.get("bad_tables", 0))),
+        Family("ccld_aggregator_nccl_records_total", "counter", "Records made from the plugin's frames.")
+        .add(int(ws.get("records", 0))),
+    ]
+    events = Family("ccld_aggregator_nccl_plugin_events", "gauge",
+                    "NCCL events the plugins of the processes polled now handled, dropped (pools or table full) "
+                    "or ignored (types they do not know).", ("outcome",))  # fmt: skip
+    events.add(int(plugin.get("events", 0)), outcome="seen")
+    events.add(int(plugin.get("dropped_events", 0)), outcome="dropped")
+    events.add(int(plugin.get("unknown_events", 0)), outcome="unknown")
+    out.append(events)
+    out.append(Family("ccld_aggregator_nccl_refused_communicators", "gauge",
+                      "Communicators the plugins of the processes polled now had no slot for (CCLD_NCCL_SLOTS).")
+               .add(int(plugin.get("slots_refused", 0))))
     return out

@@ -12,10 +12,13 @@ from typing import Any
 
 import pytest
 
+from ccld.metrics import render
 from ccld.probe import nccl_build
 from ccld.probe.nccl_watch import PID_FILE, TableWatcher, announce
 from ccld.producers.attach.aggregate import HostAggregator, nccl_job
+from ccld.producers.attach.aggregate_metrics import aggregator_families
 from ccld.records import KernelBatch, Status
+from harness import parse_exposition
 
 pytestmark = pytest.mark.skipif(not (shutil.which("gcc") or shutil.which("cc")), reason="no C compiler")
 
@@ -102,6 +105,10 @@ def test_the_host_aggregator_announces_itself_polls_the_tables_and_sends_their_r
 
             time.sleep(0.1)
             deadline -= 1
+        got = parse_exposition(render(aggregator_families(agg)))
+        assert got["ccld_aggregator_nccl_tables"] == 1 and got["ccld_aggregator_nccl_records_total"] > 0
+        assert got['ccld_aggregator_nccl_plugin_events{outcome="seen"}'] == 2  # the op's and its kernel channel's starts
+        assert got['ccld_aggregator_nccl_plugin_events{outcome="dropped"}'] == 0
         assert proc.stdin is not None
         proc.stdin.close()
         proc.wait(10)
