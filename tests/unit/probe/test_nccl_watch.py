@@ -107,7 +107,7 @@ def test_the_host_aggregator_announces_itself_polls_the_tables_and_sends_their_r
             deadline -= 1
         got = parse_exposition(render(aggregator_families(agg)))
         assert got["ccld_aggregator_nccl_tables"] == 1 and got["ccld_aggregator_nccl_records_total"] > 0
-        assert got['ccld_aggregator_nccl_plugin_events{outcome="seen"}'] == 2  # the op's and its kernel channel's starts
+        assert got['ccld_aggregator_nccl_plugin_events{outcome="seen"}'] == 2  # two starts: op, channel
         assert got['ccld_aggregator_nccl_plugin_events{outcome="dropped"}'] == 0
         assert proc.stdin is not None
         proc.stdin.close()
