@@ -34,7 +34,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from ccld.probe.nccl_driver import Comm, NcclDriver
@@ -63,6 +63,7 @@ class RingJob:
     fifo_slots: int = 8  # messages a rank may produce ahead of the network (NCCL_STEPS)
     jitter: float = 0.02  # a rank's compute varies by up to this share, the same on every replay
     name: str = ""  # the job's name (CCLD_JOB of its ranks, launch mode); "": the launcher's
+    group_size: int = 0  # ranks per communicator (consecutive blocks, tensor-parallel style); 0: one of all ranks
 
     def __post_init__(self) -> None:
         if self.nranks < 2 or self.channels < 1:
@@ -71,6 +72,18 @@ class RingJob:
             raise ValueError(f"unknown fault {self.fault!r}: use one of H1, H3, S1, S2")
         if self.fault and not 0 <= self.rank < self.nranks:
             raise ValueError(f"fault {self.fault} needs a rank in 0..{self.nranks - 1}")
+        size = self.group_size or self.nranks
+        if size < 2 or self.nranks % size:
+            raise ValueError(f"group_size {self.group_size} must divide {self.nranks} ranks into groups of 2 or more")
+
+    def group_of(self, rank: int) -> tuple[int, list[int], int]:
+        """(group index, its global ranks, the rank's place in it): the communicator a rank runs."""
+        size = self.group_size or self.nranks
+        g = rank // size
+        return g, list(range(g * size, (g + 1) * size)), rank % size
+
+    def comm_hash_of(self, rank: int) -> int:
+        return self.comm_hash + self.group_of(rank)[0]
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,14 +102,28 @@ class Call:
 _FIRST = {"op": 0, "kch_start": 1, "pop_start": 2}
 
 
+def schedule(job: RingJob) -> list[list[Call]]:
+    """Every rank's calls, each list in time order (calls that would happen after a hang are left out).
+    Each communicator (``group_size`` ranks) runs its ring on its own; a fault is in the group of its rank."""
+    size = job.group_size or job.nranks
+    out: list[list[Call]] = [[] for _ in range(job.nranks)]
+    for first in range(0, job.nranks, size):
+        members = list(range(first, first + size))
+        local = job.rank - first if job.fault and job.rank in members else -1
+        g_job = replace(job, nranks=size, group_size=0, rank=local, fault=job.fault if local >= 0 else "")
+        for i, calls in enumerate(_ring_schedule(g_job, members)):
+            out[members[i]] = calls
+    return out
+
+
 def _jitter(job: RingJob, rank: int, it: int) -> float:
     # a fixed pseudo-random share in [-jitter, +jitter]: no RNG state, the same in every process
     x = (rank * 2_654_435_761 + it * 40_503 + 12_345) % 1_000_003 / 1_000_003
     return 1.0 + job.jitter * (2.0 * x - 1.0)
 
 
-def schedule(job: RingJob) -> list[list[Call]]:
-    """Every rank's calls, each list in time order (calls that would happen after a hang are left out)."""
+def _ring_schedule(job: RingJob, members: list[int]) -> list[list[Call]]:
+    """One communicator's ring (``job`` in its own ranks; ``members`` give the global ranks, for the jitter)."""
     r_n, ch_n = job.nranks, job.channels
     steps = 2 * r_n - 1  # steps of one all-reduce round per rank and channel
     d = job.op_s / (steps * job.rounds)  # one message on a healthy link
@@ -110,7 +137,7 @@ def schedule(job: RingJob) -> list[list[Call]]:
             break
         enter = []
         for r in range(r_n):
-            c = job.compute_s * _jitter(job, r, it)
+            c = job.compute_s * _jitter(job, members[r], it)
             if job.fault == "S1" and r == job.rank and exit_t[r] >= job.onset_s:
                 c *= job.factor
             e = exit_t[r] + c
@@ -224,7 +251,7 @@ class RankPlayer:
             elif c.what == "kch_start":
                 self._kch[(c.op, c.channel)] = drv.kernel_ch_start(comm, self._ops[c.op], c.channel, gpu_ns)
             elif c.what == "pop_start":
-                steps = 2 * (self.job.nranks - 1) * self.job.rounds
+                steps = 2 * ((self.job.group_size or self.job.nranks) - 1) * self.job.rounds
                 self._pops[(c.op, c.channel, c.is_send)] = drv.proxy_op_start(
                     comm, self._ops[c.op], c.channel, c.arg, steps, c.is_send)  # fmt: skip
             elif c.what == "send_ready":  # the GPU wrote the chunk: the proxy posts it
@@ -279,7 +306,8 @@ class VirtualReplay:
                 drv = NcclDriver.load(lib, version)
                 if drv is None:
                     raise RuntimeError(f"{lib} exports no ncclProfiler_v{version}")
-                comm = drv.init(job.comm_hash, job.nranks, r)
+                _, members, local = job.group_of(r)
+                comm = drv.init(job.comm_hash_of(r), len(members), local)
                 if comm is None:
                     raise RuntimeError(f"the plugin refused rank {r}'s communicator (see stderr)")
                 self.players.append(RankPlayer(drv, comm, calls[r], job, t0_ns))
@@ -314,7 +342,8 @@ def play_realtime(job: RingJob, rank: int, plugin: str, t0: float, *, version: i
     if drv is None:
         log(f"rank {rank}: {plugin} exports no ncclProfiler_v{version}")
         return 2
-    comm = drv.init(job.comm_hash, job.nranks, rank)
+    _, members, local = job.group_of(rank)
+    comm = drv.init(job.comm_hash_of(rank), len(members), local)
     if comm is None:
         log(f"rank {rank}: the plugin refused the communicator; running without it")
         return 3

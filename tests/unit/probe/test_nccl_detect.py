@@ -55,3 +55,12 @@ def test_ten_minutes_of_a_healthy_job_and_its_end_give_no_verdict() -> None:
     res = replay_verdicts(RingJob(duration_s=600.0, channels=4), past_end_s=120.0)
     assert res.verdicts == [], [v.describe() for v in res.verdicts]
     assert res.calls > 100_000 and res.records > 2_000  # it ran: every rank's ops, polled and analysed
+
+
+def test_communicators_of_part_of_the_job_name_global_ranks_and_links() -> None:
+    """Two 4-rank communicators (ranks 0-3 and 4-7, each its own ring, comm ranks 0-3 in both): the verdicts
+    name the job's ranks, from the ranks' own RANK, not their place in the communicator."""
+    (h1,) = opened(RingJob(nranks=8, group_size=4, fault="H1", rank=6, onset_s=15.0, duration_s=45.0))
+    assert (h1.kind, h1.root_cause_ranks, set(h1.affected_ranks)) == (AnomalyKind.H1, (6,), {4, 5, 7}), h1.describe()
+    (h3,) = opened(RingJob(nranks=8, group_size=4, fault="H3", rank=7, channel=0, onset_s=15.0, duration_s=45.0))
+    assert (h3.kind, h3.link) == (AnomalyKind.H3, Link(7, 4)), h3.describe()  # the ring closes within its group
