@@ -5,9 +5,10 @@
    per op), paced to ``--rate`` events per second, timing every call with CLOCK_MONOTONIC (the clock's own
    cost subtracted). ``--repeats`` runs; the table gives the medians of their medians and p99s, per kind of
    call and over all, and the time per all-reduce.
-2. **Verdicts.** A 4-rank job replayed into the plugin on a virtual clock (``stack.nccl_check``), one fault
-   each (H1, H3, S1 3x and 1.5x, S2 3x and 1.5x) and a healthy job of ``--healthy-s``: what the analyzer
-   said, and how many job seconds after the onset.
+2. **Verdicts.** Jobs replayed into the plugin on a virtual clock (``stack.nccl_check``), one fault each: a
+   4-rank ring (H1, H3, S1 3x and 1.5x, S2 3x and 1.5x), two 4-rank rings of an 8-rank job, a 4-stage
+   pipeline of send/recv; and a healthy ring of ``--healthy-s``: what the analyzer said, and how many job
+   seconds after the onset.
 
     python benchmarks/nccl_plugin.py --out benchmarks/results/nccl-plugin.json
 """
@@ -31,6 +32,8 @@ from ccld.probe.nccl_watch import announce
 from ccld.records import VerdictState
 from ccld.stack.nccl_check import replay_verdicts
 
+#: a forward pipeline: each rank a stage sending its micro-batches to the next (NCCL's send/recv channels)
+PIPE: dict[str, Any] = {"shape": "pipeline", "compute_s": 0.4, "op_s": 0.05}
 FAULTS: tuple[tuple[str, dict[str, Any], str], ...] = (
     ("H1 rank 2", {"fault": "H1", "rank": 2}, "H1 (2,)"),
     ("H3 link 1->2 ch 1", {"fault": "H3", "rank": 1, "channel": 1}, "H3 1->2 ch 1"),
@@ -38,6 +41,13 @@ FAULTS: tuple[tuple[str, dict[str, Any], str], ...] = (
     ("S1 rank 1, 1.5x", {"fault": "S1", "rank": 1, "factor": 1.5}, "S1 (1,)"),
     ("S2 link 2->3, 3x", {"fault": "S2", "rank": 2, "factor": 3.0}, "S2 2->3"),
     ("S2 link 2->3, 1.5x", {"fault": "S2", "rank": 2, "factor": 1.5}, "S2 2->3"),
+    ("8 ranks, two 4-rank rings: H1 rank 6", {"nranks": 8, "group_size": 4, "fault": "H1", "rank": 6}, "H1 (6,)"),
+    ("8 ranks, two 4-rank rings: H3 link 7->4 ch 0", {"nranks": 8, "group_size": 4, "fault": "H3", "rank": 7},
+     "H3 7->4 ch 0"),
+    ("pipeline of 4 stages: H1 stage 2", {**PIPE, "fault": "H1", "rank": 2}, "H1 (2,)"),
+    ("pipeline: H3 link 1->2", {**PIPE, "fault": "H3", "rank": 1}, "H3 1->2 ch 0"),
+    ("pipeline: S1 stage 2, 2x", {**PIPE, "fault": "S1", "rank": 2, "factor": 2.0}, "S1 (2,)"),
+    ("pipeline: S2 link 1->2, 3x", {**PIPE, "fault": "S2", "rank": 1, "factor": 3.0}, "S2 1->2"),
 )
 
 

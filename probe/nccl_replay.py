@@ -64,12 +64,16 @@ class RingJob:
     jitter: float = 0.02  # a rank's compute varies by up to this share, the same on every replay
     name: str = ""  # the job's name (CCLD_JOB of its ranks, launch mode); "": the launcher's
     group_size: int = 0  # ranks per communicator (consecutive blocks, tensor-parallel style); 0: one of all ranks
+    shape: str = "ring"  # "ring": all-reduces; "pipeline": each rank a stage sending to the next (send/recv)
+    micro_batches: int = 4  # pipeline: per iteration
 
     def __post_init__(self) -> None:
         if self.nranks < 2 or self.channels < 1:
             raise ValueError("a ring needs at least 2 ranks and 1 channel")
         if self.fault not in FAULT_KINDS:
             raise ValueError(f"unknown fault {self.fault!r}: use one of H1, H3, S1, S2")
+        if self.shape not in ("ring", "pipeline"):
+            raise ValueError(f"unknown shape {self.shape!r}: ring or pipeline")
         if self.fault and not 0 <= self.rank < self.nranks:
             raise ValueError(f"fault {self.fault} needs a rank in 0..{self.nranks - 1}")
         size = self.group_size or self.nranks
@@ -92,19 +96,21 @@ class Call:
 
     t: float
     order: int  # ties keep the order NCCL makes them in
-    what: str  # op, kch_start, pop_start, send_ready, send_done, recv, kch_stop, pop_stop
+    what: str  # op (op_send, op_recv), kch_start, pop_start, send_ready, send_done, recv, kch_stop, pop_stop
     op: int  # the iteration
     channel: int = 0
     arg: int = 0  # step index; peer
     is_send: bool = False
 
 
-_FIRST = {"op": 0, "kch_start": 1, "pop_start": 2}
+_FIRST = {"op": 0, "op_send": 0, "op_recv": 0, "kch_start": 1, "pop_start": 2}
 
 
 def schedule(job: RingJob) -> list[list[Call]]:
     """Every rank's calls, each list in time order (calls that would happen after a hang are left out).
     Each communicator (``group_size`` ranks) runs its ring on its own; a fault is in the group of its rank."""
+    if job.shape == "pipeline":
+        return _pipeline_schedule(job)
     size = job.group_size or job.nranks
     out: list[list[Call]] = [[] for _ in range(job.nranks)]
     for first in range(0, job.nranks, size):
@@ -113,6 +119,82 @@ def schedule(job: RingJob) -> list[list[Call]]:
         g_job = replace(job, nranks=size, group_size=0, rank=local, fault=job.fault if local >= 0 else "")
         for i, calls in enumerate(_ring_schedule(g_job, members)):
             out[members[i]] = calls
+    return out
+
+
+def _pipeline_schedule(job: RingJob) -> list[list[Call]]:
+    """A forward pipeline: rank s computes each micro-batch and sends it to s + 1 (one channel, ``rounds`` steps
+    per message); s + 1 posts its receive when free and computes once the data landed. A message leaves
+    when its link is free and the receiver has posted; H1 stops a stage before its next op, H3 the link's steps,
+    S1 slows a stage's compute, S2 the link from ``rank`` to ``rank + 1``."""
+    n = job.nranks
+    out: list[list[Call]] = [[] for _ in range(n)]
+    d = job.op_s / job.rounds  # one step of a message on a healthy link
+    ready = [0.0] * n  # when each stage is free
+    seq = 0
+    k = 0
+    while ready[0] < job.duration_s:  # a micro-batch the first stage starts goes through every stage
+        landed: list[float] = []  # the landing times of the message the previous stage sent, per step
+        for st in range(n):
+            t = ready[st]
+            faulty = job.rank == st and t >= job.onset_s
+            if job.fault == "H1" and faulty:
+                t = INF
+            if st > 0:  # post the receive, wait for the data
+                if math.isinf(t):
+                    ready[st] = INF
+                    landed = []
+                    continue
+                op = 2 * k
+                out[st] += [Call(t, seq, "op_recv", op, 0, st - 1), Call(t, seq + 1, "kch_start", op),
+                            Call(t, seq + 2, "pop_start", op, 0, st - 1, False)]  # fmt: skip
+                seq += 3
+                for i, a in enumerate(landed):
+                    if not math.isinf(a):
+                        out[st].append(Call(a, seq, "recv", op, 0, i))
+                        seq += 1
+                end = max(landed, default=INF) if landed else INF
+                if math.isinf(end):
+                    ready[st] = INF
+                    landed = []
+                    continue
+                out[st] += [Call(end + 1e-6, seq, "kch_stop", op), Call(end + 2e-6, seq + 1, "pop_stop", op)]
+                seq += 2
+                t = end + 3e-6  # its next op begins after this one's kernel ended
+            c = job.compute_s / max(job.micro_batches, 1) * _jitter(job, st, k)
+            if job.fault == "S1" and faulty:
+                c *= job.factor
+            t += c
+            if st == n - 1:
+                ready[st] = t
+                landed = []
+                continue
+            op = 2 * k + 1  # send to st + 1 once it posted its receive
+            out[st] += [Call(t, seq, "op_send", op, 0, st + 1), Call(t, seq + 1, "kch_start", op),
+                        Call(t, seq + 2, "pop_start", op, 0, st + 1, True)]  # fmt: skip
+            seq += 3
+            link = d * (job.factor if job.fault == "S2" and faulty else 1.0)
+            free = max(t, ready[st + 1])
+            landed = []
+            for i in range(job.rounds):
+                out[st].append(Call(t, seq, "send_ready", op, 0, i))
+                leave = free
+                land = INF if job.fault == "H3" and faulty else leave + link
+                free = land
+                landed.append(land)
+                if not math.isinf(land):
+                    out[st].append(Call(land, seq + 1, "send_done", op, 0, i))
+                seq += 2
+            end = landed[-1]
+            if not math.isinf(end):
+                out[st] += [Call(end + 1e-6, seq, "kch_stop", op), Call(end + 2e-6, seq + 1, "pop_stop", op)]
+            seq += 2
+            ready[st] = end + 3e-6
+        k += 1
+        if all(math.isinf(x) for x in ready):
+            break
+    for calls in out:
+        calls.sort(key=lambda c: (c.t, _FIRST.get(c.what, 3), c.order))
     return out
 
 
@@ -248,10 +330,15 @@ class RankPlayer:
                 h = drv.coll(comm, "AllReduce", self.job.count, n_channels=self.job.channels)
                 drv.stop(h)  # the host's event ends once the op is enqueued; the handle stays valid for children
                 self._ops[c.op] = h
+            elif c.what in ("op_send", "op_recv"):
+                h = drv.p2p(comm, "Send" if c.what == "op_send" else "Recv", c.arg, self.job.count)
+                drv.stop(h)
+                self._ops[c.op] = h
             elif c.what == "kch_start":
                 self._kch[(c.op, c.channel)] = drv.kernel_ch_start(comm, self._ops[c.op], c.channel, gpu_ns)
             elif c.what == "pop_start":
-                steps = 2 * ((self.job.group_size or self.job.nranks) - 1) * self.job.rounds
+                steps = self.job.rounds if self.job.shape == "pipeline" else \
+                    2 * ((self.job.group_size or self.job.nranks) - 1) * self.job.rounds
                 self._pops[(c.op, c.channel, c.is_send)] = drv.proxy_op_start(
                     comm, self._ops[c.op], c.channel, c.arg, steps, c.is_send)  # fmt: skip
             elif c.what == "send_ready":  # the GPU wrote the chunk: the proxy posts it

@@ -19,7 +19,11 @@ The poller never raises into the training process: sink errors, torn reads and b
 counted in ``stats`` and logged sparingly; ``missed_kernels`` counts kernels overwritten before
 a poll saw them, ``unsampled`` those the sampling left out. Memory is bounded: fixed state per
 frame and communicator and at most ``max_records_per_poll`` records per poll (the rest are
-dropped and counted). It runs unchanged over GPU-mapped frames and the CPU twin.
+dropped and counted). It runs unchanged over GPU-mapped frames, the CPU twin and the NCCL plugin's tables.
+
+Each poll reads every frame before it makes any record, and gives the rank's exit log every end it saw:
+an op that began right after the rank's op on another frame ended (a pipeline stage's receive after its
+send) gets that end as its predecessor whichever frame comes first (``t_prev_exit_ns``, the compute gap).
 """
 
 from __future__ import annotations
@@ -126,6 +130,7 @@ class ProbePoller:
         self._clock = clock_ns
         self._count_of = count_of
         self._exits: dict[int, ExitLog] = {}  # per rank: the ends its frames showed (t_prev_exit_ns)
+        self._ends: dict[int, int] = {}  # per source: the kernels_done whose end went into the ExitLog
         self._trackers = [self._tracker(s.binding) for s in self._sources]
         self._clocks = [ClockMap(s.clock_offset_ns) for s in self._sources]
         self._retries = read_retries
@@ -185,9 +190,19 @@ class ProbePoller:
     def _poll(self, final: bool) -> int:
         self.stats["polls"] += 1
         records: list[KernelRecord] = []
-        for src, tracker, clock in zip(self._sources, self._trackers, self._clocks, strict=True):
+        snaps = []
+        for i, src in enumerate(self._sources):
             snap = read_consistent(src.buffer, self._retries)
-            host_now = self._clock()
+            snaps.append((snap, self._clock()))
+            if (snap is not None and snap.kernels_done and snap.version == layout.FORMAT_VERSION
+                    and self._ends.get(i) != snap.kernels_done):  # fmt: skip
+                self._ends[i] = snap.kernels_done
+                # every end this poll sees, before any frame's records: a rank's op on one frame that began
+                # right after its op on another ended (a pipeline stage's receive after its send) knows that
+                # end as its predecessor, whichever frame the poll reads first
+                self._exits.setdefault(src.binding.rank, ExitLog()).add(snap.t_end_ns)
+        for src, tracker, clock, (snap, host_now) in zip(self._sources, self._trackers, self._clocks, snaps,
+                                                          strict=True):  # fmt: skip
             if snap is None:
                 self.stats["torn_reads"] += 1
                 continue

@@ -62,6 +62,7 @@ def replay_verdicts(job: RingJob, *, plugin: str | Path | None = None, version: 
             batches.clear()
             if n % every == 0:
                 out.extend(an.evaluate(t))
+                watcher.scan()  # new communicators and channels, once a second as the aggregator does
         plugin_stats = watcher.table_stats()
         watcher.close()
     return ReplayResult(out, watcher.stats, plugin_stats, records, time.perf_counter() - t_wall, calls)

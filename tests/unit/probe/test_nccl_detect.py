@@ -64,3 +64,25 @@ def test_communicators_of_part_of_the_job_name_global_ranks_and_links() -> None:
     assert (h1.kind, h1.root_cause_ranks, set(h1.affected_ranks)) == (AnomalyKind.H1, (6,), {4, 5, 7}), h1.describe()
     (h3,) = opened(RingJob(nranks=8, group_size=4, fault="H3", rank=7, channel=0, onset_s=15.0, duration_s=45.0))
     assert (h3.kind, h3.link) == (AnomalyKind.H3, Link(7, 4)), h3.describe()  # the ring closes within its group
+
+
+PIPE = dict(nranks=4, shape="pipeline", compute_s=0.4, op_s=0.05, onset_s=15.0, duration_s=45.0)
+
+
+@pytest.mark.parametrize(("fault", "want"), [
+    (dict(fault="H1", rank=2), lambda v: (v.kind, v.root_cause_ranks) == (AnomalyKind.H1, (2,))),
+    (dict(fault="H3", rank=1), lambda v: (v.kind, v.link) == (AnomalyKind.H3, Link(1, 2))),
+    (dict(fault="S1", rank=2, factor=2.0), lambda v: (v.kind, v.root_cause_ranks) == (AnomalyKind.S1, (2,))),
+    (dict(fault="S2", rank=1, factor=3.0), lambda v: (v.kind, v.link) == (AnomalyKind.S2, Link(1, 2))),
+], ids=["H1", "H3", "S1", "S2"])  # fmt: skip
+def test_a_pipeline_of_send_and_recv_names_the_stage_or_the_link(fault: dict, want) -> None:  # type: ignore[no-untyped-def,type-arg]
+    """Four stages, each sending its micro-batches to the next through NCCL's point-to-point channels: a
+    slow stage's upstream neighbour waits in its send for it and comes late to its own next receive; it is
+    the victim, never named (the poller gives each op the end of the rank's op on any frame before it)."""
+    (v,) = opened(RingJob(**PIPE, **fault))  # type: ignore[arg-type]
+    assert want(v), v.describe()
+
+
+def test_a_healthy_pipeline_and_its_end_give_no_verdict() -> None:
+    res = replay_verdicts(RingJob(**{**PIPE, "duration_s": 120.0}), past_end_s=120.0)  # type: ignore[arg-type]
+    assert res.verdicts == [], [v.describe() for v in res.verdicts]
