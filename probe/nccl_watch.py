@@ -34,7 +34,7 @@ PID_FILE = "aggregator.pid"
 
 
 def default_name_job(env: Mapping[str, str]) -> tuple[str, int]:
-    inc = env.get("CCLD_INCARNATION") or env.get("TORCHELASTIC_RESTART_COUNT") or "0"
+    inc = env.get("TORCHELASTIC_RESTART_COUNT") or "0"
     return env.get("CCLD_JOB") or "default", int(inc) if inc.isdigit() else 0
 
 

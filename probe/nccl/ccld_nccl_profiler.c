@@ -233,7 +233,7 @@ static void say_once(const char* fmt, const char* arg) {
 
 /* the environment the aggregator needs to name the job and the rank (job_identity.py's rules) */
 static const char* const ENV_NAMES[] = {
-    "CCLD_JOB", "CCLD_JOB_LAUNCH", "CCLD_INCARNATION", "RANK", "WORLD_SIZE", "LOCAL_RANK",
+    "CCLD_JOB", "CCLD_JOB_LAUNCH", "RANK", "WORLD_SIZE", "LOCAL_RANK",
     "SLURM_JOB_ID", "SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID", "SLURM_STEP_ID", "SLURM_PROCID",
     "SLURM_NTASKS", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT", "KUBERNETES_SERVICE_HOST",
     "JOBSET_NAME", "MASTER_ADDR", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "PMI_RANK", "PMI_SIZE",

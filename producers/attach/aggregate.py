@@ -329,7 +329,7 @@ def nccl_job(env: dict[str, str] | Any) -> tuple[str, int]:
     from ccld.producers.attach.job_identity import DEFAULT_JOB, resolve
 
     named = str(env.get("CCLD_JOB", "")).strip() or DEFAULT_JOB
-    inc = str(env.get("CCLD_INCARNATION") or env.get("TORCHELASTIC_RESTART_COUNT") or "0")
+    inc = str(env.get("TORCHELASTIC_RESTART_COUNT") or "0")  # as the attachment counts incarnations
     return resolve(named, env).name, int(inc) if inc.isdigit() else 0
 
 

@@ -60,3 +60,27 @@ def test_every_compose_ccld_variable_is_a_setting() -> None:
                "CCLD_KAFKA_CONFIG_FILE", "CCLD_SPOOL_DIR"}
     Settings.load(dict.fromkeys(used, "1") | {k: "x" for k in used if k in strings}
                   | {k: v for k, v in realistic.items() if k in used})
+
+
+def test_a_rank_started_by_ccld_run_loads_its_settings() -> None:
+    """What ``ccld run`` puts in its ranks' environment (the launch's job name without ``--job``, the NCCL
+    plugin's variables) and what a user may add there (the attachment's cost counters) is no setting and must
+    not make the rank's ``Settings.load()`` fail: the attachment would silently stay off in every rank."""
+    from ccld.producers.attach.bootstrap import child_env
+    from ccld.producers.attach.run_command import launch_env
+
+    base = launch_env(Settings.load({}), {"PATH": "/usr/bin"})  # no --job: CCLD_JOB_LAUNCH
+    assert "CCLD_JOB_LAUNCH" in base
+    base.update({"CCLD_ATTACH_COST": "1", "CCLD_NCCL_DIR": "/tmp/x", "CCLD_NCCL_PLUGIN": "1",
+                 "CCLD_NCCL_SLOTS": "64", "CCLD_NCCL_QUIET": "1", "CCLD_SUPERVISOR": "1:3"})  # fmt: skip
+    env = child_env(base, Settings.load({}, bootstrap="b:1").to_env(), site_dir="/s", sink="kafka", heartbeat_ms=None)
+    assert Settings.load(env).bootstrap == "b:1"
+
+
+def test_every_variable_the_plugin_reads_is_named_as_no_setting() -> None:
+    from ccld.probe import nccl_build
+    from ccld.settings import NOT_SETTINGS
+
+    src = (nccl_build.source_dir() / "ccld_nccl_profiler.c").read_text()
+    read = set(re.findall(r'getenv\("(CCLD_[A-Z0-9_]+)"\)', src))
+    assert read and read <= NOT_SETTINGS, read - NOT_SETTINGS

@@ -241,3 +241,21 @@ def test_without_a_live_aggregator_or_with_a_bad_setting_nccl_runs_on_with_one_l
     quiet = subprocess.run([sys.executable, "-c", REFUSE, str(plugin)], env=dict(env, CCLD_NCCL_QUIET="1"),
                            capture_output=True, text=True, timeout=60)  # fmt: skip
     assert quiet.stdout.strip() == "refused" and quiet.stderr == ""
+
+
+def test_the_ccld_nccl_command(plugin: Path, table_dir: Path, tmp_path: Path) -> None:
+    def ccld(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "ccld.cli", "nccl", *args], capture_output=True, text=True,
+                              timeout=120)  # fmt: skip
+
+    abi = ccld("abi")
+    assert abi.returncode == 0 and f"{len(nccl_build.recorded_offsets())}/" in abi.stdout, abi.stdout + abi.stderr
+    assert ccld("build").stdout.strip() == str(plugin)
+    assert ccld("layout", "--c").stdout.strip() == nccl_table.c_block()
+    drv = fresh(plugin, tmp_path)
+    drv.init(0xAB, 4, 1)
+    shown = ccld("tables", str(table_dir))
+    assert "rank 5 of 8, profiler v6" in shown.stdout and "communicator 00000000000000ab rank 1/4" in shown.stdout
+    no_gcc = subprocess.run([sys.executable, "-m", "ccld.cli", "nccl", "build", "--force"], capture_output=True,
+                            text=True, env=dict(os.environ, PATH="/nonexistent", CC=""), timeout=60)  # fmt: skip
+    assert no_gcc.returncode == 2 and "no C compiler" in no_gcc.stderr
