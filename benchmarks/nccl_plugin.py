@@ -45,7 +45,7 @@ FAULTS: tuple[tuple[str, dict[str, Any], str], ...] = (
     ("8 ranks, two 4-rank rings: H3 link 7->4 ch 0", {"nranks": 8, "group_size": 4, "fault": "H3", "rank": 7},
      "H3 7->4 ch 0"),
     ("pipeline of 4 stages: H1 stage 2", {**PIPE, "fault": "H1", "rank": 2}, "H1 (2,)"),
-    ("pipeline: H3 link 1->2", {**PIPE, "fault": "H3", "rank": 1}, "H3 1->2 ch 0"),
+    ("pipeline: H3 link 1->2", {**PIPE, "fault": "H3", "rank": 1}, "H3 1->2"),
     ("pipeline: S1 stage 2, 2x", {**PIPE, "fault": "S1", "rank": 2, "factor": 2.0}, "S1 (2,)"),
     ("pipeline: S2 link 1->2, 3x", {**PIPE, "fault": "S2", "rank": 1, "factor": 3.0}, "S2 1->2"),
 )
