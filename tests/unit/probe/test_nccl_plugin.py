@@ -259,3 +259,13 @@ def test_the_ccld_nccl_command(plugin: Path, table_dir: Path, tmp_path: Path) ->
     no_gcc = subprocess.run([sys.executable, "-m", "ccld.cli", "nccl", "build", "--force"], capture_output=True,
                             text=True, env=dict(os.environ, PATH="/nonexistent", CC=""), timeout=60)  # fmt: skip
     assert no_gcc.returncode == 2 and "no C compiler" in no_gcc.stderr
+
+
+def test_it_builds_from_source_into_a_given_folder_and_reuses_an_identical_build(tmp_path: Path) -> None:
+    lib = nccl_build.build(tmp_path / "out")
+    assert lib.name == "libnccl-profiler-ccld.so" and lib.stat().st_size > 0
+    first = lib.stat().st_mtime_ns
+    assert nccl_build.build(tmp_path / "out") == lib and lib.stat().st_mtime_ns == first  # not rebuilt
+    assert nccl_build.build(tmp_path / "out", force=True) == lib
+    assert NcclDriver.load(lib, 6) is not None
+    assert not list((tmp_path / "out").glob(".build-*"))  # no half-written library left behind
