@@ -142,7 +142,9 @@ def main(args: argparse.Namespace, settings: Settings) -> int:
         except ConfigError as exc:
             print(f"ccld run: {exc}", file=sys.stderr)
             return 2
-        nccl_dir = tempfile.mkdtemp(prefix="ccld-nccl-")
+        # in memory where the host has it: the tables are written at every NCCL event and never need a disk
+        shm = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
+        nccl_dir = tempfile.mkdtemp(prefix="ccld-nccl-", dir=shm)
         plugin_env = {"NCCL_PROFILER_PLUGIN": str(lib), "CCLD_NCCL_DIR": nccl_dir, ENV_NCCL_PLUGIN: "1"}
     if getattr(args, "aggregate", False) and sink.partition(":")[0] in ("", "kafka"):
         aggregator = start_aggregator(settings, nccl_dir)
