@@ -28,12 +28,14 @@ CULPRIT = 2
 DEMO = "ccld.producers.attach.demo_job"
 
 
+@pytest.mark.parametrize("plugin", [False, True], ids=["hooks", "hooks-beside-the-nccl-plugin"])
 def test_h1_through_the_host_aggregator(
-    tmp_path: Path, fast: Settings, worker_factory: Callable[[Settings], WorkerProcess]
+    tmp_path: Path, fast: Settings, worker_factory: Callable[[Settings], WorkerProcess], plugin: bool
 ) -> None:
+    """With ``--nccl-plugin`` too: gloo's calls are no NCCL's, so the hooks keep them and the job is seen the same."""
     cmd = [
         sys.executable, "-m", "ccld.cli", "run", "--bootstrap", fast.bootstrap, "--topic-prefix", fast.topic_prefix,
-        "--job", fast.job, "--heartbeat-ms", "100", "--aggregate", "--",
+        "--job", fast.job, "--heartbeat-ms", "100", "--aggregate", *(["--nccl-plugin"] if plugin else []), "--",
         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(WORLD),
         "-m", DEMO, "--fault", "sleep", "--culprit", str(CULPRIT), "--at-step", "20", "--compute-ms", "20",
     ]  # fmt: skip
@@ -49,6 +51,7 @@ def test_h1_through_the_host_aggregator(
         assert hits[0].root_cause_ranks == (CULPRIT,), hits[0].describe()
         assert set(hits[0].affected_ranks) == set(range(WORLD)) - {CULPRIT}
         assert "listening on" in run_log, run_log  # the aggregator ran
+        assert "attachment not active" not in run_log, run_log
     finally:
         kill_tree(proc)
         log.close()
