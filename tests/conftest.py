@@ -31,6 +31,7 @@ LIVE_FILES = frozenset({
     "tests/integration/test_fr_live.py", "tests/integration/test_import_fr.py",
     "tests/integration/test_long_real_job.py", "tests/integration/test_net_links.py",
     "tests/integration/test_torch_aggregate.py", "tests/integration/test_torch_faults.py",
+    "tests/integration/test_nccl_plugin.py",  # twenty rank processes in real time: no neighbour for a real job
     "tests/gpu/test_gpu_probe.py",
 })  # fmt: skip
 

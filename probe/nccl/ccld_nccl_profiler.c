@@ -373,6 +373,12 @@ static struct frame_w* slot_new(int kind, uint64_t trace_hash, uint64_t nccl_has
   return w;
 }
 
+static void close_slot(struct frame_w* w) {
+  if (!w) return;
+  unsigned char* s = slot_at((uint32_t)(w - G.writers));
+  ATOMIC_STORE((uint32_t*)(s + CCLD_SL_STATE), (uint32_t)CCLD_SLOT_CLOSED);
+}
+
 /* ------------------------------------------------------------- frame writer -- */
 static int w_lock(struct frame_w* w) {
   for (int i = 0; i < SPIN_MAX; i++) {
@@ -626,7 +632,11 @@ static void* start_op(struct ctx* c, uint64_t type, union ccld_event_body* b) {
       /* the channel's comm ranks: the sender is 0, the receiver 1 (ccld/identity.py P2P_SENDER) */
       w = slot_new(is_send ? CCLD_KIND_P2P_SEND : CCLD_KIND_P2P_RECV, channel_hash(c->hash, src, dst), c->hash,
                    is_send ? 0 : 1, 2, c->rank, c->nranks, peer, c->n_nodes);
-      if (w) __atomic_store_n(cell, w, __ATOMIC_RELEASE);
+      struct frame_w* none = NULL;
+      if (w && !__atomic_compare_exchange_n(cell, &none, w, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+        close_slot(w); /* another thread made the channel first: use its frame, leave this one closed */
+        w = none;
+      }
     }
     root = (uint16_t)(is_send ? 1 : 0); /* the peer inside the channel */
     nch = b->p2p.n_channels;
@@ -770,12 +780,6 @@ static ccld_nccl_result_t record_event_state(void* handle, int state, union ccld
       step_counted(s);
   }
   return CCLD_NCCL_SUCCESS;
-}
-
-static void close_slot(struct frame_w* w) {
-  if (!w) return;
-  unsigned char* s = slot_at((uint32_t)(w - G.writers));
-  ATOMIC_STORE((uint32_t*)(s + CCLD_SL_STATE), (uint32_t)CCLD_SLOT_CLOSED);
 }
 
 static ccld_nccl_result_t finalize(void* context) {
