@@ -150,8 +150,9 @@ class NcclDriver:
     """Loads a profiler plugin (``path``) and drives it through interface version ``version`` (6, 5 or 4).
 
     ``NcclDriver.load`` returns None where NCCL would find no usable symbol (the plugin does not export
-    that version); ``init`` returns None where the plugin refused the communicator (NCCL then runs
-    without it). Handles are plain integers (0: the plugin declined the event).
+    that version); ``init`` returns None where the plugin does not watch the communicator (an error, or no
+    context: NCCL then runs it without the plugin; ``mask`` holds the events it asked for). Handles are
+    plain integers (0: the plugin declined the event).
     """
 
     def __init__(self, lib: ctypes.CDLL, version: int, profiler: Any) -> None:
@@ -183,10 +184,10 @@ class NcclDriver:
             rc = self.p.init(ctypes.byref(ctx), ctypes.byref(mask), name.encode(), h, n_nodes, nranks, rank, None)
         else:
             rc = self.p.init(ctypes.byref(ctx), h, ctypes.byref(mask), name.encode(), n_nodes, nranks, rank, None)
-        if rc != 0:
-            return None
         self.mask = mask.value
-        return Comm(ctx.value or 0, comm_hash, rank, nranks)
+        if rc != 0 or not ctx.value:  # refused, or accepted without a context: NCCL runs it without the plugin
+            return None
+        return Comm(ctx.value, comm_hash, rank, nranks)
 
     def _start(self, comm: Comm, d: ctypes.Structure) -> int:
         handle = ctypes.c_void_p()

@@ -13,9 +13,10 @@
  * stores (only NCCL's own threads of one communicator ever contend for it), no system call, no
  * thread of its own. An event it cannot place (pools or table full) is dropped and counted.
  *
- * When it refuses: no CCLD_NCCL_DIR, no live aggregator in it (aggregator.pid), a bad setting, or a
- * table it cannot create: init returns an error with one line on stderr, and NCCL runs on without
- * the plugin. Settings (environment): CCLD_NCCL_DIR (the aggregator's directory), CCLD_NCCL_SLOTS
+ * When it steps aside: no CCLD_NCCL_DIR, no live aggregator in it (aggregator.pid), a bad setting, or a
+ * table it cannot create: one line on stderr, and init gives NCCL no context and an empty event mask, so
+ * NCCL runs as without a plugin (init never fails: NCCL would unload the library under communicators it
+ * accepted before). Settings (environment): CCLD_NCCL_DIR (the aggregator's directory), CCLD_NCCL_SLOTS
  * (frames per process, 8-4096, default 256), CCLD_NCCL_QUIET=1 (no stderr line).
  */
 #define _GNU_SOURCE
@@ -110,11 +111,12 @@ enum { DT_FLOAT32 = 0, DT_FLOAT16 = 1, DT_BFLOAT16 = 2, DT_FLOAT64 = 3, DT_INT32
 
 #define MAX_CHANNELS 256 /* the descriptor's channel fields are one byte */
 #define OP_POOL 4096
-#define POP_POOL 8192
+#define POP_POOL 16384
 #define STEP_POOL 65536
 #define KCH_POOL 8192
-#define SPIN_MAX 4096
+#define SPIN_MAX 65536
 #define NO_ROOT 0xFFFF
+#define REFUSED ((struct frame_w*)1) /* a p2p channel the table had no slot for */
 
 #define ATOMIC_LOAD(p) __atomic_load_n((p), __ATOMIC_ACQUIRE)
 #define ATOMIC_STORE(p, v) __atomic_store_n((p), (v), __ATOMIC_RELEASE)
@@ -124,11 +126,18 @@ enum { DT_FLOAT32 = 0, DT_FLOAT16 = 1, DT_BFLOAT16 = 2, DT_FLOAT64 = 3, DT_INT32
 enum { H_OP = 1, H_POP = 2, H_STEP = 3, H_KCH = 4 };
 
 struct frame_w; /* the writer state of one slot */
+struct ctx;     /* one communicator */
 
 struct op {            /* a collective or point-to-point op of this process */
   uint32_t htype;      /* H_OP: every handle starts with its type */
   uint32_t gen;        /* bumped each time the pool entry is reused */
+  uint32_t live;       /* the entry is in use (pool_take); it goes back once nothing can name it */
   struct frame_w* w;   /* its frame (NULL: not placed) */
+  struct ctx* ctx;     /* its communicator: a child event of another one is no child of this op */
+  uint32_t children;   /* kernel channels and proxy ops started and not yet stopped */
+  uint64_t ch_used[4]; /* the frame's channels given to NCCL's (op_channel) */
+  uint8_t ch_map[256]; /* NCCL's channel id -> 1 + the frame's channel (0: none yet): p2p and grouped ops
+                          run on channels anywhere in 0..63, the frame has the op's n */
   uint32_t begun;      /* the kernel began on the frame */
   uint32_t ended;
   uint32_t kernel;     /* the frame's kernel number while begun */
@@ -143,7 +152,7 @@ struct op {            /* a collective or point-to-point op of this process */
 };
 
 struct pop {           /* a proxy op: one channel's network work for an op */
-  uint32_t htype, gen;
+  uint32_t htype, gen, live;
   struct op* op;
   uint32_t op_gen;     /* the op's generation when this began: a reused op entry is not its op */
   uint32_t channel;
@@ -151,14 +160,14 @@ struct pop {           /* a proxy op: one channel's network work for an op */
 };
 
 struct step {          /* one network transfer of a proxy op */
-  uint32_t htype, gen;
+  uint32_t htype, gen, live;
   struct pop* pop;
   uint32_t pop_gen;
   uint32_t received; /* counted (see step_counted) */
 };
 
 struct kch {           /* one kernel channel of an op */
-  uint32_t htype, gen;
+  uint32_t htype, gen, live;
   struct op* op;
   uint32_t op_gen;
   uint32_t stop_seen;  /* its KernelChStop state came (with the GPU's stop time) */
@@ -174,6 +183,7 @@ struct frame_w {
   uint32_t kernel_index; /* kernels begun */
   struct op* active;
   uint32_t active_gen;
+  uint32_t begun_seq;    /* op_seq + 1 of the newest op begun on it (0: none): older ops that never began are dead */
   uint32_t nch;
   uint64_t send[CCLD_N_CHANNELS], recv[CCLD_N_CHANNELS]; /* per slot (channels fold onto c % 8) */
   uint64_t ch_send[MAX_CHANNELS], ch_recv[MAX_CHANNELS];  /* per hardware channel (the peak) */
@@ -380,9 +390,20 @@ static void close_slot(struct frame_w* w) {
 }
 
 /* ------------------------------------------------------------- frame writer -- */
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  __asm__ __volatile__("yield");
+#endif
+}
+
+/* Only NCCL's own threads of one communicator take a frame's lock, each for a few stores; a holder that
+   does not let go in SPIN_MAX rounds (preempted) costs this event, counted, never a wait. */
 static int w_lock(struct frame_w* w) {
   for (int i = 0; i < SPIN_MAX; i++) {
     if (!__atomic_exchange_n(&w->lock, 1, __ATOMIC_ACQUIRE)) return 1;
+    cpu_relax();
   }
   count_event(CCLD_TH_DROPPED_EVENTS); /* never wait on another thread for long */
   return 0;
@@ -433,7 +454,7 @@ static void w_end_locked(struct frame_w* w, uint64_t t_ns) {
   *hdr64(w, CCLD_HDR_T_END_NS) = t_ns;
   *hdr32(w, CCLD_HDR_KERNELS_DONE) = w->kernel_index;
   seq_close(w);
-  o->ended = 1;
+  __atomic_store_n(&o->ended, 1, __ATOMIC_RELEASE);
   w->active = NULL;
 }
 
@@ -458,8 +479,8 @@ static void w_begin_locked(struct frame_w* w, struct op* o, uint64_t t_ns) {
   memcpy(sb + CCLD_SUB_TRACE + 14, &o->root, 2);
   memset(sb + CCLD_SUB_COUNTERS, 0, CCLD_N_CHANNELS * CCLD_COUNTER_PAIR_SIZE);
   uint64_t* cnt = (uint64_t*)(w->counts + (size_t)(k % CCLD_N_SUBBLOCKS) * 16);
-  cnt[0] = o->op_seq;
-  cnt[1] = o->count;
+  cnt[1] = o->count; /* the count first: a reader that finds the op_seq finds its count */
+  __atomic_store_n(&cnt[0], (uint64_t)o->op_seq, __ATOMIC_RELEASE);
   w->frame[CCLD_HDR_N_CHANNELS] = (unsigned char)(nch > CCLD_MAX_HW_CHANNELS ? CCLD_MAX_HW_CHANNELS : nch);
   *hdr64(w, CCLD_HDR_T_BEGIN_NS) = t_ns;
   *hdr32(w, CCLD_HDR_KERNEL_INDEX) = k + 1;
@@ -467,6 +488,7 @@ static void w_begin_locked(struct frame_w* w, struct op* o, uint64_t t_ns) {
   w->kernel_index = k + 1;
   w->active = o;
   w->active_gen = o->gen;
+  __atomic_store_n(&w->begun_seq, o->op_seq + 1, __ATOMIC_RELEASE);
   o->kernel = k + 1;
   o->begun = 1;
   for (uint32_t s = 0; s < CCLD_N_CHANNELS; s++) { /* what the network did before the kernel began */
@@ -490,13 +512,38 @@ static void op_end(struct op* o, uint64_t t_ns) {
   w_unlock(w);
 }
 
+/* The frame's channel for NCCL's channel ``ch`` of op ``o``, one of its declared n: a channel below n keeps
+   its id; one beyond (a p2p op of one channel on channel 37, a grouped collective from channel 3 on) takes
+   the lowest index no channel of the op holds yet, and past n of them they fold onto the last. */
+static uint32_t op_channel(struct op* o, uint32_t ch) {
+  ch &= 0xFF;
+  uint32_t nch = o->n_channels ? o->n_channels : 1; /* one byte in the descriptor: at most 255 */
+  uint32_t idx = o->ch_map[ch];
+  if (idx) return idx - 1;
+  if (ch < nch && !(o->ch_used[ch / 64] >> (ch % 64) & 1)) {
+    idx = ch;
+  } else {
+    idx = nch - 1;
+    for (uint32_t i = 0; i < nch; i++) {
+      if (!(o->ch_used[i / 64] >> (i % 64) & 1)) {
+        idx = i;
+        break;
+      }
+    }
+  }
+  o->ch_used[idx / 64] |= 1ull << (idx % 64);
+  o->ch_map[ch] = (uint8_t)(idx + 1);
+  return idx;
+}
+
 static void op_count(struct op* o, uint32_t ch, int is_send) {
   struct frame_w* w = o->w;
-  if (!w || !w_lock(w)) return;
+  if (!w || !w_lock(w)) return; /* the map is written under the frame's lock */
+  uint32_t c = op_channel(o, ch);
   if (w->active == o && w->active_gen == o->gen) {
-    apply_count(w, ch, is_send, 1);
+    apply_count(w, c, is_send, 1);
   } else if (!o->begun) {
-    (is_send ? o->pend_send : o->pend_recv)[ch % CCLD_N_CHANNELS] += 1;
+    (is_send ? o->pend_send : o->pend_recv)[c % CCLD_N_CHANNELS] += 1;
   } else {
     count_event(CCLD_TH_LATE_COUNTS); /* the network finished after the kernel: its end holds the totals */
   }
@@ -504,20 +551,51 @@ static void op_count(struct op* o, uint32_t ch, int is_send) {
 }
 
 /* ------------------------------------------------------------------ pools ---- */
-/* Pool entries are reused round-robin, never freed: NCCL passes a stopped op as the parent of the
-   kernel-channel and proxy events that follow it, so an entry must outlive its stop by far. A child
-   remembers its parent's generation and ignores a parent whose entry was reused since (4,096 ops later). */
-#define POOL_NEXT(pool, next, size) (&(pool)[__atomic_fetch_add(&(next), 1, __ATOMIC_RELAXED) % (size)])
+/* Pool entries are taken when an event starts and given back once nothing can name them: a kernel
+   channel, a proxy op and a step at their stop; an op once it ended on its frame (or never began while a
+   later op of its frame did), NCCL stopped its own event, and its children stopped (NCCL passes a stopped
+   op as the parent of the kernel-channel and proxy events that follow). A full pool drops the event and
+   counts it; nothing is ever overwritten while named. A child remembers its parent's generation. */
+static int op_dead(const struct op* o);
 
-static inline void entry_reset(void* e, size_t size, uint32_t htype) {
-  uint32_t* h = e;
-  uint32_t gen = h[1] + 1;
-  memset((char*)e + 2 * sizeof(uint32_t), 0, size - 2 * sizeof(uint32_t));
-  h[0] = htype;
-  __atomic_store_n(&h[1], gen, __ATOMIC_RELEASE);
+static void* pool_take(void* pool, size_t esize, uint32_t n, uint32_t* next, uint32_t htype) {
+  for (int tries = 0; tries < 64; tries++) {
+    uint32_t i = __atomic_fetch_add(next, 1, __ATOMIC_RELAXED) % n;
+    uint32_t* h = (uint32_t*)((char*)pool + (size_t)i * esize);
+    uint32_t zero = 0;
+    int got = __atomic_compare_exchange_n(&h[2], &zero, 1, 0, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED);
+    if (!got && htype == H_OP && op_dead((const struct op*)h)) { /* an op nobody will end: reclaim it */
+      uint32_t g = __atomic_load_n(&h[1], __ATOMIC_ACQUIRE);
+      got = __atomic_compare_exchange_n(&h[1], &g, g + 1, 0, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED);
+    }
+    if (!got) continue;
+    uint32_t gen = __atomic_load_n(&h[1], __ATOMIC_ACQUIRE) + 1;
+    memset(h + 3, 0, esize - 3 * sizeof(uint32_t));
+    h[0] = htype;
+    __atomic_store_n(&h[1], gen, __ATOMIC_RELEASE);
+    return h;
+  }
+  count_event(CCLD_TH_DROPPED_EVENTS);
+  return NULL;
 }
 
-static inline int op_valid(const struct op* o, uint32_t gen) { return o && o->htype == H_OP && o->gen == gen; }
+static inline void pool_give(void* e) { __atomic_store_n(&((uint32_t*)e)[2], 0, __ATOMIC_RELEASE); }
+
+static inline int op_valid(const struct op* o, uint32_t gen) {
+  return o && o->htype == H_OP && o->live && o->gen == gen;
+}
+
+/* an op no event will end: NCCL stopped it, no child is open, and it ended, or a later op of its frame began */
+static int op_dead(const struct op* o) {
+  if (!__atomic_load_n(&o->host_stopped, __ATOMIC_ACQUIRE) || __atomic_load_n(&o->children, __ATOMIC_ACQUIRE))
+    return 0;
+  return __atomic_load_n(&o->ended, __ATOMIC_ACQUIRE) ||
+         (o->w && __atomic_load_n(&o->w->begun_seq, __ATOMIC_ACQUIRE) > o->op_seq + 1);
+}
+
+static void op_done_maybe(struct op* o) {
+  if (op_dead(o)) pool_give(o);
+}
 
 static uint8_t op_of(const char* f) {
   if (!f) return OP_ALL_REDUCE;
@@ -557,15 +635,19 @@ static uint64_t channel_hash(uint64_t comm, int src, int dst) {
 }
 
 /* --------------------------------------------------------- the interface ---- */
+/* A communicator the plugin does not watch gets no context and asks for no event: NCCL then runs it as
+   without a plugin. init never fails: a failed init makes NCCL unload the library, and a communicator that
+   init accepted earlier would lose it under its feet (NCCL's finalize unloads once more per communicator). */
 static ccld_nccl_result_t do_init(void** context, uint64_t comm_hash, int* mask, int n_nodes, int n_ranks, int rank) {
   *context = NULL;
-  if (!table_open()) return CCLD_NCCL_INVALID_USAGE; /* NCCL drops the plugin and goes on */
+  *mask = 0;
+  if (!table_open()) return CCLD_NCCL_SUCCESS;
   struct ctx* c = calloc(1, sizeof *c);
   struct frame_w** p2p = n_ranks > 0 ? calloc((size_t)n_ranks * 2, sizeof *p2p) : NULL;
   if (!c || (n_ranks > 0 && !p2p)) {
     free(c);
     free(p2p);
-    return CCLD_NCCL_SYSTEM_ERROR;
+    return CCLD_NCCL_SUCCESS;
   }
   c->hash = comm_hash ? comm_hash : 1;
   c->rank = rank;
@@ -627,15 +709,18 @@ static void* start_op(struct ctx* c, uint64_t type, union ccld_event_body* b) {
     int is_send = op_type == OP_SEND;
     struct frame_w** cell = &c->p2p[peer * 2 + (is_send ? 0 : 1)];
     w = __atomic_load_n(cell, __ATOMIC_ACQUIRE);
-    if (!w) {
+    if (w == REFUSED) {
+      w = NULL; /* the table had no slot for this channel: said once (slots_refused), dropped since */
+    } else if (!w) {
       int src = is_send ? c->rank : peer, dst = is_send ? peer : c->rank;
       /* the channel's comm ranks: the sender is 0, the receiver 1 (ccld/identity.py P2P_SENDER) */
       w = slot_new(is_send ? CCLD_KIND_P2P_SEND : CCLD_KIND_P2P_RECV, channel_hash(c->hash, src, dst), c->hash,
                    is_send ? 0 : 1, 2, c->rank, c->nranks, peer, c->n_nodes);
       struct frame_w* none = NULL;
-      if (w && !__atomic_compare_exchange_n(cell, &none, w, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
-        close_slot(w); /* another thread made the channel first: use its frame, leave this one closed */
-        w = none;
+      struct frame_w* mine = w ? w : REFUSED;
+      if (!__atomic_compare_exchange_n(cell, &none, mine, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+        if (w) close_slot(w); /* another thread made the channel first: use its frame, leave this one closed */
+        w = none == REFUSED ? NULL : none;
       }
     }
     root = (uint16_t)(is_send ? 1 : 0); /* the peer inside the channel */
@@ -647,9 +732,10 @@ static void* start_op(struct ctx* c, uint64_t type, union ccld_event_body* b) {
     count_event(CCLD_TH_DROPPED_EVENTS);
     return NULL;
   }
-  struct op* o = POOL_NEXT(ops, op_next, OP_POOL);
-  entry_reset(o, sizeof *o, H_OP);
+  struct op* o = pool_take(ops, sizeof ops[0], OP_POOL, &op_next, H_OP);
+  if (!o) return NULL;
   o->w = w;
+  o->ctx = c;
   o->op_seq = __atomic_fetch_add(&w->next_seq, 1, __ATOMIC_RELAXED);
   o->op_type = op_type;
   o->dtype = dtype;
@@ -669,33 +755,36 @@ static ccld_nccl_result_t start_event(void* context, void** handle, uint64_t typ
     *handle = start_op(c, type, b);
   } else if (type == CCLD_EV_KERNEL_CH) {
     struct op* o = parent;
-    if (!o || o->htype != H_OP) return CCLD_NCCL_SUCCESS;
-    struct kch* k = POOL_NEXT(kchs, kch_next, KCH_POOL);
-    entry_reset(k, sizeof *k, H_KCH);
+    if (!o || o->htype != H_OP || !o->live || o->ctx != c) return CCLD_NCCL_SUCCESS;
+    struct kch* k = pool_take(kchs, sizeof kchs[0], KCH_POOL, &kch_next, H_KCH);
+    if (!k) return CCLD_NCCL_SUCCESS;
     k->op = o;
     k->op_gen = o->gen;
+    ATOMIC_ADD(&o->children, 1);
     ATOMIC_ADD(&o->ch_started, 1);
     op_begin(o, b->kernel_ch.gpu_time_ns ? b->kernel_ch.gpu_time_ns : now_ns());
     *handle = k;
   } else if (type == CCLD_EV_PROXY_OP) {
     struct op* o = parent;
-    /* a parent posted by another process (a proxy serving several) is not ours to read */
-    if (!o || b->proxy_op.pid != G.pid || o->htype != H_OP) return CCLD_NCCL_SUCCESS;
-    struct pop* p = POOL_NEXT(pops, pop_next, POP_POOL);
-    entry_reset(p, sizeof *p, H_POP);
+    /* a parent posted by another process (a proxy serving several) is not ours to read; the proxy op is
+       appended when the host enqueues the op, so it says nothing of when the GPU reaches it: its steps
+       wait in the op until the kernel's first channel begins the op on the frame */
+    if (!o || b->proxy_op.pid != G.pid || o->htype != H_OP || !o->live || o->ctx != c) return CCLD_NCCL_SUCCESS;
+    struct pop* p = pool_take(pops, sizeof pops[0], POP_POOL, &pop_next, H_POP);
+    if (!p) return CCLD_NCCL_SUCCESS;
     p->op = o;
     p->op_gen = o->gen;
     p->channel = b->proxy_op.channel;
     p->is_send = b->proxy_op.is_send;
+    ATOMIC_ADD(&o->children, 1);
     ATOMIC_ADD(&o->pops_open, 1);
     ATOMIC_ADD(&o->pops_seen, 1);
-    op_begin(o, now_ns()); /* the network started: the op is inside even before a kernel channel says so */
     *handle = p;
   } else if (type == CCLD_EV_PROXY_STEP) {
     struct pop* p = parent;
-    if (!p || p->htype != H_POP) return CCLD_NCCL_SUCCESS;
-    struct step* st = POOL_NEXT(steps, step_next, STEP_POOL);
-    entry_reset(st, sizeof *st, H_STEP);
+    if (!p || p->htype != H_POP || !p->live) return CCLD_NCCL_SUCCESS;
+    struct step* st = pool_take(steps, sizeof steps[0], STEP_POOL, &step_next, H_STEP);
+    if (!st) return CCLD_NCCL_SUCCESS;
     st->pop = p;
     st->pop_gen = p->gen;
     *handle = st;
@@ -750,28 +839,44 @@ static void end_without_kernel(struct op* o) {
 
 static ccld_nccl_result_t stop_event(void* handle) {
   if (!handle || G.state != 1) return CCLD_NCCL_SUCCESS;
-  uint32_t t = ((uint32_t*)handle)[0];
+  uint32_t* h = handle;
+  if (!__atomic_load_n(&h[2], __ATOMIC_ACQUIRE)) return CCLD_NCCL_SUCCESS; /* not in use: a stale handle */
+  uint32_t t = h[0];
   if (t == H_OP) {
     struct op* o = handle;
     ATOMIC_STORE(&o->host_stopped, 1);
     end_without_kernel(o);
+    op_done_maybe(o);
   } else if (t == H_KCH) {
-    kch_stopped(handle, now_ns()); /* no KernelChStop state came: stopped now */
+    struct kch* k = handle;
+    int mine = op_valid(k->op, k->op_gen);
+    kch_stopped(k, now_ns()); /* no KernelChStop state came: stopped now */
+    if (mine) {
+      ATOMIC_ADD(&k->op->children, (uint32_t)-1);
+      op_done_maybe(k->op);
+    }
+    pool_give(k);
   } else if (t == H_POP) {
     struct pop* p = handle;
     if (op_valid(p->op, p->op_gen)) {
       ATOMIC_ADD(&p->op->pops_open, (uint32_t)-1);
+      ATOMIC_ADD(&p->op->children, (uint32_t)-1);
       end_without_kernel(p->op);
+      op_done_maybe(p->op);
     }
+    pool_give(p);
   } else if (t == H_STEP) {
     step_counted(handle);
+    pool_give(handle);
   }
   return CCLD_NCCL_SUCCESS;
 }
 
 static ccld_nccl_result_t record_event_state(void* handle, int state, union ccld_state_args* args) {
   if (!handle || G.state != 1) return CCLD_NCCL_SUCCESS;
-  uint32_t t = ((uint32_t*)handle)[0];
+  uint32_t* h = handle;
+  if (!__atomic_load_n(&h[2], __ATOMIC_ACQUIRE)) return CCLD_NCCL_SUCCESS;
+  uint32_t t = h[0];
   if (t == H_KCH && state == CCLD_ST_KERNEL_CH_STOP) {
     kch_stopped(handle, args && args->kernel_ch.gpu_time_ns ? args->kernel_ch.gpu_time_ns : now_ns());
   } else if (t == H_STEP) {
@@ -787,7 +892,8 @@ static ccld_nccl_result_t finalize(void* context) {
   if (!c) return CCLD_NCCL_SUCCESS;
   if (G.state == 1 && G.pid == getpid()) { /* the aggregator polls a closed slot once more, then drops it */
     close_slot(c->coll);
-    for (int i = 0; c->p2p && i < c->nranks * 2; i++) close_slot(c->p2p[i]);
+    for (int i = 0; c->p2p && i < c->nranks * 2; i++)
+      if (c->p2p[i] != REFUSED) close_slot(c->p2p[i]);
   }
   free(c->p2p);
   free(c);

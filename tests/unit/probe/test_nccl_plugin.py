@@ -207,8 +207,9 @@ REFUSE = textwrap.dedent("""
     from ccld.probe.nccl_driver import NcclDriver
     drv = NcclDriver.load(sys.argv[1], 6)
     comms = [drv.init(0x1, 2, 0), drv.init(0x2, 2, 1)]
-    ok = all(c is None for c in comms)
-    # NCCL drops a plugin whose init failed; calls that still come with no context change nothing
+    # init succeeds (a failed init would make NCCL unload the library) with no context and no event asked for
+    ok = all(c is None for c in comms) and drv.mask == 0
+    # calls that come with no context change nothing
     from ccld.probe.nccl_driver import Comm
     ghost = Comm(0, 0x1, 0, 2)
     op = drv.coll(ghost, "AllReduce", 1)
@@ -269,3 +270,82 @@ def test_it_builds_from_source_into_a_given_folder_and_reuses_an_identical_build
     assert nccl_build.build(tmp_path / "out", force=True) == lib
     assert NcclDriver.load(lib, 6) is not None
     assert not list((tmp_path / "out").glob(".build-*"))  # no half-written library left behind
+
+
+def test_an_op_enqueued_ahead_begins_with_its_kernel_not_with_its_proxy_ops(
+        plugin: Path, table_dir: Path, tmp_path: Path) -> None:  # fmt: skip
+    """NCCL appends an op's proxy ops when the host enqueues it: op 2's, while op 1's kernel still runs, must not
+    end op 1 on the frame; op 2's early receive waits in it until its kernel's first channel begins it."""
+    drv = fresh(plugin, tmp_path)
+    comm = drv.init(0xE, 2, 0)
+    assert comm is not None
+    op1 = drv.coll(comm, "AllReduce", 8)
+    drv.stop(op1)
+    k1 = drv.kernel_ch_start(comm, op1, 0, 100)
+    op2 = drv.coll(comm, "AllReduce", 8)
+    drv.stop(op2)
+    recv2 = drv.proxy_op_start(comm, op2, 0, 1, 2, False)
+    drv.proxy_step(comm, recv2, 0, False)  # op 2's data arrives before its kernel runs
+    tab = only_table(table_dir)
+    snap = frame.read_consistent(tab.frame(0))
+    assert snap is not None and (snap.kernel_index, snap.kernels_done) == (1, 0)  # op 1 still inside
+    drv.kernel_ch_stop(k1, 200)
+    k2 = drv.kernel_ch_start(comm, op2, 0, 300)
+    snap = frame.read_consistent(tab.frame(0))
+    assert snap is not None and (snap.kernel_index, snap.kernels_done, snap.t_begin_ns) == (2, 1, 300)
+    assert snap.sub_for(2).recv[0] == 1  # the early receive, counted with its op
+    drv.kernel_ch_stop(k2, 400)
+    assert tab.stats()["late_counts"] == 0
+
+
+def test_a_p2p_op_on_a_high_channel_counts_on_its_own_frame_channel_with_its_own_peak(
+        plugin: Path, table_dir: Path, tmp_path: Path) -> None:  # fmt: skip
+    """A send of one channel that NCCL runs on channel 37: its counters are the frame's channel 0 (the frame
+    says one channel), and each op's peak backlog is its own, not the sum of the ops before."""
+    drv = fresh(plugin, tmp_path)
+    comm = drv.init(0xF, 4, 1)
+    assert comm is not None
+    for k in range(3):
+        op = drv.p2p(comm, "Recv", 2, 10, n_channels=1)
+        drv.stop(op)
+        kch = drv.kernel_ch_start(comm, op, 37, 10 * k + 1)
+        pop = drv.proxy_op_start(comm, op, 37, 2, 3, False)
+        for i in range(3):
+            drv.proxy_step(comm, pop, i, False)
+        drv.kernel_ch_stop(kch, 10 * k + 2)
+        drv.stop(pop)
+        tab = only_table(table_dir)
+        (chan,) = [s for s in tab.slots() if s.kind == nccl_table.KIND_P2P_RECV]
+        snap = frame.read_consistent(tab.frame(chan.index))
+        assert snap is not None and snap.n_channels == 1
+        sub = snap.sub_for(snap.kernel_index)
+        assert (sub.recv[0], sub.peak[0], sum(sub.recv[1:])) == (3, 3, 0), (k, sub)
+
+
+def test_a_full_pool_drops_new_events_and_never_reuses_an_entry_still_named(
+        plugin: Path, table_dir: Path, tmp_path: Path) -> None:  # fmt: skip
+    """Far more proxy ops open at once than the pool holds (NCCL enqueued far ahead): the extra ones are
+    dropped and counted; once they stop, another communicator's steps land on its own frame, nowhere else."""
+    drv = fresh(plugin, tmp_path)
+    a, b = drv.init(0xA1, 2, 0), drv.init(0xB1, 2, 0)
+    assert a is not None and b is not None
+    op_a = drv.coll(a, "AllReduce", 1, n_channels=1)
+    drv.stop(op_a)
+    ka = drv.kernel_ch_start(a, op_a, 0, 1)
+    held = [drv.proxy_op_start(a, op_a, 0, 1, 1, True) for _ in range(16_384 + 50)]
+    assert held.count(0) >= 50  # dropped, not taken from a proxy op that is still open
+    for h in held:  # they end: their entries go back
+        drv.stop(h)
+    op_b = drv.coll(b, "AllReduce", 1, n_channels=1)
+    drv.stop(op_b)
+    kb = drv.kernel_ch_start(b, op_b, 0, 2)
+    pop_b = drv.proxy_op_start(b, op_b, 0, 1, 2, False)
+    for i in range(2):
+        drv.proxy_step(b, pop_b, i, False)
+    tab = only_table(table_dir)
+    sa, sb = frame.read_consistent(tab.frame(0)), frame.read_consistent(tab.frame(1))
+    assert sa is not None and sb is not None
+    assert sb.sub_for(1).recv[0] == 2 and sa.sub_for(1).recv[0] == 0 and sa.sub_for(1).send[0] == 0
+    assert tab.stats()["dropped_events"] >= 50
+    drv.kernel_ch_stop(ka, 3)
+    drv.kernel_ch_stop(kb, 4)
