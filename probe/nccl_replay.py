@@ -435,15 +435,12 @@ def play_realtime(job: RingJob, rank: int, plugin: str, t0: float, *, version: i
         log(f"rank {rank}: the plugin refused the communicator; running without it")
         return 3
     player = RankPlayer(drv, comm, schedule(job)[rank], job, int(t0 * 1e9))
-    while True:
-        nxt = player.next_t
-        end = job.duration_s if math.isinf(nxt) else nxt
-        if end >= job.duration_s:  # nothing left before the end: a hung rank sits until the job is over
-            time.sleep(max(0.0, t0 + job.duration_s - time.time()))
-            break
-        time.sleep(max(0.0, t0 + end - time.time()))
+    # every call of the schedule, the last op's too (it may end after duration_s: an op one rank began, all
+    # finish, as in a job that ends cleanly); a rank the schedule leaves early (hung) sits until the job is over
+    while not math.isinf(player.next_t):
+        time.sleep(max(0.0, t0 + player.next_t - time.time()))
         player.play_until(time.time() - t0)
-    time.sleep(linger_s)
+    time.sleep(max(0.0, t0 + job.duration_s - time.time()) + linger_s)
     drv.finalize(comm)
     log(f"rank {rank}: {player.pos} calls made")
     return 0
