@@ -68,3 +68,22 @@ def load_benchmark(name: str, module: str) -> ModuleType:
     sys.modules[spec.name] = mod
     spec.loader.exec_module(mod)
     return mod
+
+
+class FakeBatchSink:
+    """In-memory stand-in for the aggregator's Kafka sink (and for a rank's fallback)."""
+
+    def __init__(self, ok: bool = True) -> None:
+        self.batches: list[KernelBatch] = []
+        self.ok = ok
+        self.closed = False
+
+    def submit_batch(self, batch: KernelBatch) -> bool:
+        self.batches.append(batch)
+        return self.ok
+
+    def flush(self, timeout_s: float = 0.0) -> int:
+        return 0
+
+    def close(self, timeout_s: float = 0.0) -> None:
+        self.closed = True

@@ -24,28 +24,9 @@ from ccld.producers.attach.outlets import KafkaSink
 from ccld.records import KernelBatch
 from ccld.schemas.codec import encode_batch
 from ccld.settings import Settings
-from factories import make_kernel_record
+from factories import FakeBatchSink, make_kernel_record
 
 HOUR = 3600.0
-
-
-class FakeBatchSink:
-    """In-memory stand-in for the aggregator's Kafka sink (and for a rank's fallback)."""
-
-    def __init__(self, ok: bool = True) -> None:
-        self.batches: list[KernelBatch] = []
-        self.ok = ok
-        self.closed = False
-
-    def submit_batch(self, batch: KernelBatch) -> bool:
-        self.batches.append(batch)
-        return self.ok
-
-    def flush(self, timeout_s: float = 0.0) -> int:
-        return 0
-
-    def close(self, timeout_s: float = 0.0) -> None:
-        self.closed = True
 
 
 def rank_batch(rank: int, seqs: range, *, job: str = "job-a", incarnation: int = 0, world: int = 4) -> KernelBatch:

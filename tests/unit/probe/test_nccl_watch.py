@@ -7,8 +7,8 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -18,6 +18,7 @@ from ccld.probe.nccl_watch import PID_FILE, TableWatcher, announce
 from ccld.producers.attach.aggregate import HostAggregator, nccl_job
 from ccld.producers.attach.aggregate_metrics import aggregator_families
 from ccld.records import KernelBatch, Status
+from factories import FakeBatchSink
 from harness import parse_exposition
 
 pytestmark = pytest.mark.skipif(not (shutil.which("gcc") or shutil.which("cc")), reason="no C compiler")
@@ -77,34 +78,16 @@ def test_the_job_is_named_by_the_attachments_rules() -> None:
     assert nccl_job({}) == ("default", 0)
 
 
-class Sink:
-    def __init__(self) -> None:
-        self.batches: list[KernelBatch] = []
-
-    def submit_batch(self, batch: KernelBatch) -> bool:
-        self.batches.append(batch)
-        return True
-
-    def flush(self, timeout_s: float = 0.0) -> Any:
-        return 0
-
-    def close(self, timeout_s: float = 0.0) -> None:
-        pass
-
-
 def test_the_host_aggregator_announces_itself_polls_the_tables_and_sends_their_records(tmp_path: Path) -> None:
     d = tmp_path / "nccl"
-    sink = Sink()
+    sink = FakeBatchSink()
     agg = HostAggregator(sink=sink, nccl_dir=str(d), flush_interval_s=0.2, nccl_poll_s=0.05).start()
     try:
         assert (d / PID_FILE).read_text().strip() == str(os.getpid())  # the plugin starts only beside a live one
         proc = writer(d, CCLD_JOB="agg-job")
-        deadline = 50
-        while deadline and not any(b.job == "agg-job" for b in sink.batches):
-            import time
-
+        deadline = time.monotonic() + 5.0
+        while time.monotonic() < deadline and not any(b.job == "agg-job" for b in sink.batches):
             time.sleep(0.1)
-            deadline -= 1
         got = parse_exposition(render(aggregator_families(agg)))
         assert got["ccld_aggregator_nccl_tables"] == 1 and got["ccld_aggregator_nccl_records_total"] > 0
         assert got['ccld_aggregator_nccl_plugin_events{outcome="seen"}'] == 2  # two starts: op, channel
