@@ -411,10 +411,6 @@ class VirtualReplay:
     def clock_ns(self, t: float) -> int:
         return self.t0_ns + int(t * 1e9)
 
-    def finalize(self) -> None:
-        for p in self.players:
-            p.driver.finalize(p.comm)
-
 
 def ticks(end_s: float, step_s: float) -> Iterator[float]:
     n = int(round(end_s / step_s))

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from ccld.probe import nccl_build
@@ -31,7 +31,6 @@ class ReplayResult:
     records: int
     wall_s: float
     calls: int = 0
-    by_tick: list[tuple[float, int]] = field(default_factory=list)
 
 
 def replay_verdicts(job: RingJob, *, plugin: str | Path | None = None, version: int = 6, poll_s: float = 0.1,

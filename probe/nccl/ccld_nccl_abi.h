@@ -19,12 +19,10 @@
 #include <stdint.h>
 #include <sys/types.h>
 
-/* ncclResult_t is a C enum: int-sized. 0 is success; init may refuse with an error so that NCCL
- * continues without the plugin. */
+/* ncclResult_t is a C enum: int-sized; 0 is success (the only value this plugin returns: a failed init
+ * would make NCCL unload the library under communicators it accepted before). */
 typedef int ccld_nccl_result_t;
 #define CCLD_NCCL_SUCCESS 0
-#define CCLD_NCCL_SYSTEM_ERROR 2
-#define CCLD_NCCL_INVALID_USAGE 5
 
 typedef void (*ccld_nccl_logger_t)(int level, unsigned long flags, const char* file, int line, const char* fmt, ...);
 

@@ -140,12 +140,11 @@ struct op {            /* a collective or point-to-point op of this process */
                           run on channels anywhere in 0..63, the frame has the op's n */
   uint32_t begun;      /* the kernel began on the frame */
   uint32_t ended;
-  uint32_t kernel;     /* the frame's kernel number while begun */
   uint32_t op_seq;
   uint8_t op_type, dtype;
   uint16_t root;
   uint32_t n_channels;
-  uint32_t ch_started, ch_stopped, pops_open, pops_seen;
+  uint32_t ch_started, ch_stopped;
   uint32_t host_stopped; /* NCCL stopped the op's own event (it was enqueued) */
   uint64_t count;
   uint64_t pend_send[CCLD_N_CHANNELS], pend_recv[CCLD_N_CHANNELS]; /* counted before the begin */
@@ -489,7 +488,6 @@ static void w_begin_locked(struct frame_w* w, struct op* o, uint64_t t_ns) {
   w->active = o;
   w->active_gen = o->gen;
   __atomic_store_n(&w->begun_seq, o->op_seq + 1, __ATOMIC_RELEASE);
-  o->kernel = k + 1;
   o->begun = 1;
   for (uint32_t s = 0; s < CCLD_N_CHANNELS; s++) { /* what the network did before the kernel began */
     if (o->pend_send[s]) apply_count(w, s, 1, o->pend_send[s]);
@@ -777,8 +775,6 @@ static ccld_nccl_result_t start_event(void* context, void** handle, uint64_t typ
     p->channel = b->proxy_op.channel;
     p->is_send = b->proxy_op.is_send;
     ATOMIC_ADD(&o->children, 1);
-    ATOMIC_ADD(&o->pops_open, 1);
-    ATOMIC_ADD(&o->pops_seen, 1);
     *handle = p;
   } else if (type == CCLD_EV_PROXY_STEP) {
     struct pop* p = parent;
@@ -829,14 +825,6 @@ static void kch_stopped(struct kch* k, uint64_t at) {
   if (stopped >= want) op_end(o, at); /* the last channel's stop ends the op */
 }
 
-/* an op seen only through the network (no kernel-channel events) ends when its proxy ops and its
-   host event have all stopped */
-static void end_without_kernel(struct op* o) {
-  if (!ATOMIC_LOAD(&o->ch_started) && ATOMIC_LOAD(&o->pops_seen) && !ATOMIC_LOAD(&o->pops_open) &&
-      ATOMIC_LOAD(&o->host_stopped))
-    op_end(o, now_ns());
-}
-
 static ccld_nccl_result_t stop_event(void* handle) {
   if (!handle || G.state != 1) return CCLD_NCCL_SUCCESS;
   uint32_t* h = handle;
@@ -845,7 +833,6 @@ static ccld_nccl_result_t stop_event(void* handle) {
   if (t == H_OP) {
     struct op* o = handle;
     ATOMIC_STORE(&o->host_stopped, 1);
-    end_without_kernel(o);
     op_done_maybe(o);
   } else if (t == H_KCH) {
     struct kch* k = handle;
@@ -859,9 +846,7 @@ static ccld_nccl_result_t stop_event(void* handle) {
   } else if (t == H_POP) {
     struct pop* p = handle;
     if (op_valid(p->op, p->op_gen)) {
-      ATOMIC_ADD(&p->op->pops_open, (uint32_t)-1);
       ATOMIC_ADD(&p->op->children, (uint32_t)-1);
-      end_without_kernel(p->op);
       op_done_maybe(p->op);
     }
     pool_give(p);
