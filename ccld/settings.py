@@ -182,6 +182,11 @@ class Settings:
     # message.max.bytes, 1 MiB by default, and Faust's producer 1,000,000 bytes a request): an error, a counter,
     # its offsets left uncommitted; verdicts go out
     worker_snapshot_max_bytes: int = 950_000
+    # `ccld up`: the embedded broker (which never compacts or expires a log) is restarted empty once its memory
+    # passes this many MB, at a moment when nothing has arrived for up_renew_quiet_s and nothing is open,
+    # pending, unread or unarchived (stack/renew.py); 0: never
+    up_broker_renew_mb: float = 2048.0
+    up_renew_quiet_s: float = 120.0
     producer_queue_max: int = 200_000  # kernel records waiting in a producer, at most
     producer_batch_max: int = 2_000  # kernel records per batch message, at most
     producer_linger_ms: int = 500  # a batch waits at most this long for more records (fewer, larger messages)
@@ -338,6 +343,9 @@ def _validate(s: Settings) -> None:
                  "verdicts_retention_ms", "state_delete_retention_ms"):
         if getattr(s, name) == 0 or getattr(s, name) < -1:
             raise ConfigError(f"{name} must be positive, or -1 for no limit, got {getattr(s, name)}")
+    if s.up_broker_renew_mb < 0 or s.up_renew_quiet_s < 0:
+        raise ConfigError(f"up_broker_renew_mb and up_renew_quiet_s must be 0 or more, got {s.up_broker_renew_mb} "
+                          f"and {s.up_renew_quiet_s}")
     if s.worker_snapshot_max_bytes < 1:
         raise ConfigError(f"worker_snapshot_max_bytes must be at least 1, got {s.worker_snapshot_max_bytes}")
     if s.analysis_groups > s.metrics_partitions:

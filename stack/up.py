@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 import signal
 import subprocess
@@ -30,7 +31,9 @@ from ccld.lifeline import Lifeline
 from ccld.metrics_http import metrics_url
 from ccld.security import kafka_config
 from ccld.settings import Settings
+from ccld.stack import renew
 from ccld.stack.broker import EmbeddedBroker, free_port, wait_until_answers
+from ccld.stack.renew import RenewalWatch
 from ccld.stack.signals import stop_on_sigterm
 from ccld.stack.supervise import Backoff
 from ccld.topics import ensure_topics
@@ -68,6 +71,10 @@ class Pipeline:
         # in start order. A child keeps its port across restarts, so a printed URL stays right.
         self.metrics_port = metrics_port
         self.metrics_ports: dict[str, int] = {}
+        # the bound on the embedded broker's memory (stack/renew.py)
+        self._renewal = RenewalWatch(settings.up_broker_renew_mb, settings.up_renew_quiet_s)
+        self._renew_checked = -math.inf
+        self.renewals = 0
 
     def start(self, *, worker: bool = True, sink: bool = True, workers: int = 1) -> Pipeline:
         """Start the broker (unless the settings name one), ``workers`` workers and the sink."""
@@ -168,8 +175,42 @@ class Pipeline:
                 self._spawn(name)
                 b.restarted(now)
                 events.append(f"{name} restarted (pid {self.children[name].pid}, restart {b.restarts})")
+        events += self._maybe_renew(now)
         for line in events:
             log.warning("%s", line)
+        return events
+
+    def _maybe_renew(self, now: float) -> list[str]:
+        """Renew the embedded broker when ``RenewalWatch`` says it is over its memory cap and nothing would be lost."""
+        broker, cap = self.broker, self.settings.up_broker_renew_mb
+        if broker is None or broker.pid is None or cap <= 0 or now - self._renew_checked < renew.CHECK_EVERY_S:
+            return []
+        self._renew_checked = now
+        mb = renew.rss_mb(broker.pid)
+        urls = self.metrics_urls()
+        seen = None if mb <= cap else renew.activity(
+            [u for name, u in urls.items() if name.startswith("worker")],
+            [u for name, u in urls.items() if name == "sink"], self.settings)
+        if not self._renewal.observe(now, mb, seen):
+            return []
+        events = [f"the embedded broker holds {mb:.0f} MB, over up_broker_renew_mb ({cap:.0f}); no record for "
+                  f"{self.settings.up_renew_quiet_s:.0f} s and nothing open, pending, unread or unarchived: restarting "
+                  f"it empty (the archive keeps every row)"]
+        self._stop_children(timeout_s=15.0)  # a clean stop: the sink commits, the worker snapshots
+        broker.stop()
+        try:
+            broker.start()
+            ensure_topics(self.settings)
+        except BrokerError as exc:  # the next round restarts it as a dead broker, with its backoff
+            broker.stop()
+            events.append(f"the embedded broker did not come back after its renewal: {exc}")
+            return events
+        for name in sorted(self.children):
+            self._spawn(name)
+        self.renewals += 1
+        self._renewal.renewed(now)
+        events.append(f"the embedded broker is renewed on {broker.bootstrap} ({renew.rss_mb(broker.pid or 0):.0f} MB; "
+                      f"renewal {self.renewals}); topics recreated; worker and sink restarted")
         return events
 
     def _restart_broker(self, now: float) -> list[str]:

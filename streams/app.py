@@ -147,7 +147,7 @@ class WorkerApp:
         self.shard = options.shard  # jobs spread over partitions: a job stage on the reports topic decides
         self.state: WorkerState[PartitionProcessor] = WorkerState(
             settings, table, settings.metrics_topic,
-            restore=lambda p, raw: PartitionProcessor.restore(p, settings.analyzer, raw, options))
+            restore=lambda p, raw, parts: PartitionProcessor.restore(p, settings.analyzer, raw, options, parts))
         self.states: list[WorkerState[Any]] = [self.state]
         self.reports = _raw_topic(app, settings.reports_topic)
         self.stage: WorkerState[StageProcessor] | None = None
@@ -156,7 +156,7 @@ class WorkerApp:
                                     key_type=bytes, value_type=bytes,
                                     extra_topic_configs=state_log_configs(settings))
             self.stage = WorkerState(settings, stage_table, settings.reports_topic,
-                                     restore=lambda p, raw: StageProcessor.restore(
+                                     restore=lambda p, raw, _parts: StageProcessor.restore(
                                          p, settings.analyzer, raw, groups=settings.analysis_groups,
                                          dead_letter_raw_max=settings.worker_deadletter_raw_max_bytes))
             self.stage.wake = self.state.wake  # one courier sends the verdicts of both
@@ -548,6 +548,7 @@ class WorkerApp:
         if the partition moves to another worker half way, that worker's restored state re-reads it.
         """
         upto = proc.next_offset
+        proc.offsets_restart()
         try:
             messages = await asyncio.to_thread(read_partition, self.settings, partition, upto)
         except READ_ERRORS as exc:  # counted and logged, tried again on the next check

@@ -74,6 +74,10 @@ class Outbox:
         """Verdicts found but not yet acknowledged by the broker, oldest first."""
         return list(self._pending.values())
 
+    def pending_of(self, job: str) -> bool:
+        """Whether a verdict of ``job`` waits for the broker's acknowledgement."""
+        return any(v.job == job for v, _ in self._pending.values())
+
     def mark_sent(self, verdict: Verdict) -> None:
         """The broker acknowledged the verdict: never hand it out again (until SENT_MEMORY forgets it)."""
         key = verdict.dedupe_key

@@ -72,6 +72,9 @@ class JobState:
     analyzer: Analyzer
     clock: JobClock
     last_eval: float = -1e18  # job-clock time of the last evaluation from handle()
+    # Offset after the job's newest message handled: its state (in its own snapshot part) covers every
+    # message of the job below it, so one delivered again below it is skipped (``replayed_skipped``).
+    upto: int = -1
 
 
 class PartitionProcessor(Outbox):
@@ -109,6 +112,7 @@ class PartitionProcessor(Outbox):
                 j = self._new_job()
                 j.analyzer = Analyzer.from_state_dict(js["analyzer"], settings)
                 j.clock.load_state_dict(js["clock"])
+                j.upto = int(js.get("upto", -1))
                 # The downtime was not observed: a quiet job's clock resumes from now, as it did before.
                 j.clock.moved_recv = restored_at
                 self.jobs[str(job)] = j
@@ -168,6 +172,12 @@ class PartitionProcessor(Outbox):
             self.counters["upstream_lost_records"] = self.counters.get("upstream_lost_records", 0) + batch.lost_records
         job = self.jobs.pop(batch.job, None) or self._new_job()
         self.jobs[batch.job] = job  # re-inserted last: the least recently fed job comes first
+        if offset < job.upto:
+            # The job's part of the snapshot was written after this message (its partition's head was not):
+            # the job's state has it already.
+            self.counters["replayed_skipped"] = self.counters.get("replayed_skipped", 0) + 1
+            return out
+        job.upto = max(job.upto, offset + 1)
         producer = batch.producer or f"job:{batch.job}/{batch.incarnation}"
         if not job.clock.observe(producer, timestamp_s, recv):
             self.counters["clock_rejected"] = sum(j.clock.rejected for j in self.jobs.values())
@@ -188,6 +198,11 @@ class PartitionProcessor(Outbox):
             self._evaluate_job(batch.job, job, now)
             out.verdicts = self.pending()
         return out
+
+    def offsets_restart(self) -> None:
+        """The metrics topic was recreated and its offsets start again: no job's offset covers the new log."""
+        for job in self.jobs.values():
+            job.upto = -1
 
     def _check_route(self, batch: KernelBatch, topic: str, offset: int) -> None:
         """Count (and say once per job) rows on a partition their job and communicator group do not map
@@ -265,8 +280,10 @@ class PartitionProcessor(Outbox):
             if now > 0.0:
                 self._evaluate_job(name, job, now)
             if (now - job.clock.now_s > self.settings.job_expiry_s and not job.analyzer.jobs
-                    and not job.analyzer.book.open):
-                del self.jobs[name]  # silent past the analyzer's expiry and nothing open: forget the job
+                    and not job.analyzer.book.open and not self.pending_of(name)):
+                # silent past the analyzer's expiry, nothing open, nothing to send: forget the job (its pending
+                # verdicts live in its snapshot part, so a job is kept until they are acknowledged)
+                del self.jobs[name]
                 self.forget_job(name)
         return self.pending()
 
@@ -317,29 +334,86 @@ class PartitionProcessor(Outbox):
         The analyzer's step-pattern search runs at most once per ``CADENCE_SEARCH_EVERY_S`` of wall time,
         however often the worker saves (it saves at the end of every burst of messages).
         """
-        now = time.monotonic()
-        search = now - self._cadence_searched >= CADENCE_SEARCH_EVERY_S
-        if search:
-            self._cadence_searched = now
+        search = self._search_due()
         state = {"jobs": {name: {"analyzer": j.analyzer.state_dict(search_cadence=search),
-                                 "clock": j.clock.state_dict()}
+                                 "clock": j.clock.state_dict(), "upto": j.upto}
                           for name, j in self.jobs.items()},
                  **self.outbox_state(), "next_offset": self.next_offset, "topic_id": self.topic_id,
                  "counters": self.counters}
-        return zlib.compress(json.dumps(state, separators=(",", ":")).encode(), 1)
+        return _pack(state)
+
+    def snapshot_parts(self) -> dict[str, bytes]:
+        """The snapshot as separate changelog messages: ``""`` the partition's head (offsets, topic identity,
+        counters), and one part per job (its analyzer, clock, the verdicts sent and pending for it, and the
+        offset its state covers), keyed by the job's name.
+
+        The worker writes only the parts that changed, the head last. No message grows with the number of
+        jobs on the partition, and a quiet job adds nothing to the changelog however busy its neighbours are.
+        A worker that dies between a job's part and the head resumes with that job's newer state: the job
+        skips its messages below its own offset (``JobState.upto``), so nothing is analysed twice or lost.
+        """
+        search = self._search_due()
+        pending: dict[str, list[dict[str, Any]]] = {}
+        for v, _ in self._pending.values():
+            pending.setdefault(v.job, []).append(v.to_dict())
+        sent: dict[str, list[str]] = {}
+        for key, job in self._sent.items():
+            sent.setdefault(job, []).append(key)
+        parts = {name: _pack({"analyzer": j.analyzer.state_dict(search_cadence=search), "clock": j.clock.state_dict(),
+                              "upto": j.upto, "sent": sent.pop(name, []), "pending": pending.pop(name, [])})
+                 for name, j in self.jobs.items()}
+        # Verdicts of jobs no longer held (a restored snapshot of an older layout) stay with the head.
+        parts[""] = _pack({"parts": sorted(self.jobs), "next_offset": self.next_offset, "topic_id": self.topic_id,
+                           "counters": self.counters, "sent": [[k, j] for j, ks in sent.items() for k in ks],
+                           "pending": [d for ds in pending.values() for d in ds]})
+        return parts
+
+    def _search_due(self) -> bool:
+        now = time.monotonic()
+        if now - self._cadence_searched < CADENCE_SEARCH_EVERY_S:
+            return False
+        self._cadence_searched = now
+        return True
 
     @classmethod
     def restore(cls, partition: int, settings: AnalyzerSettings, raw: bytes | None,
-                options: ProcessorOptions | None = None) -> PartitionProcessor:
-        if raw:
+                options: ProcessorOptions | None = None,
+                parts: Mapping[str, bytes] | None = None) -> PartitionProcessor:
+        """The processor from a snapshot: one blob (``snapshot``), or a head and per-job ``parts``
+        (``snapshot_parts``: ``raw`` is the head). Anything unreadable starts that much empty, loudly."""
+        if raw or parts:
             try:
-                # Plain JSON (written before snapshots were compressed) starts with "{"; zlib never does.
-                text = raw if raw[:1] == b"{" else zlib.decompress(raw)
-                return cls(partition, settings, json.loads(text), options)
+                state = _unpack(raw) if raw else {}
+                if parts:
+                    jobs = state.setdefault("jobs", {})
+                    sent, pending = list(state.get("sent", ())), list(state.get("pending", ()))
+                    for name, blob in parts.items():
+                        try:
+                            part = _unpack(blob)
+                        except Exception as exc:  # noqa: BLE001 - one job's part unreadable: that job starts empty
+                            log.error("partition %d: job %s's snapshot part unreadable (%s: %s); the job starts "
+                                      "empty", partition, name, type(exc).__name__, exc)
+                            continue
+                        jobs[name] = {"analyzer": part["analyzer"], "clock": part["clock"],
+                                      "upto": part.get("upto", -1)}
+                        sent += [[k, name] for k in part.get("sent", ())]
+                        pending += list(part.get("pending", ()))
+                    state["sent"], state["pending"] = sent, pending
+                return cls(partition, settings, state, options)
             except Exception as exc:  # noqa: BLE001 - any unreadable snapshot: start empty, loudly
                 log.error("partition %d: snapshot unreadable (%s: %s); starting empty", partition,
                           type(exc).__name__, exc)
         return cls(partition, settings, options=options)
+
+
+def _pack(state: Mapping[str, Any]) -> bytes:
+    """Compact JSON, zlib-compressed (each changelog message must stay under the broker's ~1 MB)."""
+    return zlib.compress(json.dumps(state, separators=(",", ":")).encode(), 1)
+
+
+def _unpack(raw: bytes) -> dict[str, Any]:
+    # Plain JSON (written before snapshots were compressed) starts with "{"; zlib never does.
+    return dict(json.loads(raw if raw[:1] == b"{" else zlib.decompress(raw)))
 
 
 def counted_dead_letter(counters: dict[str, int], raw: bytes | None, reason: str, detail: str, *, topic: str,

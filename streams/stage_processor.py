@@ -126,6 +126,10 @@ class StageProcessor(Outbox):
                  "counters": self.counters}
         return zlib.compress(json.dumps(state, separators=(",", ":")).encode(), 1)
 
+    def snapshot_parts(self) -> dict[str, bytes]:
+        """The snapshot as the worker writes it: the stage's state is its incidents, one message (``""``)."""
+        return {"": self.snapshot()}
+
     @classmethod
     def restore(cls, partition: int, settings: AnalyzerSettings, raw: bytes | None, *, groups: int = 1,
                 dead_letter_raw_max: int = DEAD_LETTER_RAW_MAX) -> StageProcessor:

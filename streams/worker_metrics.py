@@ -102,11 +102,11 @@ class WorkerMetrics:
                      "How much later than usual the partition's latest messages were read (0 when none "
                      "arrived in the last 2 s).", ("partition",))
         snap = Family("ccld_worker_snapshot_bytes", "gauge",
-                      "Size of the partition's last state snapshot on the changelog (compressed).", ("partition",))
+                      "Size of the partition's state snapshot on the changelog (compressed; its head and every "
+                      "job's part).", ("partition",))
         for p, rep in reports.items():
             lag.add(rep.get("lag_ms", 0) / 1000.0, partition=p)
-            raw = metrics.table.data.get(metrics.key(p)) if metrics.table is not None else None
-            snap.add(len(raw or b""), partition=p)
+            snap.add(metrics.snapshot_bytes(p), partition=p)
         same = Family("ccld_worker_snapshots_unchanged_total", "counter",
                       "Snapshots of the partition not written because the broker already had that one (an "
                       "idle partition adds nothing to the changelog).", ("partition",))

@@ -24,6 +24,7 @@ from chaoslib import (
     Lines,
     alive,
     archived,
+    archived_by,
     children_of,
     produce,
     raw_verdicts,
@@ -134,3 +135,49 @@ def test_up_restarts_a_killed_worker_and_broker_and_stops_cleanly(tmp_path: Path
                   f"the broker; both restarted by ccld up; a job hanging afterwards reported in {found_s:.0f} s",
                   produced=produced, delivered=acked, verdicts_expected=1, verdicts_received=len(per_key),
                   verdicts_raw=len(raw))
+
+
+def test_up_renews_its_broker_past_the_memory_cap_only_when_nothing_is_in_flight(tmp_path: Path) -> None:
+    """The embedded broker never compacts or expires a log: past ``up_broker_renew_mb`` (1 MB here, so always)
+    ``ccld up`` restarts it empty, but only once no record has arrived for ``up_renew_quiet_s`` and nothing is
+    unread, unarchived, open or pending (each condition unit-tested in ``test_renew.py``). Every row of the job
+    before is archived before the renewal, and a job that hangs after it is found and archived."""
+    tag = uuid.uuid4().hex[:8]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CCLD_")}
+    env.update({"CCLD_TOPIC_PREFIX": f"r{tag}.", "CCLD_WORKER_APP_ID": f"rn-{tag}", "CCLD_SINK_GROUP": f"sink-{tag}",
+                "CCLD_ARCHIVE_DIR": str(tmp_path / "archive"), "CCLD_UP_BROKER_RENEW_MB": "1",
+                "CCLD_UP_RENEW_QUIET_S": "6"})
+    port = free_port()
+    archive = tmp_path / "archive"
+    s = Settings.load(env, bootstrap=f"127.0.0.1:{port}")
+    up = subprocess.Popen([sys.executable, "-P", "-m", "ccld.cli", "up", "--port", str(port), "--logs",
+                           str(tmp_path / "logs")], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True, start_new_session=True)
+    out, err = Lines(up.stdout), Lines(up.stderr)
+    try:
+        out.wait_for("Ctrl-C stops everything", 30)
+        before = scenario_batches("before-renewal", None, 20.0)
+        produced = sum(b.n for _, b in before)
+        assert produce(s, before) == produced
+        line = err.wait_for("restarting it empty", 120)
+        assert "over up_broker_renew_mb (1)" in line, line
+        rows = Counter({k: n for k, n in archived_by(archive, s.metrics_topic, "job").items()
+                        if k[0] == "before-renewal"})
+        assert sum(rows.values()) == produced, f"{sum(rows.values())} of {produced} rows archived before the renewal"
+        err.wait_for("the embedded broker is renewed", 30)
+
+        hung = scenario_batches("after-renewal", {"kind": "H1", "rank": 3, "onset_s": 15.0}, 50.0)
+        produce(s, hung)
+        got = collect_verdicts(s, 90, until=lambda vs: any(3 in v.root_cause_ranks for v in vs))
+        assert any(v.kind.value == "H1" and v.root_cause_ranks == (3,) for v in got), \
+            "".join(err.seen) + (tmp_path / "logs" / "worker.log").read_text(errors="replace")[-3000:]
+        assert wait_for(lambda: any(k[0] == "after-renewal" for k in archived_by(archive, s.verdicts_topic, "job")),
+                        30), "the verdict after the renewal was not archived"
+    finally:
+        up.send_signal(signal.SIGTERM)
+        try:
+            up.wait(40)
+        except subprocess.TimeoutExpired:
+            os.killpg(up.pid, signal.SIGKILL)
+            raise
+    assert up.returncode == 0

@@ -42,7 +42,8 @@ class Table:
 
 def worker_metrics() -> tuple[WorkerMetrics, WorkerState[PartitionProcessor]]:
     state: WorkerState[PartitionProcessor] = WorkerState(
-        Settings(), Table(), "m", restore=lambda p, raw: PartitionProcessor.restore(p, AnalyzerSettings(), raw))
+        Settings(), Table(), "m",
+        restore=lambda p, raw, parts: PartitionProcessor.restore(p, AnalyzerSettings(), raw, parts=parts))
     return WorkerMetrics([state], LagWatch()), state
 
 
