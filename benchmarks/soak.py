@@ -64,12 +64,6 @@ def scenarios(n: int, seed: int) -> list[dict[str, Any]]:
     return out
 
 
-def rss_mb(pid: int | None) -> float:
-    from ccld.stack.renew import rss_mb as rss
-
-    return rss(pid) if pid else 0.0
-
-
 def topic_size(settings: Any, topic: str) -> int:
     """Messages a topic holds (the sum of its partitions' high watermarks; the embedded broker's are a batch
     short, so a lower bound)."""
@@ -135,8 +129,10 @@ class Soak:
     def sample(self) -> dict[str, Any]:
         s = self.settings
         files, size = archive_files(self.archive)
+        from ccld.stack.renew import metric_sums, rss_mb
+
         row: dict[str, Any] = {"t_s": round(time.monotonic() - self.t0, 1),
-                               **{f"{k}_mb": round(rss_mb(pid), 1) for k, pid in self.pids().items()},
+                               **{f"{k}_mb": round(rss_mb(pid or 0), 1) for k, pid in self.pids().items()},
                                "archive_files": files, "archive_mb": round(size / 1e6, 2),
                                "renewals": self.pipeline.renewals}
         sizes: dict[str, Any] = {}
@@ -154,8 +150,6 @@ class Soak:
         t.start()
         t.join(20.0)
         row.update(dict(sizes) if not t.is_alive() else {"sizes_error": "timeout"})
-        from ccld.stack.renew import metric_sums
-
         try:  # how far behind the worker reads, and what it holds open
             m = metric_sums(self.pipeline.metrics_urls()["worker"],
                             ("ccld_worker_unread_messages", "ccld_worker_open_incidents"))

@@ -28,7 +28,9 @@ from typing import Any
 import numpy as np
 
 
-class _Changelog:
+class MemoryChangelog:
+    """The changelog topic: every message sent, in order (what an uncompacted broker keeps)."""
+
     def __init__(self) -> None:
         self.sent: list[tuple[bytes, bytes | None]] = []
 
@@ -39,14 +41,19 @@ class _Changelog:
         return fut
 
 
-class _Table:
-    """The worker's Faust table as ``WorkerState`` uses it: the data by key and the changelog it writes."""
+class MemoryTable:
+    """The worker's Faust table as ``WorkerState`` uses it: the data by key and the changelog it writes (the unit
+    tests of ``WorkerState`` use it too)."""
 
     def __init__(self) -> None:
         self.data: dict[bytes, bytes] = {}
-        self.changelog_topic = _Changelog()
+        self.changelog_topic = MemoryChangelog()
+
+    def send_changelog(self, partition: int, key: bytes, value: bytes | None) -> None:
+        self.changelog_topic.sent.append((key, value))
 
     def compacted(self) -> dict[bytes, bytes]:
+        """What a compacted changelog keeps (and a restarted worker's table recovers): the newest per key."""
         out: dict[bytes, bytes] = {}
         for key, value in self.changelog_topic.sent:
             if value is None:
@@ -87,7 +94,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     analyzer = AnalyzerSettings(job_expiry_s=args.expiry_s)
     settings = Settings(worker_snapshot_max_bytes=1 << 30)
-    table = _Table()
+    table = MemoryTable()
     st: WorkerState[PartitionProcessor] = WorkerState(
         settings, table, "m", restore=lambda p, raw, parts: PartitionProcessor.restore(p, analyzer, raw, parts=parts))
     proc = st.processor(0)
@@ -132,7 +139,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     compacted = table.compacted()
     restarts = []
     for _ in range(args.repeat):
-        again: WorkerState[PartitionProcessor] = WorkerState(settings, _Table(), "m", restore=st._restore)
+        again: WorkerState[PartitionProcessor] = WorkerState(settings, MemoryTable(), "m", restore=st._restore)
         again.table.data = dict(peak)
         began = time.perf_counter()
         back = again.processor(0)

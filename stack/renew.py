@@ -106,20 +106,19 @@ def behind(settings: Settings) -> int | None:
     c = Consumer({**kafka_config(settings), "group.id": f"{settings.worker_app_id}-renewal",
                   "enable.auto.commit": False})
     try:
+        ends: dict[tuple[str, int], int] = {}
+        for topic in (settings.metrics_topic, settings.verdicts_topic):
+            for p in c.list_topics(topic, timeout=5).topics[topic].partitions:
+                ends[topic, p] = c.get_watermark_offsets(TopicPartition(topic, p), timeout=5)[1]
         total = 0
         for group, topics in ((settings.worker_app_id, (settings.metrics_topic,)),
                               (settings.sink_group, (settings.metrics_topic, settings.verdicts_topic))):
-            for topic in topics:
-                parts = c.list_topics(topic, timeout=5).topics[topic].partitions
-                tps = [TopicPartition(topic, p) for p in parts]
-                done = Consumer({**kafka_config(settings), "group.id": group, "enable.auto.commit": False})
-                try:
-                    got = done.committed(tps, timeout=5)
-                finally:
-                    done.close()
-                for tp in got:
-                    _, high = c.get_watermark_offsets(TopicPartition(topic, tp.partition), timeout=5)
-                    total += max(high - max(tp.offset, 0), 0)
+            done = Consumer({**kafka_config(settings), "group.id": group, "enable.auto.commit": False})
+            try:
+                got = done.committed([TopicPartition(t, p) for t, p in ends if t in topics], timeout=5)
+            finally:
+                done.close()
+            total += sum(max(ends[tp.topic, tp.partition] - max(tp.offset, 0), 0) for tp in got)
         return total
     except Exception:  # noqa: BLE001 - any client error: the broker does not say, so nothing is settled
         return None

@@ -199,14 +199,11 @@ class Pipeline:
         self._stop_children(timeout_s=15.0)  # a clean stop: the sink commits, the worker snapshots
         broker.stop()
         try:
-            broker.start()
-            ensure_topics(self.settings)
+            self._broker_back(broker)
         except BrokerError as exc:  # the next round restarts it as a dead broker, with its backoff
             broker.stop()
             events.append(f"the embedded broker did not come back after its renewal: {exc}")
             return events
-        for name in sorted(self.children):
-            self._spawn(name)
         self.renewals += 1
         self._renewal.renewed(now)
         events.append(f"the embedded broker is renewed on {broker.bootstrap} ({renew.rss_mb(broker.pid or 0):.0f} MB; "
@@ -230,8 +227,7 @@ class Pipeline:
         if not b.due(now):
             return events
         try:
-            broker.start()
-            ensure_topics(self.settings)
+            self._broker_back(broker)
         except BrokerError as exc:
             broker.stop()
             b.started(now)
@@ -241,11 +237,17 @@ class Pipeline:
         b.restarted(now)
         events.append(f"the embedded broker is back on {broker.bootstrap} (restart {b.restarts}); "
                       f"topics recreated; restarting worker and sink against the empty broker")
-        # Their consumer groups, offsets and changelogs were in the lost broker: start them clean.
-        self._stop_children(timeout_s=5.0)  # stopped when the broker died; a no-op unless one was started since
+        return events
+
+    def _broker_back(self, broker: EmbeddedBroker) -> None:
+        """Start the embedded broker on its port, create its topics, and restart every child against it (raises
+        ``BrokerError`` before any child starts). Their consumer groups, offsets and changelogs were in the broker
+        that is gone: they start clean."""
+        broker.start()
+        ensure_topics(self.settings)
+        self._stop_children(timeout_s=5.0)  # stopped already; a no-op unless one was started since
         for name in sorted(self.children):
             self._spawn(name)
-        return events
 
     def _log_hint(self, name: str) -> str:
         return str(self.log_dir / f"{name}.log") if self.log_dir is not None else "not kept"

@@ -363,8 +363,8 @@ class PartitionProcessor(Outbox):
                               "upto": j.upto, "sent": sent.pop(name, []), "pending": pending.pop(name, [])})
                  for name, j in self.jobs.items()}
         # Verdicts of jobs no longer held (a restored snapshot of an older layout) stay with the head.
-        parts[""] = _pack({"parts": sorted(self.jobs), "next_offset": self.next_offset, "topic_id": self.topic_id,
-                           "counters": self.counters, "sent": [[k, j] for j, ks in sent.items() for k in ks],
+        parts[""] = _pack({"next_offset": self.next_offset, "topic_id": self.topic_id, "counters": self.counters,
+                           "sent": [[k, j] for j, ks in sent.items() for k in ks],
                            "pending": [d for ds in pending.values() for d in ds]})
         return parts
 

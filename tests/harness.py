@@ -73,6 +73,14 @@ class WorkerProcess:
         return self.log_path.read_text(errors="replace")[-6000:] if self.log_path.exists() else "(no log)"
 
 
+def start_up(env: dict[str, str], port: int, logs: Path, *extra: str, merged: bool = False) -> subprocess.Popen[str]:
+    """``ccld up`` on ``port`` (0: a free one) with ``env``, its services' logs in ``logs``, ``extra`` arguments;
+    stdout and stderr piped (``merged``: stderr into stdout), in a session of its own (``stop_up`` stops it)."""
+    return subprocess.Popen([sys.executable, "-P", "-m", "ccld.cli", "up", "--port", str(port), "--logs", str(logs),
+                             *extra], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT if merged else subprocess.PIPE, text=True, start_new_session=True)
+
+
 def stop_up(up: subprocess.Popen[str], timeout_s: float = 40.0) -> None:
     """SIGTERM to a ``ccld up`` (it stops its children, then its broker); its group killed after ``timeout_s``."""
     up.send_signal(signal.SIGTERM)

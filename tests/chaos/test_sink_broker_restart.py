@@ -39,7 +39,7 @@ from chaoslib import (
     scenario_batches,
     wait_for,
 )
-from harness import WorkerProcess, raw_records
+from harness import WorkerProcess, raw_records, start_up
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
@@ -113,9 +113,7 @@ def test_up_broker_killed_keeps_the_archive(tmp_path: Path) -> None:
     port = free_port()
     s = Settings.load(env, bootstrap=f"127.0.0.1:{port}")
     sink_log = tmp_path / "logs" / "sink.log"
-    up = subprocess.Popen([sys.executable, "-P", "-m", "ccld.cli", "up", "--port", str(port), "--logs",
-                           str(tmp_path / "logs")], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                          text=True, start_new_session=True)
+    up = start_up(env, port, tmp_path / "logs")
     out, err = Lines(up.stdout), Lines(up.stderr)
     try:
         out.wait_for("Ctrl-C stops everything", 30)

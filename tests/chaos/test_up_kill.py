@@ -12,7 +12,6 @@ import contextlib
 import os
 import signal
 import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -21,14 +20,13 @@ import pytest
 
 from ccld.stack.broker import free_port
 from chaoslib import Lines, alive, children_of, wait_for
+from harness import start_up as harness_start_up
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
 
 def start_up(port: int, tmp_path: Path, env: dict[str, str], name: str) -> tuple[subprocess.Popen[str], Lines]:
-    up = subprocess.Popen([sys.executable, "-P", "-m", "ccld.cli", "up", "--port", str(port), "--logs",
-                           str(tmp_path / name)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          text=True, start_new_session=True)
+    up = harness_start_up(env, port, tmp_path / name, merged=True)
     return up, Lines(up.stdout)
 
 

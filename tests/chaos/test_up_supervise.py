@@ -9,7 +9,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 import uuid
 from collections import Counter
@@ -32,7 +31,7 @@ from chaoslib import (
     scenario_batches,
     wait_for,
 )
-from harness import collect_verdicts
+from harness import collect_verdicts, start_up, stop_up
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
@@ -78,9 +77,7 @@ def test_up_restarts_a_killed_worker_and_broker_and_stops_cleanly(tmp_path: Path
     port = free_port()
     archive = tmp_path / "archive"
     s = Settings.load(env, bootstrap=f"127.0.0.1:{port}")
-    up = subprocess.Popen([sys.executable, "-P", "-m", "ccld.cli", "up", "--port", str(port), "--logs",
-                           str(tmp_path / "logs")], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                          text=True, start_new_session=True)
+    up = start_up(env, port, tmp_path / "logs")
     out, err = Lines(up.stdout), Lines(up.stderr)
     seen: set[int] = set()
     try:
@@ -150,9 +147,7 @@ def test_up_renews_its_broker_past_the_memory_cap_only_when_nothing_is_in_flight
     port = free_port()
     archive = tmp_path / "archive"
     s = Settings.load(env, bootstrap=f"127.0.0.1:{port}")
-    up = subprocess.Popen([sys.executable, "-P", "-m", "ccld.cli", "up", "--port", str(port), "--logs",
-                           str(tmp_path / "logs")], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                          text=True, start_new_session=True)
+    up = start_up(env, port, tmp_path / "logs")
     out, err = Lines(up.stdout), Lines(up.stderr)
     try:
         out.wait_for("Ctrl-C stops everything", 30)
@@ -174,10 +169,5 @@ def test_up_renews_its_broker_past_the_memory_cap_only_when_nothing_is_in_flight
         assert wait_for(lambda: any(k[0] == "after-renewal" for k in archived_by(archive, s.verdicts_topic, "job")),
                         30), "the verdict after the renewal was not archived"
     finally:
-        up.send_signal(signal.SIGTERM)
-        try:
-            up.wait(40)
-        except subprocess.TimeoutExpired:
-            os.killpg(up.pid, signal.SIGKILL)
-            raise
-    assert up.returncode == 0
+        stop_up(up)
+    assert up.returncode == 0, "ccld up did not stop within 40 s of SIGTERM"

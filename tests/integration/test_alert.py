@@ -25,7 +25,7 @@ from ccld.schemas.codec import encode_verdict
 from ccld.settings import Settings
 from ccld.stack.alertmanager import LocalAlertmanager, alertmanager_binary, list_alerts
 from factories import make_verdict
-from harness import WorkerProcess, stop_up
+from harness import WorkerProcess, start_up, stop_up
 
 pytestmark = pytest.mark.integration
 
@@ -371,9 +371,7 @@ def test_three_jobs_on_a_bad_host_make_it_a_drain_candidate_in_alertmanager_and_
     suite = tmp_path / "fleet.jsonl"
     suite.write_text("".join(json.dumps({"ranks": 16, "gpus_per_node": 8, "layout": {"tp": 4, "pp": 2, "dp": 2},
                                          "duration_s": 45, **sc}) + "\n" for sc in FLEET))
-    up = subprocess.Popen([sys.executable, "-P", "-m", "ccld.cli", "up", "--port", "0", "--logs",
-                           str(tmp_path / "logs"), "--alertmanager", alertmanager], env=env, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    up = start_up(env, 0, tmp_path / "logs", "--alertmanager", alertmanager, merged=True)
     try:
         assert up.stdout is not None
         boot = ""

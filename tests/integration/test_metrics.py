@@ -40,7 +40,7 @@ from ccld.schemas.codec import encode_verdict
 from ccld.settings import Settings
 from ccld.stack.broker import free_port
 from factories import make_verdict
-from harness import WorkerProcess, parse_exposition, scrape, stop_up
+from harness import WorkerProcess, parse_exposition, scrape, start_up, stop_up
 
 pytestmark = pytest.mark.integration
 
@@ -292,9 +292,7 @@ def test_ccld_up_prints_a_metrics_url_for_each_service_and_each_answers(tmp_path
     env = {k: v for k, v in os.environ.items() if not k.startswith("CCLD_")}
     env.update({"CCLD_TOPIC_PREFIX": f"m{tag}.", "CCLD_WORKER_APP_ID": f"up-{tag}", "CCLD_SINK_GROUP": f"sink-{tag}",
                 "CCLD_ARCHIVE_DIR": str(tmp_path / "archive")})
-    up = subprocess.Popen([sys.executable, "-P", "-m", "ccld.cli", "up", "--port", "0", "--logs",
-                           str(tmp_path / "logs")], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          text=True, start_new_session=True)
+    up = start_up(env, 0, tmp_path / "logs", merged=True)
     lines: queue.Queue[str] = queue.Queue()
     seen: list[str] = []
     threading.Thread(target=lambda: [lines.put(ln) for ln in up.stdout or []], daemon=True).start()

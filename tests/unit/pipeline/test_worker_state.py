@@ -1,7 +1,8 @@
 """The worker's snapshots as changelog messages: a head per partition and a part per job, written when changed.
 
-``WorkerState`` runs here against an in-memory table whose changelog records every message sent, in order,
-so each test can read exactly what a broker would hold and what a compacted changelog would keep.
+``WorkerState`` runs here against the state-log benchmark's in-memory table, whose changelog records every
+message sent, in order, so each test can read exactly what a broker would hold and what a compacted changelog
+would keep.
 """
 
 from __future__ import annotations
@@ -17,39 +18,9 @@ from ccld.schemas.codec import encode_batch
 from ccld.settings import AnalyzerSettings, Settings
 from ccld.streams.processor import PartitionProcessor
 from ccld.streams.worker_state import WorkerState
-from factories import make_verdict
+from factories import load_benchmark, make_verdict
 
-
-class Changelog:
-    """The changelog topic: every message sent, in order (what an uncompacted broker keeps)."""
-
-    def __init__(self) -> None:
-        self.sent: list[tuple[bytes, bytes | None]] = []
-
-    async def send(self, *, key: bytes, value: bytes | None, **_: Any) -> asyncio.Future[None]:
-        self.sent.append((key, value))
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        fut.set_result(None)
-        return fut
-
-
-class Table:
-    def __init__(self) -> None:
-        self.data: dict[bytes, bytes] = {}
-        self.changelog_topic = Changelog()
-
-    def send_changelog(self, partition: int, key: bytes, value: bytes | None) -> None:
-        self.changelog_topic.sent.append((key, value))
-
-    def compacted(self) -> dict[bytes, bytes]:
-        """What a compacted changelog keeps (and a restarted worker's table recovers): the newest per key."""
-        out: dict[bytes, bytes] = {}
-        for key, value in self.changelog_topic.sent:
-            if value is None:
-                out.pop(key, None)
-            else:
-                out[key] = value
-        return out
+Table = load_benchmark("state_log", "state_log_bench").MemoryTable
 
 
 def job_messages(job: str, ranks: int = 8, duration_s: float = 30.0, faults: list[dict[str, Any]] | None = None
@@ -59,7 +30,7 @@ def job_messages(job: str, ranks: int = 8, duration_s: float = 30.0, faults: lis
     return [(t, encode_batch(b)) for t, b in simulate(sc)]
 
 
-def worker_state(table: Table, settings: Settings | None = None) -> WorkerState[PartitionProcessor]:
+def worker_state(table: Any, settings: Settings | None = None) -> WorkerState[PartitionProcessor]:
     return WorkerState(settings or Settings(), table, "m", restore=lambda p, raw, parts: PartitionProcessor.restore(
         p, AnalyzerSettings(), raw, parts=parts))
 
