@@ -1,7 +1,7 @@
 """An overloaded real worker lags, it does not lie (issue 18, item 2), with real processes.
 
 Two Megatron-style jobs of 128 ranks are produced in real time for a minute, each on its own
-metrics partition, to one real ``ccld worker`` that is given a 16th of the wall time (SIGSTOP and
+metrics partition, to one real ``ccld worker`` that is given a 31st of the wall time (SIGSTOP and
 SIGCONT in turn, what a host busy with other work does to a process): it reads the jobs slower than
 they come, falls behind by tens of seconds and reads the partitions in the chunks a lagging Kafka
 consumer fetches. One job is healthy; the other has a real hang (H1) 25 s in.
@@ -46,8 +46,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
 DURATION_S = 60.0  # two minutes until 2026-12-04: the same ratios (unread share, lag) at half the CI time
 RANKS = 128
-RUN_S, STOP_S = 0.02, 0.30  # the worker runs a 16th of the time while the jobs are produced (an eighth
-# until the simulator sent one batch per host and window, 2026-12-04: a tenth of the messages, as many records)
+RUN_S, STOP_S = 0.01, 0.30  # the worker runs a 31st of the time while the jobs are produced (an eighth
+# until the simulator sent one batch per host and window, 2026-12-04: a tenth of the messages, as many records;
+# a 16th until CI's faster machine read 77 % of them in its 16th, 2026-12-05)
 RSS_LIMIT = 1 << 30  # the worker's resident memory, at any time (quiet runs of 4,096 ranks: 149-348 MB)
 FAULT = {"kind": "H1", "rank": 45, "onset_s": 25.0}
 
@@ -184,8 +185,9 @@ def test_an_overloaded_worker_lags_reports_it_drains_and_says_only_what_the_data
     analyzed = analyzed_records(w)  # the counters the worker logs as it stops
     log = w.log()
 
-    # the overload was real: a quarter of the messages or more were waiting when the jobs ended
-    assert unread_at_end > len(merged) // 4, (unread_at_end, len(merged))
+    # the overload was real: an eighth of the messages or more were waiting when the jobs ended (the lag it
+    # makes is asserted below; how much a 31st of a machine's time reads depends on the machine)
+    assert unread_at_end > len(merged) // 8, (unread_at_end, len(merged))
     assert drained, f"the backlog did not drain: {committed(s)} of {len(merged)} committed\n{log[-3000:]}"
     assert analyzed == sent, (analyzed, sent)
     # lag shown as lag

@@ -6,8 +6,10 @@ stalled for CPUs 9 % of the time (far from the 50 % that holds any S2 as starvat
 test, and well under 1 % of the job's time: a transport on contended CPUs, not a link an operator should
 be paged for. A slow cable or NIC costs a share of every step. Where the hosts say their CPUs were
 contended (``contended_wait_share``, 5 %), the analyzer now weighs the extra communication time per call
-against the time between the communicator's calls (``slow_min_cost_share``, 2 %) and holds what costs
+against the time between the communicator's calls (``slow_min_cost_share``, 5 %) and holds what costs
 less, counting it (``slow_held_cheap``). Kernel-timed sources measure no CPU stalls and are not held.
+(2 % until CI's healthy job, its host stalled 15 % of the time, had a loopback send of 5-8 ms against 0.25 ms
+in 4 of 5 steps: 2.5 % of its time, one or two of a contended scheduler's time slices per call.)
 """
 
 from __future__ import annotations
@@ -38,10 +40,10 @@ def opens(batches: list[tuple[float, KernelBatch]], settings: AnalyzerSettings |
 
 
 def test_a_slow_link_called_all_step_long_is_named_with_its_cost() -> None:
-    # called every 20 ms: +1.2 ms a call is 6 % of the job's time
-    vs = opens(slow_ring(100))
+    # called every 10 ms: +1.2 ms a call is 12 % of the job's time
+    vs = opens(slow_ring(200))
     assert [(v.kind, v.link) for v in vs] == [(AnomalyKind.S2, Link(3, 4))]
-    assert 0.04 < float(vs[0].details["cost_share"]) < 0.08, vs[0].details
+    assert 0.09 < float(vs[0].details["cost_share"]) < 0.15, vs[0].details
 
 
 def test_the_same_slowdown_once_a_step_on_a_contended_host_costs_too_little_to_report() -> None:
@@ -55,7 +57,7 @@ def test_the_same_slowdown_once_a_step_on_a_contended_host_costs_too_little_to_r
     assert an.stats["slow_held_cheap"] == 1  # one alarm episode held, however many evaluations held it
     # the rule can be turned off, and the threshold is a setting
     assert [v.kind for v in opens(batches, AnalyzerSettings(slow_min_cost_share=0.0))] == [AnomalyKind.S2]
-    assert [v.kind for v in opens(slow_ring(100), AnalyzerSettings(slow_min_cost_share=0.1))] == []
+    assert [v.kind for v in opens(slow_ring(200), AnalyzerSettings(slow_min_cost_share=0.2))] == []
 
 
 def test_a_cheap_slowdown_is_reported_where_the_cpus_were_free_or_not_measured() -> None:
