@@ -66,7 +66,11 @@ class JobClock:
         self.max_skew_s = max_skew_s
         self.active_s = active_s
         self.now_s = 0.0  # the clock: seconds, never goes back
-        self.moved_recv = 0.0  # worker wall time when now_s last moved (the timer extrapolates from it)
+        # The timer's clock between messages: ``anchor_s`` (the data's time, or where a hold stopped the clock)
+        # advanced by the wall time since ``moved_recv``, never below ``shown`` (the last time a tick gave).
+        self.anchor_s = 0.0
+        self.moved_recv = 0.0  # worker wall time of the anchor
+        self.shown = 0.0  # the timer's clock at its last tick: the analyzer was evaluated at this time
         self.rejected = 0  # timestamps too far ahead of the consensus (clamped)
         self.ignored = 0  # missing, non-positive, non-finite or absurdly-future timestamps
         self._producers: dict[str, _Producer] = {}
@@ -122,20 +126,31 @@ class JobClock:
         return lo if abs(lo - recv) <= abs(hi - recv) else hi
 
     def extrapolated(self, recv: float) -> float:
-        """The clock advanced by the wall time since it last moved (for evaluations while the job is quiet)."""
+        """The clock advanced by the wall time since it last moved (for evaluations while the job is quiet),
+        never behind the last tick's."""
         if self.now_s == 0.0:
             return 0.0
-        return self.now_s + max(0.0, recv - self.moved_recv)
+        return max(self.shown, self.anchor_s + max(0.0, recv - self.moved_recv))
+
+    def tick(self, recv: float) -> float:
+        """The time to evaluate the job at on the worker's timer: ``extrapolated``, remembered, so that the
+        next tick is never earlier. A job's clock that went back by the silence it had already been judged
+        on made that silence new: a job that ended a minute before read as counters frozen for a minute,
+        with the last records minutes old and yet "just heard" (false H3s after the job's end)."""
+        self.shown = self.extrapolated(recv)
+        return self.shown
 
     def hold(self, recv: float) -> None:
         """The worker is behind: the wall time until ``recv`` is not the job's silence (its messages may be
-        waiting unread), so it will not count in ``extrapolated``; only the data's own time does."""
+        waiting unread), so it will not count in ``extrapolated``; only the data's own time does. The clock
+        stops where the last tick left it (what was judged stays judged) and goes on from there."""
+        self.anchor_s = max(self.anchor_s, self.shown)
         self.moved_recv = max(self.moved_recv, recv)
 
     def _advance(self, ts: float, recv: float) -> None:
         if ts > self.now_s:
             self.now_s = ts
-            self.moved_recv = recv
+            self.anchor_s, self.moved_recv = ts, recv
 
     def _forget(self, recv: float) -> None:
         while len(self._producers) > MAX_PRODUCERS:
@@ -147,13 +162,16 @@ class JobClock:
     # --- snapshot -----------------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
-        return {"now_s": self.now_s, "moved_recv": self.moved_recv,
+        # not ``shown``: it moves at every tick, and a quiet job's snapshot part is written only when it changed;
+        # a restored analyzer has judged nothing yet, so its clock may resume from the anchor
+        return {"now_s": self.now_s, "moved_recv": self.moved_recv, "anchor_s": self.anchor_s,
                 "producers": {n: [p.newest_ts, p.newest_recv, p.last_recv, p.floor if math.isfinite(p.floor) else None]
                               for n, p in list(self._producers.items())[-SNAPSHOT_PRODUCERS:]}}
 
     def load_state_dict(self, d: dict[str, Any]) -> None:
         self.now_s = float(d.get("now_s", 0.0))
         self.moved_recv = float(d.get("moved_recv", 0.0))
+        self.anchor_s = float(d.get("anchor_s", self.now_s))
         self._producers = {str(n): _Producer(float(v[0]), float(v[1]), float(v[2]),
                                              math.inf if len(v) < 4 or v[3] is None else float(v[3]))
                            for n, v in dict(d.get("producers", {})).items()}

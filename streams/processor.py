@@ -113,8 +113,8 @@ class PartitionProcessor(Outbox):
                 j.analyzer = Analyzer.from_state_dict(js["analyzer"], settings)
                 j.clock.load_state_dict(js["clock"])
                 j.upto = int(js.get("upto", -1))
-                # The downtime was not observed: a quiet job's clock resumes from now, as it did before.
-                j.clock.moved_recv = restored_at
+                # The downtime was not observed: a quiet job's clock resumes from now where it stopped.
+                j.clock.hold(restored_at)
                 self.jobs[str(job)] = j
             self._resume_offset = self.next_offset = int(state.get("next_offset", -1))
             self.topic_id = state.get("topic_id")
@@ -276,7 +276,7 @@ class PartitionProcessor(Outbox):
         for name, job in list(self.jobs.items()):
             if not caught_up:
                 job.clock.hold(recv)
-            now = job.clock.extrapolated(recv)
+            now = job.clock.tick(recv)
             if now > 0.0:
                 self._evaluate_job(name, job, now)
             if (now - job.clock.now_s > self.settings.job_expiry_s and not job.analyzer.jobs

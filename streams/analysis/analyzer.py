@@ -92,7 +92,9 @@ class Analyzer:
         """Verdicts (OPEN, UPDATE, RESOLVED) that are new since the last call: every job's shard
         report, decided at once by the job stage (the single-process analyzer is one shard)."""
         self._stats["evaluations"] += 1
-        self._now = max(self._now, now)
+        # never judged at an earlier time than before: silence already judged would be judged again as new
+        # (a worker's clock held while it was behind once went back a minute: false hangs on ended jobs)
+        now = self._now = max(self._now, now)
         out = self.stage.restarted(self.newest_incarnations(), now)
         for key, ja in list(self.jobs.items()):
             out.extend(self.stage.decide([(0, self._report(key, ja, now))], now))
@@ -109,7 +111,7 @@ class Analyzer:
         for its end (the stage, not the shard, knows which became incidents).
         """
         self._stats["evaluations"] += 1
-        self._now = max(self._now, now)
+        now = self._now = max(self._now, now)  # never an earlier time than before (evaluate)
         out: list[ShardReport] = []
         for key, ja in list(self.jobs.items()):
             out.append(self._report(key, ja, now))

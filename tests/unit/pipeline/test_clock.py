@@ -74,3 +74,23 @@ def test_extrapolation_and_state_round_trip() -> None:
     back.load_state_dict(c.state_dict())
     assert back.state_dict() == c.state_dict()
     assert not back.observe("q", WALL + 3600.0, WALL + 1.0), "the restored producer no longer votes"
+
+
+def test_a_hold_stops_the_timer_where_it_was_and_it_never_goes_back() -> None:
+    """The worker behind for a moment, a minute after a job's last message: the job's clock had been judged
+    at that minute already, so it stops there and goes on from there (it went back by the whole minute)."""
+    c = JobClock()
+    c.observe("p", WALL, WALL)
+    assert [c.tick(WALL + k) for k in (1.0, 30.0, 60.0)] == [WALL + 1.0, WALL + 30.0, WALL + 60.0]
+    c.hold(WALL + 61.0)  # behind: the second between the ticks is not silence
+    assert c.tick(WALL + 61.0) == WALL + 60.0
+    c.hold(WALL + 62.0)
+    assert c.tick(WALL + 62.0) == WALL + 60.0
+    assert c.tick(WALL + 65.0) == WALL + 63.0  # caught up: the wall time counts again, from where it stopped
+    # data older than the timer's clock moves the data's time, not the timer back
+    assert c.observe("p", WALL + 1.0, WALL + 66.0) and c.now_s == WALL + 1.0
+    assert c.tick(WALL + 66.0) == WALL + 63.0
+    assert c.observe("p", WALL + 70.0, WALL + 67.0) and c.tick(WALL + 67.5) == WALL + 70.5  # newer data leads
+    back = JobClock()
+    back.load_state_dict(c.state_dict())
+    assert back.state_dict() == c.state_dict() and back.tick(WALL + 67.5) == WALL + 70.5
