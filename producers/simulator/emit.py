@@ -7,6 +7,9 @@ and exit both set); a longer one yields ENTERED, PROGRESS samples (every FINE_SA
 first FINE_WINDOW_S, then every ``sample_interval_s``: heartbeats with frozen counters while it
 hangs, until the end of the run) and DONE. Times are
 nanoseconds on the rank's own clock: true time plus its host's skew plus a common epoch.
+A DONE record says where the rank's previous op on any communicator ended (``t_prev_exit_ns``), as
+the probe and the attachment do: its compute gap must not depend on which of a window's batches the
+analyzer happens to read first.
 """
 
 from __future__ import annotations
@@ -61,8 +64,9 @@ class Emitter:
         rate = 1.0 if self.drift is None else 1.0 + self.drift[h]
         return EPOCH_NS + np.rint((t * rate + self.skew_s[h]) * 1e9).astype(np.int64)
 
-    def window(self, ph: Phase, w0: float, w1: float) -> dict[str, npt.NDArray[Any]] | None:
-        """Records of one phase sampled in ``[w0, w1)`` as columns (plus ``_comm``, ``_t``)."""
+    def window(self, ph: Phase, w0: float, w1: float, prev: F64) -> dict[str, npt.NDArray[Any]] | None:
+        """Records of one phase sampled in ``[w0, w1)`` as columns (plus ``_comm``, ``_t``); ``prev``: per
+        member, where its previous op ended (true seconds, NaN: none)."""
         e, x, dt = ph.enter, ph.exit, self.interval_s
         inside = e <= self.duration_s
         with np.errstate(invalid="ignore"):
@@ -147,6 +151,7 @@ class Emitter:
             "t_enter_ns": self.ns(e[i], ranks),
             "t_exit_ns": np.where(done, self.ns(np.where(done, x[i], 0.0), ranks), -1),
             "t_sample_ns": self.ns(t, ranks),
+            "t_prev_exit_ns": np.where(done & np.isfinite(prev[i]), self.ns(np.nan_to_num(prev[i]), ranks), -1),
             "_send": send,
             "_recv": recv,
             "_peak": peak,
@@ -175,7 +180,7 @@ class Emitter:
                     comm_hash=topo.comm_hash[cid],
                     world_size=topo.n,
                     hosts=topo.comm_hosts[cid],
-                    columns={name: cols[name][a:b] for name in BATCH_COLUMNS},
+                    columns={name: cols[name][a:b] for name in (*BATCH_COLUMNS, "t_prev_exit_ns")},
                     send=send2[a:b],
                     recv=recv2[a:b],
                     producer=self.producer,
@@ -186,6 +191,34 @@ class Emitter:
         return out
 
 
+def previous_exits(phases: list[Phase]) -> list[F64]:
+    """Per phase and member: the latest end of the same rank's ops (any phase) at or before its entry
+    (true seconds; NaN for a rank's first op). What the probe's ``ExitLog`` keeps, for every op at once."""
+    if not phases:
+        return []
+    ranks = np.concatenate([ph.ranks for ph in phases])
+    enter = np.concatenate([ph.enter for ph in phases])
+    ex = np.concatenate([ph.exit for ph in phases])
+    ok = np.isfinite(ex)
+    both = np.concatenate([ex, enter])
+    # integer keys (rank, time in ns) searched at once: exact, whatever the job's length
+    span = int(np.rint(both[np.isfinite(both)].max(initial=0.0) * 1e9)) + 2
+    xr, xn = ranks[ok], np.rint(ex[ok] * 1e9).astype(np.int64)
+    keys = xr * span + xn
+    o = np.argsort(keys, kind="stable")
+    keys, xs = keys[o], ex[ok][o]
+    if not keys.size:
+        return [np.full(ph.ranks.size, np.nan) for ph in phases]
+    q_ok = np.isfinite(enter)
+    q = ranks * span + np.rint(np.where(q_ok, enter, -1.0) * 1e9).astype(np.int64)
+    j = np.searchsorted(keys, q, side="right") - 1
+    found = q_ok & (j >= 0)
+    jj = np.maximum(j, 0)
+    found &= keys[jj] // span == ranks  # the same rank's
+    prev = np.where(found, xs[jj], np.nan)  # the exit's own value: the same nanoseconds on the rank's clock
+    return np.split(prev, np.cumsum([ph.ranks.size for ph in phases])[:-1])
+
+
 def emit(
     phases: list[Phase], topo: Topology, *, job: str, channels: int, interval_s: float, duration_s: float,
     skew_s: F64, producer: str, drift: F64 | None = None, seed: int = 0,
@@ -193,15 +226,15 @@ def emit(
     """Yield ``(delivery time, batch)`` in non-decreasing time order."""
     em = Emitter(topo, job, channels, interval_s, duration_s, skew_s, producer, drift, seed)
     spans = []
-    for ph in phases:
+    for ph, prev in zip(phases, previous_exits(phases), strict=True):
         inside = ph.enter <= duration_s
         if not inside.any():
             continue
         lo = float(ph.enter[inside].min())
         hi = float(np.minimum(ph.exit[inside], duration_s).max())
-        spans.append((lo, hi, ph))
+        spans.append((lo, hi, ph, prev))
     spans.sort(key=lambda s: s[0])
-    active: list[tuple[float, float, Phase]] = []
+    active: list[tuple[float, float, Phase, F64]] = []
     nxt = 0
     seq = 0
     n_windows = int(math.ceil(duration_s / interval_s))
@@ -213,7 +246,7 @@ def emit(
             active.append(spans[nxt])
             nxt += 1
         active = [s for s in active if s[1] >= w0]
-        parts = [p for s in active if (p := em.window(s[2], w0, w1)) is not None]
+        parts = [p for s in active if (p := em.window(s[2], w0, w1, s[3])) is not None]
         if not parts:
             continue
         for batch in em.batches(parts, seq):

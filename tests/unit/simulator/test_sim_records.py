@@ -177,3 +177,23 @@ def test_publish_stamps_each_batch_with_its_simulated_delivery_time() -> None:
     shifted = FakeProducer()
     publish(sc, _Shifted(shifted, 1000.0))
     assert [ts for ts, _ in shifted.sent] == [ts + 1_000_000 for ts, _ in want if ts is not None]
+
+
+def test_a_done_record_says_where_the_ranks_previous_op_ended() -> None:
+    """As the probe and the attachment do: the latest exit of the same rank's ops on any communicator at or
+    before this op's entry (its own clock), -1 before its first; read back from the records themselves."""
+    recs, _ = run(layout={"tp": 2, "pp": 4, "dp": 2}, duration_s=20)
+    done: dict[int, list[KernelRecord]] = defaultdict(list)
+    for _, r in recs:
+        if r.status == Status.DONE:
+            done[r.rank].append(r)
+    assert len(done) == 16
+    n_gap = 0
+    for rs in done.values():
+        exits = np.sort(np.array([r.t_exit_ns for r in rs]))
+        for r in rs:
+            j = int(np.searchsorted(exits, r.t_enter_ns, side="right")) - 1
+            want = int(exits[j]) if j >= 0 and exits[j] != r.t_exit_ns else -1
+            assert r.t_prev_exit_ns == want, r
+            n_gap += want >= 0 and r.t_enter_ns > want
+    assert n_gap > 100  # ranks compute between ops: the gaps are not all zero
