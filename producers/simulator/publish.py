@@ -24,7 +24,9 @@ class BatchSender(Protocol):
 
 
 #: the record columns that hold times on a rank's clock (ns; -1: none)
-TIME_COLUMNS = ("t_enter_ns", "t_exit_ns", "t_sample_ns")
+#: every column that is a time on a rank's clock (``t_exit_err_ns`` is a duration): one left behind reads as a
+#: year-long compute gap (``t_prev_exit_ns`` at the simulator's epoch, the op's entry at today's)
+TIME_COLUMNS = ("t_enter_ns", "t_exit_ns", "t_sample_ns", "t_prev_exit_ns")
 
 
 def shifted(batch: KernelBatch, offset_ns: int) -> KernelBatch:
@@ -33,6 +35,8 @@ def shifted(batch: KernelBatch, offset_ns: int) -> KernelBatch:
         return batch
     cols = dict(batch.columns)
     for name in TIME_COLUMNS:
+        if name not in cols:
+            continue
         col = np.asarray(cols[name], dtype=np.int64)
         cols[name] = np.where(col >= 0, col + np.int64(offset_ns), col)
     return dataclasses.replace(batch, columns=cols)

@@ -458,7 +458,10 @@ class JobState:
         prev[1:] = np.where(g[1:] == g[:-1], tx[:-1], self.g_last_exit[g[1:]])
         if t_prev is not None:
             told = t_prev[order]
-            prev = np.where(told >= 0, told, prev)
+            # what the source says, unless an op this analyzer saw end before the entry ended later (a source's
+            # previous end can only be the latest; one on another clock made every gap a year long)
+            seen_later = (prev > told) & (prev <= te)
+            prev = np.where((told >= 0) & ~seen_later, told, prev)
         gap = np.where(prev >= 0, np.maximum(te - prev, 0) * 1e-9, 0.0)
         last = np.empty(g.shape[0], dtype=bool)
         last[-1] = True
