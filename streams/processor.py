@@ -111,6 +111,7 @@ class PartitionProcessor(Outbox):
             for job, js in dict(state.get("jobs", {})).items():
                 j = self._new_job()
                 j.analyzer = Analyzer.from_state_dict(js["analyzer"], settings)
+                j.analyzer.whole_jobs = not self.options.shard
                 j.clock.load_state_dict(js["clock"])
                 j.upto = int(js.get("upto", -1))
                 # The downtime was not observed: a quiet job's clock resumes from now where it stopped.
@@ -120,8 +121,8 @@ class PartitionProcessor(Outbox):
             self.topic_id = state.get("topic_id")
 
     def _new_job(self) -> JobState:
-        return JobState(Analyzer(self.settings), JobClock(max_skew_s=self.options.clock_max_skew_s,
-                                                               active_s=self.options.clock_active_s))
+        clock = JobClock(max_skew_s=self.options.clock_max_skew_s, active_s=self.options.clock_active_s)
+        return JobState(Analyzer(self.settings, whole_jobs=not self.options.shard), clock)
 
     @property
     def clock_s(self) -> float:

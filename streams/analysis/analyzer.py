@@ -36,8 +36,11 @@ STALL_ROWS_STATE_MAX = 16384
 class Analyzer:
     """Detects and localizes H1-H3 hangs and S1-S3 slowdowns across any number of jobs."""
 
-    def __init__(self, settings: AnalyzerSettings | None = None) -> None:
+    def __init__(self, settings: AnalyzerSettings | None = None, *, whole_jobs: bool = True) -> None:
         self.settings = settings or AnalyzerSettings()
+        # every record of each of its jobs comes here (not a shard of jobs spread over partitions): a rank no record
+        # has come from is one the job has never heard from
+        self.whole_jobs = whole_jobs
         self.jobs: dict[tuple[str, int], JobAnalysis] = {}
         self.stage = JobStage(self.settings)
         self._watch: dict[tuple[str, int], Watch] = {}  # per job: findings checked for their end
@@ -83,6 +86,8 @@ class Analyzer:
         if batch.cpu_wait:
             ja.js.note_cpu(batch.cpu_wait, now)
         ja.js.queue(batch, now)
+        if self.whole_jobs and batch.world_size > ja.js.world:
+            ja.js.world = batch.world_size
         self._now = max(self._now, now)
         self._stats["batches"] += 1
         self._stats["records"] += batch.n

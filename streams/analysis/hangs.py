@@ -91,9 +91,13 @@ def diagnose(
     missing = granks[seq < k]
     if (missing < 0).any():
         missing = _infer_ranks(granks)[seq < k]
+    note = ""
+    if (missing < 0).any():
+        missing, note = _unseen_ranks(js, missing)
     op_k = int(ops[at_k][0])
     if missing.size:
-        h1 = CommDiag(cid, k, op_k, AnomalyKind.H1, waiting, missing, wait_own_s=wait_own, frozen_own_s=frozen_own)
+        h1 = CommDiag(cid, k, op_k, AnomalyKind.H1, waiting, missing, wait_own_s=wait_own, frozen_own_s=frozen_own,
+                      note=note)
         return _left_in_all_to_all(js, sl, inside, h1) or h1
     sigs = sig_code(ops, js.m_dtype[sl], js.m_count[sl], js.m_peer[sl])
     u, inv, cnt = np.unique(sigs, return_inverse=True, return_counts=True)
@@ -157,6 +161,22 @@ def _infer_ranks(granks: I64) -> I64:
     if rem or b <= 0 or not np.array_equal(granks[known], a + b * known):
         return granks
     return np.where(granks >= 0, granks, a + b * idx)
+
+
+def _unseen_ranks(js: JobState, missing: I64) -> tuple[I64, str]:
+    """Members never seen named by elimination: when exactly as many of the job's ranks have never reported on
+    any communicator as this op has unknown members missing, those are they (a rank that hangs before its
+    first op, in groups too small or irregular for ``_infer_ranks``: a 2-rank tensor or data-parallel group)."""
+    unknown = missing < 0
+    unseen = js.never_seen()
+    if unseen.size != int(unknown.sum()):
+        return missing, ""
+    out = missing.copy()
+    out[unknown] = unseen  # several: in rank order, as comm ranks follow global ranks in every group we know
+    who = ", ".join(map(str, unseen.tolist()))
+    one = unseen.size == 1
+    return out, (f"no record has come from rank{'' if one else 's'} {who} on any communicator: of the job's "
+                 f"{js.world} ranks, {'the only one' if one else 'the only ones'} never heard from")
 
 
 def _mismatch(

@@ -290,6 +290,8 @@ def hang_candidate(root: HangRoot, st: Stall, hosts: tuple[str, ...], job: str, 
             f"rank{'s' if len(root.roots) > 1 else ''} {_ranks(root.roots)} never entered and "
             f"{'are' if len(root.roots) > 1 else 'is'} in no collective"
         )
+        if d.note:
+            ev += f" ({d.note})"
         conf = 0.95 if len(root.via) > 0 else 0.9
     elif root.kind == AnomalyKind.H2:
         ev = f"{d.note}; no progress for {stall:.1f} s (differs in {d.mismatch_field})"

@@ -21,7 +21,7 @@ class ShardedAnalyzer:
 
     def __init__(self, groups: int, settings: AnalyzerSettings | None = None) -> None:
         self.settings = settings or AnalyzerSettings()
-        self.shards = [Analyzer(self.settings) for _ in range(max(groups, 1))]
+        self.shards = [Analyzer(self.settings, whole_jobs=groups <= 1) for _ in range(max(groups, 1))]
         self.stage = JobStage(self.settings)
 
     def ingest(self, batch: KernelBatch, now: float) -> None:

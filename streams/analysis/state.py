@@ -153,6 +153,9 @@ class JobState:
         for name, (dt, fill) in self.COMM_FIELDS.items():
             setattr(self, name, np.full(0, fill, dtype=dt))
         self.last_now = 0.0
+        # the job's world size as its producers say it, kept only by an analyzer that sees whole jobs (0: unknown;
+        # a shard of a job sees some of its communicators, and its unseen ranks are not the job's)
+        self.world = 0
         self.g_last_exit = np.full(0, -1, dtype=np.int64)  # per global rank: end of its latest op (own clock)
         # global rank -> its CPU samples (analyzer time the batch came, stalled ns, not stalled ns)
         self.cpu_wait: dict[int, deque[tuple[float, int, int]]] = {}
@@ -470,6 +473,16 @@ class JobState:
         out = np.empty_like(gap)
         out[order] = gap
         return out
+
+    def never_seen(self) -> I64:
+        """The job's global ranks no record has come from on any communicator (empty when the world size is
+        unknown): a rank that hangs before its first op is one of them."""
+        if self.world <= 0:
+            return np.zeros(0, dtype=np.int64)
+        seen = np.zeros(self.world, dtype=bool)
+        g = self.m_grank[: self.n_members]
+        seen[g[(g >= 0) & (g < self.world)]] = True
+        return np.flatnonzero(~seen).astype(np.int64)
 
     def members_of(self, cid: int) -> slice:
         o = int(self.c_off[cid])
