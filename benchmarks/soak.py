@@ -1,16 +1,17 @@
 """A day of jobs through ``ccld up``, time compressed: does anything grow without bound, is every fault named?
 
-``ccld up``'s own pipeline (``stack.up.Pipeline``: the embedded broker, a worker, the sink) runs here, supervised
-as ``ccld up`` does (a dead child restarted, the broker renewed past ``--renew-mb`` when nothing is in flight).
+``ccld up``'s own pipeline (``stack.up.Pipeline``: the embedded broker, a worker, the sink, and the alert bridge
+delivering to a webhook this script serves) runs here, supervised as ``ccld up`` does (a dead child restarted, the
+broker renewed past ``--renew-mb`` when nothing is in flight).
 ``--jobs`` simulated jobs of 8 to 256 ranks (random 3D layouts, 30-60 s each, an H1 or S1 on a random rank in
 every third) run in real time through the real producer, stamped at the wall clock as live jobs are: in waves of
 ``--wave`` jobs started ``--gap-s`` apart (about 20 at once), and ``--idle-s`` with no job between waves (the quiet
 moments a renewal of the broker needs). Every ``--sample-s``
-the resident memory of broker, worker and sink, the metrics, verdicts and state-log topics' sizes, and the
+the resident memory of broker, worker, sink and alert bridge, the metrics, verdicts and state-log topics' sizes, and the
 archive's files and bytes are sampled. At the end: the sink's compaction (``ccld archive compact``), the
 README's two DuckDB queries, the worker killed as the last jobs end and restarted (the time until it has read its
-state back),
-and every job's verdicts from the archive, judged as ``ccld bench accuracy`` judges (``stack.bench``).
+state back), every job's verdicts from the archive, judged as ``ccld bench accuracy`` judges (``stack.bench``),
+and whether the webhook got every one of them (a renewal of the broker must not drop an alert).
 
 The analyzer forgets a job ``--expiry-s`` after its end (an hour in production; compressed like the day).
 
@@ -86,6 +87,34 @@ def archive_files(root: Path) -> tuple[int, int]:
     return len(files), sum(p.stat().st_size for p in files)
 
 
+class Webhook:
+    """The alert bridge's receiver: every verdict it POSTs, by (incident id, state)."""
+
+    def __init__(self) -> None:
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        self.got: list[tuple[str, str]] = []
+        got = self.got
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 - the http.server API
+                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
+                got.append((str(body.get("incident_id")), str(body.get("state"))))
+                self.send_response(200)
+                self.end_headers()
+
+            def log_message(self, *a: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/"
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
 class Soak:
     """The pipeline, its supervision thread and its sampler."""
 
@@ -96,11 +125,13 @@ class Soak:
         tag = f"{int(time.time())}-{os.getpid()}"
         self.root = Path(tempfile.mkdtemp(prefix="ccld-soak-"))
         self.archive = self.root / "archive"
+        self.webhook = Webhook()
         env = {k: v for k, v in os.environ.items() if not k.startswith("CCLD_")}
         env.update({"CCLD_TOPIC_PREFIX": f"soak-{tag}.", "CCLD_WORKER_APP_ID": f"soak-{tag}",
                     "CCLD_SINK_GROUP": f"soak-sink-{tag}", "CCLD_ARCHIVE_DIR": str(self.archive),
                     "CCLD_ANALYZER_JOB_EXPIRY_S": str(args.expiry_s), "CCLD_UP_BROKER_RENEW_MB": str(args.renew_mb),
-                    "CCLD_UP_RENEW_QUIET_S": str(args.quiet_s), "CCLD_SINK_COMPACT_EVERY_S": str(args.compact_s)})
+                    "CCLD_UP_RENEW_QUIET_S": str(args.quiet_s), "CCLD_SINK_COMPACT_EVERY_S": str(args.compact_s),
+                    "CCLD_ALERT_WEBHOOK_URL": self.webhook.url, "CCLD_ALERT_GROUP": f"soak-alert-{tag}"})
         self.settings = Settings.load(env)
         self.samples: list[dict[str, Any]] = []
         self.events: list[tuple[float, str]] = []
@@ -166,6 +197,7 @@ class Soak:
     def stop(self) -> None:
         self._stop.set()
         self.pipeline.stop()
+        self.webhook.stop()
 
 
 def schedule(scs: list[Any], wave: int, gap_s: float, idle_s: float) -> list[float]:
@@ -268,12 +300,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     queries = time_queries(soak.archive, soak.settings, scs, args.repeat)
     verdicts: dict[str, list[Any]] = {}
     epochs = {sc.id: epoch0 + st for sc, st in zip(scs, starts, strict=True)}
+    archived: set[tuple[str, str]] = set()
     for v in archived_verdicts(soak.archive, soak.settings.verdicts_topic):
+        archived.add((v.incident_id, v.state.value))
         off = epochs.get(v.job, 0.0)
         verdicts.setdefault(v.job, []).append(dataclasses.replace(v, onset_time=v.onset_time - off,
                                                                   detected_time=v.detected_time - off))
     report = bench.score(scs, verdicts)
-    rss = {k: [s[f"{k}_mb"] for s in soak.samples if s.get(f"{k}_mb")] for k in ("broker", "worker", "sink")}
+    rss = {k: [s[f"{k}_mb"] for s in soak.samples if s.get(f"{k}_mb")] for k in ("broker", "worker", "sink", "alert")}
+    posted = set(soak.webhook.got)
     return {
         "jobs": len(scs), "faulty": sum(bool(sc.faults) for sc in scs), "records": int(records),
         "job_time_s": round(max(st + sc.duration_s for sc, st in zip(scs, starts, strict=True)), 1),
@@ -285,6 +320,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "archive": {"files_before_compact": files_before, "files_after_compact": files_after,
                     "mb": round(size_after / 1e6, 1), "days": len({p.name for p in soak.archive.rglob("date=*")})},
         "queries_s": queries, "worker_restart_s": restart_s,
+        # every archived verdict (incident, state) the webhook got, and any it got twice (at-least-once)
+        "alerts": {"archived": len(archived), "delivered": len(archived & posted), "posts": len(soak.webhook.got),
+                   "not_delivered": sorted(archived - posted)[:20]},
         "accuracy": {k: report["overall"][k] for k in ("ok", "incidents", "precision", "recall", "rank_accuracy",
                                                          "class_accuracy", "false_alarms", "after_end",
                                                          "hang_ttv_p95_s", "slow_ttv_p95_s")},

@@ -5,7 +5,8 @@ accepted and never applied), so its memory grows with every kernel record and ev
 ``up_broker_renew_mb`` of resident memory, ``ccld up`` restarts it empty, the way it restarts a broker that
 died, but only at a moment when that loses nothing: no record has reached the worker(s) for ``up_renew_quiet_s``,
 no message waits unread, no incident is open, no verdict waits for the broker, and the worker's and the sink's
-groups have committed every message (the sink every row it archived). Anything that says otherwise, or a service
+groups have committed every message (the sink every row it archived; a running alert bridge every verdict its
+receiver took). Anything that says otherwise, or a service
 or broker that does not answer, postpones it. What a renewal forgets: the topics' contents (the archive keeps every
 row), finished jobs the worker still held (a job that comes back starts fresh), and the alert bridge's view of the
 hosts (rebuilt from the verdicts that follow; ``ccld nodes --archive`` keeps the whole history).
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import urllib.request
 from dataclasses import dataclass
+from typing import Any
 
 from ccld.security import kafka_config
 from ccld.settings import Settings
@@ -97,10 +99,34 @@ WORKER = ("ccld_worker_records_total", "ccld_worker_unread_messages", "ccld_work
 SINK = ("ccld_sink_uncommitted_messages",)
 
 
-def behind(settings: Settings) -> int | None:
+def log_end(c: Any, topic: str, partition: int, timeout_s: float = 5.0) -> int:
+    """The offset after a partition's last message. The embedded broker's high watermark is the base offset of
+    the last batch + 1 (platform notes), short of the end by the rest of that batch: read that batch (one fetch;
+    on Apache Kafka, the one message before the watermark) and take the offset after its last message."""
+    from confluent_kafka import TopicPartition
+
+    lo, hw = (int(x) for x in c.get_watermark_offsets(TopicPartition(topic, partition), timeout=timeout_s))
+    if hw <= max(lo, 0):
+        return max(hw, 0)  # empty, or everything before the watermark expired
+    end = hw
+    c.assign([TopicPartition(topic, partition, hw - 1)])
+    try:
+        m = c.poll(timeout_s)
+        while m is not None:
+            if m.error() is None:
+                end = max(end, m.offset() + 1)
+            m = c.poll(0.05)  # the rest of the fetched batch is already here
+    finally:
+        c.unassign()
+    return end
+
+
+def behind(settings: Settings, *, alert: bool = False) -> int | None:
     """Messages of the metrics topic past the worker group's committed offsets, plus those of the metrics and
-    verdicts topics past the sink group's (a partition never committed counts whole); None if the broker does not
-    say. The ground truth the services' gauges may miss: a service just restarted has read nothing yet."""
+    verdicts topics past the sink group's, and with ``alert`` those of the verdicts topic past the alert bridge's
+    (it commits only what a receiver took: a renewal must not drop an alert not yet delivered); a partition never
+    committed counts whole; None if the broker does not say. The ground truth the services' gauges may miss: a
+    service just restarted has read nothing yet."""
     from confluent_kafka import Consumer, TopicPartition
 
     c = Consumer({**kafka_config(settings), "group.id": f"{settings.worker_app_id}-renewal",
@@ -109,10 +135,13 @@ def behind(settings: Settings) -> int | None:
         ends: dict[tuple[str, int], int] = {}
         for topic in (settings.metrics_topic, settings.verdicts_topic):
             for p in c.list_topics(topic, timeout=5).topics[topic].partitions:
-                ends[topic, p] = c.get_watermark_offsets(TopicPartition(topic, p), timeout=5)[1]
+                ends[topic, p] = log_end(c, topic, p)
         total = 0
-        for group, topics in ((settings.worker_app_id, (settings.metrics_topic,)),
-                              (settings.sink_group, (settings.metrics_topic, settings.verdicts_topic))):
+        groups = [(settings.worker_app_id, (settings.metrics_topic,)),
+                  (settings.sink_group, (settings.metrics_topic, settings.verdicts_topic))]
+        if alert:
+            groups.append((settings.alert_group, (settings.verdicts_topic,)))
+        for group, topics in groups:
             done = Consumer({**kafka_config(settings), "group.id": group, "enable.auto.commit": False})
             try:
                 got = done.committed([TopicPartition(t, p) for t, p in ends if t in topics], timeout=5)
@@ -126,9 +155,10 @@ def behind(settings: Settings) -> int | None:
         c.close()
 
 
-def activity(worker_urls: list[str], sink_urls: list[str], settings: Settings) -> Activity | None:
+def activity(worker_urls: list[str], sink_urls: list[str], settings: Settings, *,
+             alert: bool = False) -> Activity | None:
     """The services' activity from their ``/metrics`` and the groups' offsets (None when any does not answer, or
-    no service is known)."""
+    no service is known); ``alert``: an alert bridge runs, and a verdict it has not delivered is in flight too."""
     if not worker_urls or not sink_urls:
         return None
     try:
@@ -136,7 +166,7 @@ def activity(worker_urls: list[str], sink_urls: list[str], settings: Settings) -
         s = [metric_sums(u, SINK) for u in sink_urls]
     except (OSError, ValueError):
         return None
-    late = behind(settings)
+    late = behind(settings, alert=alert)
     if late is None:
         return None
     return Activity(records=sum(x["ccld_worker_records_total"] for x in w),

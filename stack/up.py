@@ -190,7 +190,7 @@ class Pipeline:
         urls = self.metrics_urls()
         seen = None if mb <= cap else renew.activity(
             [u for name, u in urls.items() if name.startswith("worker")],
-            [u for name, u in urls.items() if name == "sink"], self.settings)
+            [u for name, u in urls.items() if name == "sink"], self.settings, alert="alert" in self.children)
         if not self._renewal.observe(now, mb, seen):
             return []
         events = [f"the embedded broker holds {mb:.0f} MB, over up_broker_renew_mb ({cap:.0f}); no record for "
