@@ -824,6 +824,9 @@ SUITES = {
     "any-shape": (build_any_shape, ANY_SHAPE_SEED, OUT.with_name("any-shape.jsonl")),
     "heldout-any": (lambda seed, check=True: build_any_shape(seed, check, n=160), 77051,
                     OUT.with_name("heldout-any.jsonl")),
+    # a second held-out draw of it, made after the rules that followed the first one's misses (run once, blind)
+    "heldout-any-2": (lambda seed, check=True: build_any_shape(seed, check, n=160), 77061,
+                      OUT.with_name("heldout-any-2.jsonl")),
 }
 
 
