@@ -110,8 +110,7 @@ class PartitionProcessor(Outbox):
             restored_at = time.time()
             for job, js in dict(state.get("jobs", {})).items():
                 j = self._new_job()
-                j.analyzer = Analyzer.from_state_dict(js["analyzer"], settings)
-                j.analyzer.whole_jobs = not self.options.shard
+                j.analyzer = Analyzer.from_state_dict(js["analyzer"], settings, whole_jobs=not self.options.shard)
                 j.clock.load_state_dict(js["clock"])
                 j.upto = int(js.get("upto", -1))
                 # The downtime was not observed: a quiet job's clock resumes from now where it stopped.

@@ -230,8 +230,9 @@ class Analyzer:
         return {"stalled": out}
 
     @classmethod
-    def from_state_dict(cls, state: Mapping[str, Any], settings: AnalyzerSettings | None = None) -> Analyzer:
-        a = cls(settings)
+    def from_state_dict(cls, state: Mapping[str, Any], settings: AnalyzerSettings | None = None, *,
+                        whole_jobs: bool = True) -> Analyzer:
+        a = cls(settings, whole_jobs=whole_jobs)
         try:
             if int(state.get("version", 0)) != STATE_VERSION:
                 raise RecordError(f"analyzer state version {state.get('version')!r} is not {STATE_VERSION}")
