@@ -66,18 +66,19 @@ def scenarios(n: int, seed: int) -> list[dict[str, Any]]:
 
 
 def topic_size(settings: Any, topic: str) -> int:
-    """Messages a topic holds (the sum of its partitions' high watermarks; the embedded broker's are a batch
-    short, so a lower bound)."""
-    from confluent_kafka import Consumer, TopicPartition
+    """Messages a topic holds: the sum of its partitions' end offsets (``renew.log_end``: the embedded broker's
+    high watermarks are a batch short)."""
+    from confluent_kafka import Consumer
 
     from ccld.security import kafka_config
+    from ccld.stack.renew import log_end
 
     c = Consumer(kafka_config(settings, **{"group.id": "ccld-soak-sizes", "enable.auto.commit": False}))
     try:
         meta = c.list_topics(topic, timeout=5).topics.get(topic)
         if meta is None or meta.error is not None:
             return 0
-        return sum(c.get_watermark_offsets(TopicPartition(topic, p), timeout=5)[1] for p in meta.partitions)
+        return sum(log_end(c, topic, p) for p in meta.partitions)
     finally:
         c.close()
 
@@ -95,45 +96,18 @@ def archive_files(root: Path) -> tuple[int, int]:
     return n, size
 
 
-class Webhook:
-    """The alert bridge's receiver: every verdict it POSTs, by (incident id, state)."""
-
-    def __init__(self) -> None:
-        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
-        self.got: list[tuple[str, str]] = []
-        got = self.got
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 - the http.server API
-                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
-                got.append((str(body.get("incident_id")), str(body.get("state"))))
-                self.send_response(200)
-                self.end_headers()
-
-            def log_message(self, *a: object) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/"
-
-    def stop(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-
 class Soak:
     """The pipeline, its supervision thread and its sampler."""
 
     def __init__(self, args: argparse.Namespace) -> None:
         from ccld.settings import Settings
+        from ccld.stack.alertmanager import LocalWebhook
 
         self.args = args
         tag = f"{int(time.time())}-{os.getpid()}"
         self.root = Path(tempfile.mkdtemp(prefix="ccld-soak-"))
         self.archive = self.root / "archive"
-        self.webhook = Webhook()
+        self.webhook = LocalWebhook()  # the alert bridge's receiver
         env = {k: v for k, v in os.environ.items() if not k.startswith("CCLD_")}
         env.update({"CCLD_TOPIC_PREFIX": f"soak-{tag}.", "CCLD_WORKER_APP_ID": f"soak-{tag}",
                     "CCLD_SINK_GROUP": f"soak-sink-{tag}", "CCLD_ARCHIVE_DIR": str(self.archive),
@@ -208,7 +182,7 @@ class Soak:
     def stop(self) -> None:
         self._stop.set()
         self.pipeline.stop()
-        self.webhook.stop()
+        self.webhook.close()
 
 
 def schedule(scs: list[Any], wave: int, gap_s: float, idle_s: float) -> list[float]:
@@ -319,7 +293,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                                                                   detected_time=v.detected_time - off))
     report = bench.score(scs, verdicts)
     rss = {k: [s[f"{k}_mb"] for s in soak.samples if s.get(f"{k}_mb")] for k in ("broker", "worker", "sink", "alert")}
-    posted = set(soak.webhook.got)
+    posted = {(str(b.get("incident_id")), str(b.get("state"))) for b in soak.webhook.taken}
     return {
         "jobs": len(scs), "faulty": sum(bool(sc.faults) for sc in scs), "records": int(records),
         "job_time_s": round(max(st + sc.duration_s for sc, st in zip(scs, starts, strict=True)), 1),
@@ -332,7 +306,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     "mb": round(size_after / 1e6, 1), "days": len({p.name for p in soak.archive.rglob("date=*")})},
         "queries_s": queries, "worker_restart_s": restart_s,
         # every archived verdict (incident, state) the webhook got, and any it got twice (at-least-once)
-        "alerts": {"archived": len(archived), "delivered": len(archived & posted), "posts": len(soak.webhook.got),
+        "alerts": {"archived": len(archived), "delivered": len(archived & posted), "posts": len(soak.webhook.taken),
                    "not_delivered": sorted(archived - posted)[:20]},
         "accuracy": {k: report["overall"][k] for k in ("ok", "incidents", "precision", "recall", "rank_accuracy",
                                                          "class_accuracy", "false_alarms", "after_end",

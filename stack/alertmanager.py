@@ -2,7 +2,8 @@
 
 No cluster gossip, one receiver that drops everything (``"null"``): what ``ccld alert`` posts is
 only kept and listed (``/api/v2/alerts``). ``tests/integration/test_alert.py`` and
-``benchmarks/alert_latency.py`` both start it here.
+``benchmarks/alert_latency.py`` both start it here. ``LocalWebhook`` is the plain webhook receiver
+the bridge can post to instead (``tests/integration/test_alert.py``, ``benchmarks/soak.py``).
 """
 
 from __future__ import annotations
@@ -10,9 +11,12 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import threading
 import time
 import urllib.parse
 import urllib.request
+from collections.abc import Iterable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -101,3 +105,46 @@ def list_alerts(url: str, incident_id: str | None = None, timeout_s: float = 5.0
     query = "?" + urllib.parse.urlencode({"filter": f'incident_id="{incident_id}"'}) if incident_id else ""
     with urllib.request.urlopen(f"{url}/api/v2/alerts{query}", timeout=timeout_s) as resp:
         return list(json.loads(resp.read()))
+
+
+class LocalWebhook:
+    """A webhook receiver on a free loopback port (``url``) that answers each POST with the next status of
+    ``script``, then ``then``, and keeps the JSON bodies it answered 2xx (``taken``) and the count of
+    POSTs (``attempts``): the alert bridge's receiver, down or refusing when the script says so."""
+
+    def __init__(self, script: Iterable[int] = (), then: int = 200) -> None:
+        self.script = list(script)
+        self.then = then
+        self.taken: list[dict[str, Any]] = []
+        self.attempts = 0
+        self.lock = threading.Lock()
+        hook = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 - the name http.server calls
+                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
+                with hook.lock:
+                    hook.attempts += 1
+                    status = hook.script.pop(0) if hook.script else hook.then
+                    if 200 <= status < 300:
+                        hook.taken.append(body)
+                self.send_response(status)
+                self.end_headers()
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass  # one line per request would drown the caller's output
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    def __enter__(self) -> LocalWebhook:
+        return self
+
+    def __exit__(self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
+        self.close()

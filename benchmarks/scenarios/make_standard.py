@@ -827,6 +827,9 @@ SUITES = {
     # a second held-out draw of it, made after the rules that followed the first one's misses (run once, blind)
     "heldout-any-2": (lambda seed, check=True: build_any_shape(seed, check, n=160), 77061,
                       OUT.with_name("heldout-any-2.jsonl")),
+    # a third, made after the rules that followed the second one's misses (run once, blind)
+    "heldout-any-3": (lambda seed, check=True: build_any_shape(seed, check, n=160), 77071,
+                      OUT.with_name("heldout-any-3.jsonl")),
 }
 
 

@@ -218,6 +218,10 @@ def slow_candidate(ja: JobAnalysis, f: SlowFinding) -> Candidate:
         comm = (f"its own kernel time, which holds no waiting, took {dur(f.tmin_s)} against {dur(f.sibling_s)} on "
                 f"the sibling communicators running the same op, since its first ops")
         base = f"{dur(f.sibling_s)} on the sibling communicators running the same op, since its first ops"
+    elif f.peer_only and f.kind == AnomalyKind.S2 and f.link is not None:
+        # no sibling to compare with: its link against the communicator's other links of its kind (_pinned)
+        base = ("slow since its first ops, so judged against its other links of the same kind: data piled up "
+                "before this one op after op, before no other")
     starved = ""
     if f.culprit_cpu_wait_share is not None and f.culprit_cpu_wait_share >= ja.s.contended_wait_share:
         # a late arriver whose own host is short of CPUs: other processes on it may be why, not its GPU

@@ -85,9 +85,14 @@ def done_peaks(js: JobState, r: Rows, di: I64, s: AnalyzerSettings) -> tuple[F64
     its communicator's learned level (else 0), and per row their sum (-inf where nothing stands out).
     Only ring collectives (``FORWARDING_OPS``) count and teach.
     Nothing counts before a communicator has learned ``peak_learn_rows`` rows; rows with no channel
-    standing out teach the level (an exponential average of each row's largest channel peak, a
-    plain mean over the first ``1 / peak_learn_rate`` rows), so a lasting slow link never becomes
-    the norm. Rows without a known peak (older probes, sources without counters) change nothing.
+    standing out teach their member's level (an exponential average of each row's largest channel
+    peak, a plain mean over the first ``1 / peak_learn_rate`` rows), so a lasting slow link never
+    becomes the norm. The communicator's level is the lower median of its members' levels: a link
+    slow from the first op keeps its source's peaks high while the communicator learns, and a level
+    averaged over every row would take them in (a pair whose one link ran at half speed from its
+    start: peaks of 8 against the other member's 2 learned as a level of 5, which 8 never passed);
+    the lower median is a healthy member's as long as most members are healthy (a pair: the lower
+    one). Rows without a known peak (older probes, sources without counters) change nothing.
     """
     nd = di.size
     per_row = np.full(nd, -_INF)
@@ -110,16 +115,36 @@ def done_peaks(js: JobState, r: Rows, di: I64, s: AnalyzerSettings) -> tuple[F64
         per_row[ki[hit]] = per_ch[ki[hit]].sum(axis=1)
     learn = ~hit
     if learn.any():
-        lc = cid[learn]
+        gi = r.gi[di][ki][learn]
         rowmax = np.maximum(pkk[learn].max(axis=1), 0.0)
-        u, inv = np.unique(lc, return_inverse=True)
+        g, inv = np.unique(gi, return_inverse=True)
         k = np.bincount(inv).astype(np.float64)
         mean = np.bincount(inv, weights=rowmax) / k
-        n_old = js.c_pk_rows[u].astype(np.float64)
+        n_old = js.m_pk_rows[g].astype(np.float64)
         w = np.maximum(1.0 - (1.0 - s.peak_learn_rate) ** k, k / (n_old + k))
-        js.c_pk_level[u] += w * (mean - js.c_pk_level[u])
-        js.c_pk_rows[u] += k.astype(np.int64)
+        js.m_pk_level[g] += w * (mean - js.m_pk_level[g])
+        js.m_pk_rows[g] += k.astype(np.int64)
+        u = np.unique(js.m_cid[g])
+        np.add.at(js.c_pk_rows, js.m_cid[g], k.astype(np.int64))
+        js.c_pk_level[u] = _lower_median_level(js, u)
     return per_ch, per_row
+
+
+def _lower_median_level(js: JobState, u: I64) -> F64:
+    """Per communicator of ``u``: the lower median of its members' learned peak levels (members that learned
+    no row yet left out; 0 where none did). One sorted block per communicator size (a job has a few: its
+    tensor groups, pipeline pairs, data-parallel rings), so a tick's many small groups never pad to its
+    largest ring."""
+    out = np.zeros(u.size)
+    size = js.c_size[u]
+    for w in np.unique(size).tolist():
+        k = np.flatnonzero(size == w)
+        gi = js.c_off[u[k]][:, None] + np.arange(w)[None, :]
+        known = js.m_pk_rows[gi] > 0
+        lv = np.sort(np.where(known, js.m_pk_level[gi], np.inf), axis=1)
+        n = known.sum(axis=1)
+        out[k] = np.where(n > 0, lv[np.arange(k.size), np.maximum(n - 1, 0) // 2], 0.0)
+    return out
 
 
 class OpTable:

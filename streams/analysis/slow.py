@@ -76,6 +76,18 @@ BLAME_FAIR_X = 1.6
 _OWN_WORK = np.array(sorted(OWN_WORK_OPS), dtype=np.int64)
 
 
+def own_work(sig: I64) -> npt.NDArray[np.bool_]:
+    """Per baseline signature: its members did different work before the op (``OWN_WORK_OPS``), except an
+    all_to_all's first op of a pair (``SlowDetector._phased``: the dispatch, or in the backward pass the
+    combine's gradient), which follows what every member computed alike (the attention, the router, the
+    dense layers after the experts); only the second follows each expert's own load. There a rank that
+    computes slowly is last op after op from its first step, judged against its peers like any
+    collective's (an MoE job with no dense tensor ring and a slow link that hides its late arrival on the
+    data-parallel ring)."""
+    op = sig >> 60 & 0xF
+    return np.isin(op, _OWN_WORK) & ~((op == ALL_TO_ALL) & ((sig & 1) == 0))
+
+
 @dataclass(frozen=True)
 class SlowFinding:
     """A communicator's op that is repeatedly slow, with its culprit (before victim filtering)."""
@@ -314,13 +326,14 @@ class SlowDetector:
             # against its peers, with no history: a late arriver that computed clearly longer than the
             # other members of a collective (they do the same work) is slow from the job's first
             # steps on, when no baseline exists yet or the baseline has learned the slowness as normal
-            peer = (n >= 2) & _peer_late(ops.op_type[i], ops.cnt[i], lg, og, spread, s)
+            own = own_work(self.b_sig[bi])
+            peer = (n >= 2) & _peer_late(own, ops.cnt[i], lg, og, spread, s)
             # ... or it is the rank that, op after op, keeps the others waiting: most of the time they wait
             # in this op is for it, it computed longer by a share of each wait, and that costs them a share
             # of the job's time. Where the compute gaps do not compare (a rank's previous op ended long
             # before: gradient buckets queued behind each other on a data-parallel ring, gaps that span
             # several sampled ops), this is what tells a rank slow from its first step
-            blame, neutral = self._blame(ops, i, bi, lg, og, spread, hist)
+            blame, neutral = self._blame(ops, i, bi, lg, og, spread, hist, own)
             peer = peer | blame
             # ... and its communication against its sibling communicators' (the other tensor-parallel
             # groups run the same op on the same kind of links): a link slow from the start is slow
@@ -428,8 +441,8 @@ class SlowDetector:
             sig[k] = code | (place & 1)  # the count field, empty for these ops (sig_code)
         return sig
 
-    def _blame(self, ops: OpRows, i: I64, bi: I64, lg: F64, og: F64, spread: F64, hist: npt.NDArray[np.bool_]
-               ) -> tuple[npt.NDArray[np.bool_], npt.NDArray[np.bool_]]:
+    def _blame(self, ops: OpRows, i: I64, bi: I64, lg: F64, og: F64, spread: F64, hist: npt.NDArray[np.bool_],
+               own: npt.NDArray[np.bool_]) -> tuple[npt.NDArray[np.bool_], npt.NDArray[np.bool_]]:
         """Per op ``i`` (of baselines ``bi``, one op each): its late arriver is the rank that keeps the others
         waiting in this baseline's ops, with no history needed.
 
@@ -460,7 +473,7 @@ class SlowDetector:
         if s.blame_ops <= 0:
             return np.zeros(i.size, dtype=bool), np.zeros(i.size, dtype=bool)
         late = ops.late[i]
-        same = ~np.isin(ops.op_type[i], _OWN_WORK) & (ops.cnt[i] >= 2) & (late >= 0)
+        same = ~own & (ops.cnt[i] >= 2) & (late >= 0)
         per_call = self._call_interval(bi)
         # an op whose ranks' previous kernel ends no poll saw (no gap on either side) adds nothing either way
         gapless = (lg <= 0) & (og <= 0)
@@ -749,15 +762,20 @@ class SlowDetector:
             if votes:
                 cr = max(set(votes), key=lambda v: (votes.count(v), -v))
                 late_share = votes.count(cr) / n_slow
+                # what it computed is judged on the ops it was last in: another member's gap says nothing
+                # about it (a pipeline pair whose receiver is late now and then, behind the slow stage
+                # upstream: the median over all the slow ops took the receiver's longer gaps for the
+                # sender's, and named a stage downstream of the slow one)
+                mine = [j for j in idx if int(self.w_late[bi, j]) == cr]
                 op_type = int(self.b_sig[bi] >> 60 & 0xF)
-                if op_type in OWN_WORK_OPS:
+                if bool(own_work(self.b_sig[bi : bi + 1])[0]):
                     # a send/recv pair's two ranks do different work (a pipeline stage sends what it
                     # computed to one that waits for it; an all_to_all's experts, on what the router sent
                     # each): the late one always "computed longer" than its
                     # peer, so it is judged against its own healthy compute here; a sender that arrives
                     # late because it waited inside another op (a paused tensor-parallel peer) computed
                     # no longer than usual and is a victim
-                    extra = _median([float(self.w_sgap[bi, j]) for j in idx])
+                    extra = _median([float(self.w_sgap[bi, j]) for j in mine])
                     # ... by a clear share of it, as against peers below: a receiver behind a slow pipeline
                     # link arrives a few hundred us later than before as the schedule shifts around it, its
                     # compute gap 1-2 % longer, and is no slow rank (the link is the pair's finding)
@@ -765,13 +783,18 @@ class SlowDetector:
                                       s.slow_min_excess_s)
                 else:
                     # victims are not culprits: the late rank must have computed longer than its peers
-                    extra = _median([float(self.w_lgap[bi, j] - self.w_ogap[bi, j]) for j in idx])
-                    ogap = _median([float(self.w_ogap[bi, j]) for j in idx])
+                    extra = _median([float(self.w_lgap[bi, j] - self.w_ogap[bi, j]) for j in mine])
+                    ogap = _median([float(self.w_ogap[bi, j]) for j in mine])
                     # ... by a clear share of what its peers computed: a rank that computed 8 % longer than
                     # its peers is jitter, whatever the lateness it caused on a us-scale op
                     # (a blamed window's late arriver proved it op by op, where its gap told: _blame)
+                    # ... or it computed clearly longer than they did (as in _blame): a rank whose compute is half
+                    # again its peers' is slow on its own, however much of its lateness came from waiting
+                    # elsewhere before (its pipeline replica's stages, which its slow work delayed in turn: a
+                    # 10-stage pipeline's rank 2.5x slower, 42 ms late at its data-parallel ring of which its
+                    # last compute explains 20)
                     ok = blamed or extra >= max(s.culprit_gap_share * lateness, s.culprit_gap_ratio * ogap,
-                                                s.slow_min_excess_s)
+                                                s.slow_min_excess_s) or bool(_computed_clearly_longer(extra, ogap, s))
                 # Ranks that share a host short of CPUs compute at the scheduler's pace: one that got less
                 # CPU than its peers is last op after op with nothing wrong with it (the healthy real job
                 # restarted on a busy 2-core machine: rank 2 computed 72.5 ms against 58.8, its host
@@ -779,8 +802,8 @@ class SlowDetector:
                 # have computed clearly longer than they did; keeping them waiting (the blame) is not enough
                 busy = self._busy_shared_host(js, bi, cid, cr, idx) if peer_only else None
                 if peer_only and (not blamed or busy is not None):
-                    lg = _median([float(self.w_lgap[bi, j]) for j in idx])
-                    og = _median([float(self.w_ogap[bi, j]) for j in idx])
+                    lg = _median([float(self.w_lgap[bi, j]) for j in mine])
+                    og = _median([float(self.w_ogap[bi, j]) for j in mine])
                     ok = ok and bool(_computed_clearly_longer(lg - og, og, s))
                     # ... and by more than the stalls can make it: a host stalled for CPUs a share w of the
                     # time (PSI "some": at least one task waiting, so no task waits longer) stretches one
@@ -1009,20 +1032,20 @@ class SlowDetector:
 
 
 def _peer_late(
-    op_type: I64, cnt: I64, late_gap: F64, peer_gap: F64, spread: F64, s: AnalyzerSettings,
+    own: npt.NDArray[np.bool_], cnt: I64, late_gap: F64, peer_gap: F64, spread: F64, s: AnalyzerSettings,
 ) -> npt.NDArray[np.bool_]:
     """Ops whose last arriver computed clearly longer than the other members before it, and made them
     wait for it: slow against the peers, whatever a baseline says.
 
-    Only collectives whose members do the same work, so their compute gaps compare; a send/recv
-    pair's do not (one stage computes while the other waits for its output), nor an all_to_all's
-    (each expert computes on what the router sent it: the most loaded is late, healthy). The excess must be a
+    Only collectives whose members do the same work (not ``own``), so their compute gaps compare; a send/recv
+    pair's do not (one stage computes while the other waits for its output), nor an all_to_all's after the
+    experts (each computes on what the router sent it: the most loaded is late, healthy). The excess must be a
     clear share of what the peers computed (``peer_gap_ratio``: jitter and one rank's logging stay
     below it), at least ``peer_min_excess_s``, and show up as lateness (half of it at least: a rank
     that computed longer but started earlier made nobody wait).
     """
     extra = late_gap - peer_gap
-    coll = ~np.isin(op_type, _OWN_WORK) & (cnt >= 2)
+    coll = ~own & (cnt >= 2)
     return coll & _computed_clearly_longer(extra, peer_gap, s) & (spread >= s.culprit_gap_share * extra)
 
 

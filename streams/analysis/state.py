@@ -116,6 +116,10 @@ class JobState:
         # what in-flight samples saw the member receive behind what it sent (SendCount - RecvCount, summed
         # over channels and samples): the receiving end of a slow link (an all_to_all's, see SlowDetector)
         "m_deficit": (np.float64, 0.0),
+        # the healthy level of the member's own per-kernel peak backlog (DONE rows that did not stand out;
+        # see ``c_pk_level``) and its rows learned
+        "m_pk_level": (np.float64, 0.0),
+        "m_pk_rows": (np.int64, 0),
     }
     COMM_FIELDS: dict[str, tuple[type, float | int | bool]] = {
         "c_off": (np.int64, 0),
@@ -126,8 +130,9 @@ class JobState:
         "c_longop_s": (np.float64, 0.0),  # the longest op it completed, slow ones too (waiting included)
         "c_counters": (np.bool_, False),  # some record of this communicator carried channel counters
         "c_first_now": (np.float64, np.inf),  # analyzer time the communicator was first seen
-        # the healthy level of the per-kernel peak backlog DONE records carry (exponential average of
-        # each row's largest channel peak, learned from rows that do not stand out) and rows learned
+        # the healthy level of the per-kernel peak backlog DONE records carry: the lower median of its
+        # members' levels (``m_pk_level``: an exponential average of each of its rows' largest channel peak,
+        # learned from rows that do not stand out), and rows learned
         "c_pk_level": (np.float64, 0.0),
         "c_pk_rows": (np.int64, 0),
     }
@@ -177,6 +182,8 @@ class JobState:
     m_seen_now: F64
     m_last_done: I64
     m_deficit: F64
+    m_pk_level: F64
+    m_pk_rows: I64
     c_off: I64
     c_size: I64
     c_progress_now: F64

@@ -8,11 +8,9 @@ The webhook is a small ``http.server`` in a thread that answers what each test s
 from __future__ import annotations
 
 import json
-import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +21,7 @@ from ccld.anomaly import CLASSES, AnomalyKind
 from ccld.records import Verdict, VerdictState
 from ccld.schemas.codec import encode_verdict
 from ccld.settings import Settings
-from ccld.stack.alertmanager import LocalAlertmanager, alertmanager_binary, list_alerts
+from ccld.stack.alertmanager import LocalAlertmanager, LocalWebhook, alertmanager_binary, list_alerts
 from factories import make_verdict
 from harness import WorkerProcess, start_up, stop_up
 
@@ -151,47 +149,12 @@ def test_incident_fires_keeps_firing_and_resolves_in_alertmanager(
 # --- the webhook ------------------------------------------------------------------------------------
 
 
-class Webhook:
-    """A local HTTP endpoint that answers each POST with the next scripted status (then ``then``)."""
-
-    def __init__(self, script: list[int], then: int = 200) -> None:
-        self.script = list(script)
-        self.then = then
-        self.taken: list[dict[str, Any]] = []  # bodies answered 2xx
-        self.attempts = 0
-        self.lock = threading.Lock()
-        hook = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # the name http.server calls
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                with hook.lock:
-                    hook.attempts += 1
-                    status = hook.script.pop(0) if hook.script else hook.then
-                    if 200 <= status < 300:
-                        hook.taken.append(body)
-                self.send_response(status)
-                self.end_headers()
-
-            def log_message(self, format: str, *args: Any) -> None:
-                pass  # the test's output is the assertions, not one line per request
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-
 @pytest.fixture
-def webhook() -> Iterator[Callable[..., Webhook]]:
-    made: list[Webhook] = []
+def webhook() -> Iterator[Callable[..., LocalWebhook]]:
+    made: list[LocalWebhook] = []
 
-    def make(script: list[int], then: int = 200) -> Webhook:
-        made.append(Webhook(script, then))
+    def make(script: list[int], then: int = 200) -> LocalWebhook:
+        made.append(LocalWebhook(script, then))
         return made[-1]
 
     yield make
@@ -200,7 +163,7 @@ def webhook() -> Iterator[Callable[..., Webhook]]:
 
 
 def test_webhook_that_fails_twice_loses_nothing_and_counts_the_failures(
-    ccld_settings: Settings, webhook: Callable[..., Webhook], tmp_path: Path
+    ccld_settings: Settings, webhook: Callable[..., LocalWebhook], tmp_path: Path
 ) -> None:
     hook = webhook([500, 500])
     s = ccld_settings.replace(alert_group=f"alert-{uuid.uuid4().hex[:8]}", alert_webhook_url=hook.url,
@@ -228,7 +191,7 @@ def test_webhook_that_fails_twice_loses_nothing_and_counts_the_failures(
 
 
 def test_a_webhook_that_is_down_holds_the_offsets_and_a_restart_delivers(
-    ccld_settings: Settings, webhook: Callable[..., Webhook], tmp_path: Path
+    ccld_settings: Settings, webhook: Callable[..., LocalWebhook], tmp_path: Path
 ) -> None:
     hook = webhook([], then=503)
     s = ccld_settings.replace(alert_group=f"alert-{uuid.uuid4().hex[:8]}", alert_webhook_url=hook.url,

@@ -5,9 +5,11 @@
   them as roots ("host ... stopped"), one incident each.
 - A job that ends mid-slowdown or mid-checkpoint brings no verdict in the silence after its end.
 - A rank slow from its first step is found where its peers are the other members of the one ring it
-  has (pure data parallel), a tensor pair of an MoE job, or a pipeline-only job's data-parallel pair; a
+  has (pure data parallel), a tensor pair of an MoE job, an MoE job's dispatch (after the work every
+  expert does alike), or a pipeline-only job's data-parallel pair; a
   data-parallel link slow from the start on a ring of mixed links (4-GPU nodes) is found against the
-  ring's other network links.
+  ring's other network links, and a pair's link against the pair's other one.
+- A pipeline stage behind a slow one is late at its sends now and then, and no culprit.
 
 Each is replayed on its own clock (``stack.bench.analyze_in_process``: the scenario, then
 ``PAST_END_S`` of silence) and judged by the expectation the scenario states; nothing of it reaches the
@@ -74,7 +76,7 @@ def test_a_job_that_ends_mid_checkpoint_gets_no_hang_after_its_end() -> None:
 
 
 MEGATRON = {"microbatches": 1, "layers": 4, "layer_ms": 5.0, "dp_buckets": 4}
-FROM_START = {
+FROM_START: dict[str, dict[str, Any]] = {
     # one ring of 32, gradient buckets queued behind each other on it
     "dp-S1": dict(ranks=32, layout={"tp": 1, "pp": 1, "dp": 32}, workload=MEGATRON,
                   faults=[{"kind": "S1", "rank": 5, "onset_s": 0, "factor": 2.0}]),
@@ -91,6 +93,22 @@ FROM_START = {
                   workload={"microbatches": 4, "layers": 2, "layer_ms": 4.0},
                   faults=[{"kind": "S3", "rank": 3, "comm": "pp", "onset_s": 0, "compute_factor": 2.0,
                            "link_factor": 0.3}]),
+    # MoE with no tensor ring (tp 1): the rank computes 2.3x longer and its data-parallel link runs at 42 %,
+    # which queues the ring's buckets and hides its late arrival there; it is last at every dispatch
+    "moe-dp-S3": dict(ranks=16, layout={"tp": 1, "pp": 1, "dp": 16, "ep": 4},
+                      workload={"microbatches": 1, "layers": 1, "layer_ms": 1.75, "hidden": 4096, "dp_buckets": 16,
+                                "moe_every": 1, "topk": 4},
+                      faults=[{"kind": "S3", "rank": 10, "comm": "dp", "peer": 11, "onset_s": 0,
+                               "compute_factor": 2.3, "link_factor": 0.42}]),
+    # two GPUs, one ring of two NVLink links, one at half speed from the first op: no sibling communicator and
+    # no healthy time to learn from; its source's peak backlog against the other link's
+    "tp-pair-S2": dict(ranks=2, gpus_per_node=2, layout={"tp": 2, "pp": 1, "dp": 1}, channels=8,
+                       workload={"microbatches": 2, "layers": 2, "layer_ms": 11.0},
+                       faults=[{"kind": "S2", "rank": 0, "comm": "tp", "peer": 1, "onset_s": 0, "factor": 0.5}]),
+    # ... and a data-parallel pair of ZeRO buckets
+    "dp-pair-S2": dict(ranks=2, layout={"tp": 1, "pp": 1, "dp": 2}, channels=32,
+                       workload={"microbatches": 2, "layers": 1, "layer_ms": 9.0, "hidden": 8192, "dp_buckets": 8},
+                       faults=[{"kind": "S2", "rank": 0, "comm": "dp", "peer": 1, "onset_s": 0, "factor": 0.47}]),
 }
 
 
@@ -101,6 +119,49 @@ def test_a_fault_from_the_first_step_is_found_on_every_shape(name: str) -> None:
     sc = scenario(id=name, seed=21, duration_s=60, expect=[{"kind": f["kind"], "rank": f["rank"]}], **kw)
     row = score_scenario(sc, analyze_in_process(sc))
     assert row["ok"], row
+
+
+@pytest.mark.parametrize("layout", [{"tp": 2, "pp": 1, "dp": 1}, {"tp": 1, "pp": 1, "dp": 2}])
+def test_a_healthy_pair_gets_no_verdict(layout: dict[str, int]) -> None:
+    """Each rank of a healthy pair keeps peaks of its own noise: neither link reads as slower than the other."""
+    sc = scenario(id="pair-healthy", seed=29, ranks=2, layout=layout, channels=8, duration_s=60, expect=[],
+                  workload={"microbatches": 2, "layers": 2, "layer_ms": 11.0, "dp_buckets": 4})
+    assert claims(analyze_in_process(sc)) == []
+
+
+def test_a_stage_behind_a_slow_pipeline_stage_is_no_culprit() -> None:
+    """Stage 2 of seven computes 1.3x longer; the stage after it is late at its sends in some ops and its
+    receiver late in others. Judged on the ops it was last in, it computed no longer than usual: one S1,
+    on rank 2 (the median over all the pair's slow ops took the receiver's gaps for its own)."""
+    sc = scenario(id="any-pp-S1-14-077", seed=701453, ranks=14, gpus_per_node=2, layout={"tp": 1, "pp": 7, "dp": 2},
+                  channels=32, duration_s=57.4, clock_skew_s=9.85, jitter=0.04, clock_drift_ppm=8.4,
+                  workload={"microbatches": 16, "layers": 1, "layer_ms": 6.93, "hidden": 4096, "dp_buckets": 1,
+                            "pause_rate": 0.0, "eval_every": 0},
+                  faults=[{"kind": "S1", "rank": 2, "onset_s": 22.4, "factor": 1.3}],
+                  expect=[{"kind": "S1", "rank": 2}])
+    assert claims(analyze_in_process(sc)) == [("S1", (2,))]
+
+
+def test_a_slow_stage_of_a_deep_pipeline_is_named_though_its_replica_made_it_wait_too() -> None:
+    """Rank 18 (stage 4 of ten, tp 1, dp 4) computes 2.5x longer from 16.6 s. Its whole pipeline replica slows
+    with it, so at its data-parallel reduce_scatter it is 42 ms late, of which its last backward explains
+    20 ms (1.5x its peers' 13): it computed clearly longer, and is the culprit; the replica's other stages
+    are late at their rings by as much with no longer compute, and are not."""
+    sc = scenario(id="any-pp-S1-40-030", seed=218885, ranks=40, gpus_per_node=4, layout={"tp": 1, "pp": 10, "dp": 4},
+                  channels=8, duration_s=51.6, clock_skew_s=4.64, jitter=0.035, clock_drift_ppm=19.2,
+                  workload={"microbatches": 2, "layers": 2, "layer_ms": 3.3, "hidden": 2048, "dp_buckets": 1,
+                            "pause_rate": 0.02, "eval_every": 0},
+                  faults=[{"kind": "S1", "rank": 18, "onset_s": 16.6, "factor": 2.52}],
+                  expect=[{"kind": "S1", "rank": 18}])
+    assert claims(analyze_in_process(sc)) == [("S1", (18,))]
+
+
+def test_a_healthy_moe_job_without_a_tensor_ring_gets_no_verdict() -> None:
+    """Its dispatches are judged against the peers: the router's uneven loads show only at the combines."""
+    sc = scenario(id="moe-healthy", seed=31, ranks=32, layout={"tp": 1, "pp": 2, "dp": 16, "ep": 4}, duration_s=90,
+                  workload={"microbatches": 4, "layers": 2, "layer_ms": 3.0, "moe_every": 1, "topk": 2,
+                            "pause_rate": 0.02}, expect=[])
+    assert claims(analyze_in_process(sc)) == []
 
 
 def test_a_healthy_data_parallel_job_with_pauses_gets_no_verdict() -> None:

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ccld.records import AnomalyKind, Link, OpType, VerdictState
+from ccld.records import AnomalyKind, DType, Link, OpType, VerdictState
 from ccld.streams.analysis.incidents import ENDS, NIC, NIC_LINKS, SLOW_COMMS, Candidate, IncidentBook
 from ccld.streams.analysis.settings import AnalyzerSettings
-from ccld.streams.analysis.slow import _peer_late
+from ccld.streams.analysis.slow import _peer_late, own_work
 from ccld.streams.analysis.state import sig_code
 
 
@@ -96,9 +96,16 @@ def test_a_part_seen_again_never_replaces_the_summary() -> None:
     assert more.details[NIC] == "n2" and more.details[NIC_LINKS] == "0>2,2>0" and more.root_cause_ranks == (2,)
 
 
-def test_an_all_to_all_late_arriver_is_not_judged_against_its_peers() -> None:
-    # the expert the router sent most tokens computes longest and is late at the combine: no fault
-    ops = np.array([int(OpType.ALL_TO_ALL), int(OpType.ALL_REDUCE)])
-    late = _peer_late(ops, np.array([4, 4]), np.array([0.04, 0.04]), np.array([0.02, 0.02]), np.array([0.02, 0.02]),
+def test_an_all_to_all_late_arriver_is_judged_against_its_peers_only_where_they_did_the_same_work() -> None:
+    # the expert the router sent most tokens computes longest and is late at the combine: no fault; at the
+    # dispatch (the first of the pair, after the attention every member computed alike) it is one
+    a2a, ar = np.array([int(OpType.ALL_TO_ALL)] * 3), np.array([int(OpType.ALL_REDUCE)])
+    bf16, none = np.array([int(DType.BFLOAT16)] * 4), np.array([-1] * 4)
+    sig = sig_code(np.concatenate([a2a, ar]), bf16, np.array([0, 0, 0, 4096]), none)
+    sig[0] |= 1  # the combine (SlowDetector._phased: the second op of a pair)
+    sig[2] = sig_code(np.array([int(OpType.SEND)]), bf16[:1], np.array([4096]), none[:1])[0]
+    own = own_work(sig)
+    assert own.tolist() == [True, False, True, False]
+    late = _peer_late(own, np.array([4, 4, 2, 4]), np.full(4, 0.04), np.full(4, 0.02), np.full(4, 0.02),
                       AnalyzerSettings())
-    assert late.tolist() == [False, True]
+    assert late.tolist() == [False, True, False, True]
