@@ -788,13 +788,8 @@ class SlowDetector:
                     # ... by a clear share of what its peers computed: a rank that computed 8 % longer than
                     # its peers is jitter, whatever the lateness it caused on a us-scale op
                     # (a blamed window's late arriver proved it op by op, where its gap told: _blame)
-                    # ... or it computed clearly longer than they did (as in _blame): a rank whose compute is half
-                    # again its peers' is slow on its own, however much of its lateness came from waiting
-                    # elsewhere before (its pipeline replica's stages, which its slow work delayed in turn: a
-                    # 10-stage pipeline's rank 2.5x slower, 42 ms late at its data-parallel ring of which its
-                    # last compute explains 20)
                     ok = blamed or extra >= max(s.culprit_gap_share * lateness, s.culprit_gap_ratio * ogap,
-                                                s.slow_min_excess_s) or bool(_computed_clearly_longer(extra, ogap, s))
+                                                s.slow_min_excess_s)
                 # Ranks that share a host short of CPUs compute at the scheduler's pace: one that got less
                 # CPU than its peers is last op after op with nothing wrong with it (the healthy real job
                 # restarted on a busy 2-core machine: rank 2 computed 72.5 ms against 58.8, its host
