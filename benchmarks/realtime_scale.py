@@ -2,7 +2,8 @@
 and a real ``ccld worker``, with a fault half way.
 
 Usage: python benchmarks/realtime_scale.py [--ranks 256 512 1024] [--duration-s 600] [--workers 1]
-       [--groups 1] [--fault S1|H1] [--layer-ms 3.5] [--warmup-s 10] [--out benchmarks/results/realtime-scale.json]
+       [--groups 1] [--fault S1|H1] [--layer-ms 3.5] [--warmup-s 10] [--worker-cpu N]
+       [--out benchmarks/results/realtime-scale.json]
 
 Per R: the simulator's Megatron-style workload (tp 8, pp 4, dp R/32; ``--layer-ms`` sets the collective
 rate, measured again from the records' op sequence numbers) is generated first, because it cannot be
@@ -44,6 +45,9 @@ message is one Kafka message (the producer's own split is then a no-op), and eac
 ``metrics_partition(job, comm, P, G)``. The messages/s in are counted after the split (the
 multiplication factor of the split is in each row). Which worker reads which partition is the
 consumer group's choice: two of the job's partitions may land on one worker.
+
+``--worker-cpu N``: every thread of the workers on core N alone, the broker, the producer and this process
+on the others (``os.sched_setaffinity``, as ``taskset`` would): what one worker core holds.
 """
 
 from __future__ import annotations
@@ -533,6 +537,30 @@ class Sampler(threading.Thread):
             c.close()
 
 
+def _set_affinity(pid: int, cpus: set[int]) -> None:
+    """Every thread of ``pid`` (librdkafka's included: ``sched_setaffinity`` on a pid moves one thread)."""
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            os.sched_setaffinity(int(task.name), cpus)
+        except ProcessLookupError:  # a thread that ended meanwhile
+            pass
+
+
+def pin_workers(pipeline: Any, workers: Sequence[str], cpu: int, *, broker_pid: int | None, producer_pid: int | None,
+                progress: Callable[[str], None]) -> None:
+    """The workers on core ``cpu`` alone; the broker, the producer and this process on the others: what one
+    worker core holds, with nothing else on it."""
+    rest = set(os.sched_getaffinity(0)) - {cpu}
+    if not rest:
+        raise SystemExit(f"--worker-cpu {cpu} leaves no core for the broker and the producer")
+    for name in workers:
+        _set_affinity(pipeline.children[name].pid, {cpu})
+    for pid in (broker_pid, producer_pid, os.getpid()):
+        if pid is not None:
+            _set_affinity(pid, rest)
+    progress(f"  workers on core {cpu}; broker, producer and sampler on {sorted(rest)}")
+
+
 def in_process_ttv(g: Generated, expect: Expectation, onset_s: float) -> float | None:
     """The analyzer's own time-to-verdict on the same batches, on the simulated clock (with the job's
     communicators over ``g.groups`` shards and one job stage, as the workers analyze them: the parts of
@@ -613,6 +641,9 @@ def measure(g: Generated, args: argparse.Namespace, progress: Callable[[str], No
                 raise SystemExit(f"the worker did not start; see {logs / (waiting[0] + '.log')}")
             time.sleep(0.1)
         progress(f"R={ranks}: {len(workers)} worker(s) ready after {time.monotonic() - t_ready:.1f} s (logs in {logs})")
+        if args.worker_cpu is not None:
+            pin_workers(pipeline, workers, args.worker_cpu, broker_pid=pipeline.broker.pid if pipeline.broker else None,
+                        producer_pid=producer.pid, progress=progress)
 
         def listen() -> None:
             for v in iter_verdicts(s, from_beginning=True, stop=done.is_set):
@@ -662,6 +693,7 @@ def measure(g: Generated, args: argparse.Namespace, progress: Callable[[str], No
         progress(f"R={ranks}: the worker did not catch up; in-process analysis skipped (--always-inproc runs it)")
     raw = {
         "ranks": ranks, "workers": args.workers, "groups": args.groups, "partitions": list(schedules),
+        "worker_cpu": args.worker_cpu,
         "messages_before_split": g.messages_before_split,
         "messages_per_partition": {p: len(ts) for p, ts in schedules.items()},
         "duration_s": sc.duration_s, "messages": len(times), "records": g.records, "bytes": g.bytes,
@@ -790,6 +822,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                          "directory; 10 minutes of 4,096 ranks take about 20 GB)")
     ap.add_argument("--out", type=Path, default=RESULTS / "realtime-scale.json")
     ap.add_argument("--no-plot", action="store_true")
+    ap.add_argument("--worker-cpu", type=int, default=None,
+                    help="pin the worker processes (every thread) to this core and everything else to the others")
     args = ap.parse_args(argv)
 
     def progress(line: str) -> None:
@@ -806,7 +840,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                                 "groups": args.groups,
                                                 "duration_s": args.duration_s, "fault": args.fault,
                                                 "layer_ms": args.layer_ms, "cpus": os.cpu_count(),
-                                                "messages": args.messages},
+                                                "messages": args.messages, "worker_cpu": args.worker_cpu},
                                         "rows": rows, "largest_kept_up": largest_kept_up(rows),
                                         "largest_sustained": largest_kept_up(rows, "sustained"),
                                         "results": results}, indent=1, default=str) + "\n")

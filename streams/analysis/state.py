@@ -18,7 +18,7 @@ Array names say what one entry is, by prefix:
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
@@ -141,6 +141,8 @@ class JobState:
         self.job = job
         self.incarnation = incarnation
         self.comm_index: dict[int, int] = {}
+        # comm_hashes sorted, and their indices (_sorted_comms)
+        self._by_hash: tuple[I64, I64] = (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
         self.comm_hashes: list[int] = []
         self.host_names: list[str] = []
         self.host_ids: dict[str, int] = {}
@@ -233,13 +235,40 @@ class JobState:
         if batch.one_comm:
             cid: int | I64 = self._comm(batch.comm_hash, c["comm_size"], c["comm_rank"])
         else:  # a producer's flush of several communicators: a communicator index per row
-            uniq, inv = np.unique(c[COMM_COLUMN], return_inverse=True)
-            per = [self._comm(int(h), c["comm_size"][inv == j], c["comm_rank"][inv == j])
-                   for j, h in enumerate(uniq.tolist())]
-            cid = np.asarray(per, dtype=np.int64)[inv]
+            cid = self._comm_column(c)
         self.pending.append((now, cid, batch))
         if now > self.last_now:
             self.last_now = now
+
+    def _comm_column(self, c: Mapping[str, I64]) -> I64:
+        """The communicator index of every row of a batch of several communicators.
+
+        One sorted search for all rows (np.unique per batch was a third of queueing a host's batch, a
+        dict lookup per row more); only a new communicator needs its rows' sizes.
+        """
+        col = c[COMM_COLUMN]
+        keys, cids = self._sorted_comms()
+        pos = np.searchsorted(keys, col)
+        known = pos < keys.shape[0]
+        known[known] = keys[pos[known]] == col[known]
+        if not known.all():
+            for h in np.unique(col[~known]).tolist():
+                rows = col == h
+                self._comm(h, c["comm_size"][rows], c["comm_rank"][rows])
+            keys, cids = self._sorted_comms()
+            pos = np.searchsorted(keys, col)
+        return cids[pos]
+
+    def _sorted_comms(self) -> tuple[I64, I64]:
+        """The known communicators' hashes, sorted, and their indices (the new ones merged in)."""
+        keys, cids = self._by_hash
+        n_old, n = keys.shape[0], len(self.comm_hashes)
+        if n_old != n:
+            h = np.asarray(self.comm_hashes[n_old:], dtype=np.int64)
+            o = np.argsort(h, kind="stable")
+            at = np.searchsorted(keys, h[o])
+            self._by_hash = keys, cids = np.insert(keys, at, h[o]), np.insert(cids, at, n_old + o)
+        return keys, cids
 
     def _comm(self, comm_hash: int, size: I64, crank: I64) -> int:
         """The index of a communicator, registered (its member slice allocated later) when new."""
@@ -344,9 +373,6 @@ class JobState:
         host = np.concatenate(maps)[np.repeat(moff, counts) + cat["host_idx"]]
         sends = [b.send for b in bs]
         recvs = [b.recv for b in bs]
-        with_counters = [_counter_comms(p[1], b) for p, b in zip(pend, bs, strict=True) if b.channels > 0]
-        if with_counters:
-            self.c_counters[np.concatenate(with_counters)] = True
         nows = [p[0] for p in pend]
         crank = cat["comm_rank"]
         ok = (crank >= 0) & (crank < self.c_size[cid_col])
@@ -372,6 +398,7 @@ class JobState:
             recv=_stack_counters(recvs),
             peak=_stack_counters([b.peaks for b in bs], fill=-1),
         )
+        self._note_counters(pend, counts, rows)
         if not ok.all():
             # a communicator grew (comm_size rose in its records): widen it for the next tick
             for cid, cr in zip(cid_col[~ok].tolist(), crank[~ok].tolist(), strict=True):
@@ -379,6 +406,25 @@ class JobState:
                     self._new_sizes[cid] = max(self._new_sizes.get(cid, 0), cr + 1, int(self.c_size[cid]))
             rows = Rows(**{f: getattr(rows, f)[ok] for f in Rows.__dataclass_fields__})
         return rows
+
+    def _note_counters(self, pend: list[tuple[float, int | I64, KernelBatch]], counts: I64, rows: Rows) -> None:
+        """Mark the communicators whose rows carry counters, for all queued batches at once.
+
+        A batch of one communicator has them all when it has channels. In a batch of several, rows are
+        padded to the widest communicator's channels, so a communicator of a source without counters
+        (a gloo group beside a probed NCCL one) would look like one whose data never moves: only rows
+        that show a counted element or a known peak say their communicator has counters.
+        """
+        chan = np.fromiter((b.channels > 0 for _, _, b in pend), dtype=bool, count=len(pend))
+        if not chan.any():
+            return
+        multi = np.fromiter((not isinstance(c, int) for _, c, _ in pend), dtype=bool, count=len(pend))
+        use = np.repeat(chan, counts) & ~self.c_counters[rows.cid]  # (once known, a communicator stays so)
+        if multi.any():
+            u = np.flatnonzero(use & np.repeat(multi, counts))
+            shows = rows.send[u].any(axis=1) | rows.recv[u].any(axis=1) | (rows.peak[u] >= 0).any(axis=1)
+            use[u[~shows]] = False
+        self.c_counters[rows.cid[use]] = True
 
     # -- the latest state of every member ------------------------------------------------------
     def apply_latest(self, r: Rows) -> int:
@@ -497,20 +543,6 @@ class JobState:
 
     def comm_hex(self, cid: int) -> str:
         return f"{self.comm_hashes[cid] & 0xFFFF_FFFF_FFFF_FFFF:016x}"
-
-
-def _counter_comms(cid: int | I64, b: KernelBatch) -> I64:
-    """The communicators of a batch with counter channels that carry counters.
-
-    A batch of one communicator has them all when it has channels. In a batch of several, rows are
-    padded to the widest communicator's channels, so a communicator of a source without counters
-    (a gloo group beside a probed NCCL one) would look like one whose data never moves: only rows
-    that show a counted element or a known peak say their communicator has counters.
-    """
-    if isinstance(cid, int):
-        return np.asarray([cid], dtype=np.int64)
-    has = (b.send != 0).any(axis=1) | (b.recv != 0).any(axis=1) | (b.peaks >= 0).any(axis=1)
-    return np.unique(cid[has])
 
 
 def _stack_counters(parts: list[I64], fill: int = 0) -> I64:

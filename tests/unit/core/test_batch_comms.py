@@ -146,3 +146,39 @@ def test_a_communicator_without_counters_in_a_batch_with_them_is_not_taken_for_o
     assert rows is not None and rows.n == 2
     assert [js.comm_hashes[c] for c in rows.cid.tolist()] == [1, 2]
     assert js.c_counters.tolist() == [True, False]
+
+
+def test_rows_of_many_communicators_in_any_order_find_their_communicator() -> None:
+    """A batch's rows interleaved across communicators (negative hashes too), new communicators appearing
+    beside known ones batch after batch: every row lands in its own communicator, each registered once."""
+    from ccld.streams.analysis.state import JobState
+
+    rng = np.random.default_rng(7)
+    hashes = [int(h) for h in rng.integers(-(2**62), 2**62, size=40)]
+    js = JobState("job-a", 0)
+    for n_known in (5, 5, 23, 40):  # the first batch all new, then the same again, then more new ones
+        picks = rng.integers(0, n_known, size=120)
+        batch = KernelBatch.from_records([
+            make_kernel_record(comm_hash=hashes[int(p)], comm_size=4, comm_rank=int(p) % 4, op_seq=i,
+                               send_counts=(), recv_counts=())
+            for i, p in enumerate(picks)])
+        js.queue(batch, 1.0)
+        rows = js.take_rows()
+        assert rows is not None and rows.n == 120
+        assert [js.comm_hashes[c] for c in rows.cid.tolist()] == [hashes[int(p)] for p in picks]
+    assert sorted(js.comm_hashes) == sorted(set(js.comm_hashes)) and len(js.comm_hashes) <= 40
+    assert {js.comm_index[h] for h in js.comm_hashes} == set(range(len(js.comm_hashes)))
+
+
+def test_a_communicator_known_without_counters_is_marked_once_a_row_shows_them() -> None:
+    from ccld.streams.analysis.state import JobState
+
+    js = JobState("job-a", 0)
+    js.queue(KernelBatch.from_records([make_kernel_record(comm_hash=1, send_counts=(4, 4), recv_counts=(4, 3)),
+                                       make_kernel_record(comm_hash=2, send_counts=(0, 0), recv_counts=(0, 0))]), 1.0)
+    js.take_rows()
+    assert js.c_counters.tolist() == [True, False]
+    js.queue(KernelBatch.from_records([make_kernel_record(comm_hash=2, send_counts=(0, 9), recv_counts=(1, 9)),
+                                       make_kernel_record(comm_hash=1, send_counts=(), recv_counts=())]), 2.0)
+    js.take_rows()
+    assert js.c_counters.tolist() == [True, True]
