@@ -188,6 +188,10 @@ class Analyzer:
             "cadence": dict(list(cadence.items())[-CADENCE_STATE_MAX:]),
             # findings watched for their end: a shard restarted after a hang ended still reports its end
             "watch": {f"{job}|{inc}": w.state_dict() for (job, inc), w in self._watch.items() if w.items},
+            # the newest record's time of each job with an open incident: a job that ended before the snapshot
+            # sends nothing after a restart, and only a job held here is judged silent and its incident closed
+            "open_jobs": {f"{job}|{inc}": ja.js.last_now for (job, inc), ja in self.jobs.items()
+                          if self.stage.has_open((job, inc))},
             **self._stalled_state(),
             # not the evaluation count: the timer evaluates every second, and a snapshot that differs only in
             # it would be written every second for a partition where nothing happened (the worker writes a
@@ -251,7 +255,22 @@ class Analyzer:
             raise RecordError(f"bad analyzer state: {exc}") from exc
         for k, saved in dict(state.get("stalled", {})).items():
             a._load_stalled(str(k), saved)
+        for k, last in dict(state.get("open_jobs", {})).items():
+            a._load_open_job(str(k), last)
         return a
+
+    def _load_open_job(self, k: str, last: Any) -> None:
+        """A job with an open incident, held again with its newest record's time (it may never send another)."""
+        try:
+            job, inc = k.rsplit("|", 1)
+            key, last_now = (job, int(inc)), float(last)
+        except (TypeError, ValueError) as exc:
+            log.warning("analyzer state: open job %r unreadable (%s); its incident closes only if it sends again",
+                        k, exc)
+            return
+        ja = self.jobs.get(key) or self._new_job(key)
+        ja.js.last_now = max(ja.js.last_now, last_now)
+        self._now = max(self._now, last_now)
 
     def _load_stalled(self, k: str, saved: Mapping[str, Any]) -> None:
         """One job's saved stalled communicators; a bad entry loses them (and says so), never the rest."""

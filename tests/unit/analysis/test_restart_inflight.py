@@ -154,3 +154,28 @@ def test_unreadable_stalled_rows_lose_only_themselves() -> None:
     state["stalled"][job]["comms"][0]["m_seq"] = [1, 2]  # not one value per member
     restored = Analyzer.from_state_dict(state)
     assert not restored.jobs and restored.stats["records"] == a.stats["records"]
+
+
+def test_an_incident_open_when_its_job_ended_closes_after_a_restart_that_reads_nothing_more() -> None:
+    """A slow rank until the job's end, the worker restarted after its last record (the snapshot covers them
+    all, so nothing is re-read): the incident closes on the job's silence as it does without the restart, at the
+    same time; it is not left open for ever (an alert that never resolves)."""
+    sc = Scenario.from_dict({
+        "id": "slow-to-the-end", "seed": 5, "ranks": 8, "layout": {"tp": 4, "pp": 1, "dp": 2}, "channels": 2,
+        "step_time_s": 1.0, "duration_s": 60.0, "jitter": 0.02,
+        "faults": [{"kind": "S1", "rank": 5, "onset_s": 10.0, "factor": 3.0}], "expect": [{"kind": "S1", "rank": 5}],
+    })
+    batches = list(simulate(sc))
+
+    def run(restart: bool) -> list[tuple[str, str, float]]:
+        a = Analyzer()
+        out, tick = _feed(a, batches, until=float("inf"))
+        out += a.evaluate(tick)
+        if restart:
+            a = Analyzer.from_state_dict(json.loads(json.dumps(a.state_dict())))
+        out += _run_on(a, tick + 1.0, end=tick + 150.0)
+        return [(v.state.value, v.kind.name, round(v.detected_time, 1)) for v in out]
+
+    whole = run(restart=False)
+    assert [s for s, _, _ in whole] == ["open", "closed"], whole
+    assert run(restart=True) == whole
