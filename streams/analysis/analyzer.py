@@ -188,10 +188,11 @@ class Analyzer:
             "cadence": dict(list(cadence.items())[-CADENCE_STATE_MAX:]),
             # findings watched for their end: a shard restarted after a hang ended still reports its end
             "watch": {f"{job}|{inc}": w.state_dict() for (job, inc), w in self._watch.items() if w.items},
-            # the newest record's time of each job with an open incident: a job that ended before the snapshot
-            # sends nothing after a restart, and only a job held here is judged silent and its incident closed
+            # the newest record's time of each job with an open incident (a shard: with findings watched for the
+            # stage's incidents): a job that ended before the snapshot sends nothing after a restart, and only a
+            # job held here is judged (reported) silent and its incident closed
             "open_jobs": {f"{job}|{inc}": ja.js.last_now for (job, inc), ja in self.jobs.items()
-                          if self.stage.has_open((job, inc))},
+                          if self.stage.has_open((job, inc)) or self._watched((job, inc))},
             **self._stalled_state(),
             # not the evaluation count: the timer evaluates every second, and a snapshot that differs only in
             # it would be written every second for a partition where nothing happened (the worker writes a
@@ -258,6 +259,10 @@ class Analyzer:
         for k, last in dict(state.get("open_jobs", {})).items():
             a._load_open_job(str(k), last)
         return a
+
+    def _watched(self, key: tuple[str, int]) -> bool:
+        w = self._watch.get(key)
+        return w is not None and bool(w.items)
 
     def _load_open_job(self, k: str, last: Any) -> None:
         """A job with an open incident, held again with its newest record's time (it may never send another)."""

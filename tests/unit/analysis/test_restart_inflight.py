@@ -156,7 +156,8 @@ def test_unreadable_stalled_rows_lose_only_themselves() -> None:
     assert not restored.jobs and restored.stats["records"] == a.stats["records"]
 
 
-def test_an_incident_open_when_its_job_ended_closes_after_a_restart_that_reads_nothing_more() -> None:
+@pytest.mark.parametrize("groups", [1, 3], ids=["whole", "sharded"])
+def test_an_incident_open_when_its_job_ended_closes_after_a_restart_that_reads_nothing_more(groups: int) -> None:
     """A slow rank until the job's end, the worker restarted after its last record (the snapshot covers them
     all, so nothing is re-read): the incident closes on the job's silence as it does without the restart, at the
     same time; it is not left open for ever (an alert that never resolves)."""
@@ -168,11 +169,17 @@ def test_an_incident_open_when_its_job_ended_closes_after_a_restart_that_reads_n
     batches = list(simulate(sc))
 
     def run(restart: bool) -> list[tuple[str, str, float]]:
-        a = Analyzer()
+        a: Analyzer | ShardedAnalyzer = Analyzer() if groups == 1 else ShardedAnalyzer(groups)
         out, tick = _feed(a, batches, until=float("inf"))
         out += a.evaluate(tick)
-        if restart:
-            a = Analyzer.from_state_dict(json.loads(json.dumps(a.state_dict())))
+        if restart and isinstance(a, Analyzer):
+            a = Analyzer.from_state_dict(_roundtrip(a.state_dict()))
+        elif restart and isinstance(a, ShardedAnalyzer):  # shards restored as the workers restore them
+            b = ShardedAnalyzer(groups)
+            b.shards = [Analyzer.from_state_dict(_roundtrip(sh.state_dict()), b.settings, whole_jobs=False)
+                        for sh in a.shards]
+            b.stage.book.load(_roundtrip(a.stage.book.state_dict()))
+            a = b
         out += _run_on(a, tick + 1.0, end=tick + 150.0)
         return [(v.state.value, v.kind.name, round(v.detected_time, 1)) for v in out]
 
