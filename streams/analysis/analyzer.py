@@ -187,12 +187,12 @@ class Analyzer:
             # learned multi-signature cadences (a few ints each), newest jobs last, bounded
             "cadence": dict(list(cadence.items())[-CADENCE_STATE_MAX:]),
             # findings watched for their end: a shard restarted after a hang ended still reports its end
-            "watch": {f"{job}|{inc}": w.state_dict() for (job, inc), w in self._watch.items() if w.items},
+            "watch": {_job_str(key): w.state_dict() for key, w in self._watch.items() if w.items},
             # the newest record's time of each job with an open incident (a shard: with findings watched for the
             # stage's incidents): a job that ended before the snapshot sends nothing after a restart, and only a
             # job held here is judged (reported) silent and its incident closed
-            "open_jobs": {f"{job}|{inc}": ja.js.last_now for (job, inc), ja in self.jobs.items()
-                          if self.stage.has_open((job, inc)) or self._watched((job, inc))},
+            "open_jobs": {_job_str(key): ja.js.last_now for key, ja in self.jobs.items()
+                          if self.stage.has_open(key) or self._watched(key)},
             **self._stalled_state(),
             # not the evaluation count: the timer evaluates every second, and a snapshot that differs only in
             # it would be written every second for a partition where nothing happened (the worker writes a
@@ -230,7 +230,7 @@ class Analyzer:
             js = self.jobs[key].js
             hosts: dict[int, int] = {}
             comms = [save_comm(js, cid, hosts) for cid in sorted(cids)]
-            out[f"{key[0]}|{key[1]}"] = {"last_now": js.last_now, "comms": comms,
+            out[_job_str(key)] = {"last_now": js.last_now, "comms": comms,
                                          "hosts": [js.host_names[h] for h in hosts]}
         return {"stalled": out}
 
@@ -247,8 +247,7 @@ class Analyzer:
             a._pauses = {str(k): [float(x) for x in v] for k, v in state.get("pauses", {}).items()}
             a._cadence = {str(k): [int(x) for x in v] for k, v in state.get("cadence", {}).items()}
             for k, items in state.get("watch", {}).items():
-                job, inc = str(k).rsplit("|", 1)
-                a._watch[(job, int(inc))] = Watch.from_state(items)
+                a._watch[_job_key(str(k))] = Watch.from_state(items)
             for k, v in state.get("stats", {}).items():
                 if k in a._stats:
                     a._stats[k] = int(v)
@@ -267,8 +266,7 @@ class Analyzer:
     def _load_open_job(self, k: str, last: Any) -> None:
         """A job with an open incident, held again with its newest record's time (it may never send another)."""
         try:
-            job, inc = k.rsplit("|", 1)
-            key, last_now = (job, int(inc)), float(last)
+            key, last_now = _job_key(k), float(last)
         except (TypeError, ValueError) as exc:
             log.warning("analyzer state: open job %r unreadable (%s); its incident closes only if it sends again",
                         k, exc)
@@ -281,8 +279,7 @@ class Analyzer:
         """One job's saved stalled communicators; a bad entry loses them (and says so), never the rest."""
         key: tuple[str, int] | None = None
         try:
-            job, inc = k.rsplit("|", 1)
-            key = (job, int(inc))
+            key = _job_key(k)
             ja = self._new_job(key)
             hosts = [str(h) for h in saved["hosts"]]
             for d in saved["comms"]:
@@ -300,3 +297,14 @@ class Analyzer:
         held = self._held_starved + sum(j.slow.held_starved for j in self.jobs.values())
         cheap = self._held_cheap + sum(j.slow.held_cheap for j in self.jobs.values())
         return {**self._stats, "slow_held_starved": held, "slow_held_cheap": cheap}
+
+
+def _job_str(key: tuple[str, int]) -> str:
+    """A job incarnation as the state's keys name it: ``job|incarnation``."""
+    return f"{key[0]}|{key[1]}"
+
+
+def _job_key(k: str) -> tuple[str, int]:
+    """``_job_str``'s inverse (a job's name may hold ``|``; ValueError for a key without an incarnation)."""
+    job, inc = k.rsplit("|", 1)
+    return job, int(inc)
