@@ -14,7 +14,10 @@ One gloo rank (world size 1, in process). Two parts:
   it overlaps, which a median step would hide), the added cost per step and per collective
   against the unattached steps, the median, p99 and longest single step, the share of
   collectives each source saw, and the poller's own cost per poll. ``TORCH_FR_BUFFER_SIZE``
-  sets the ring's size (default 2,000 entries).
+  sets the ring's size (default 2,000 entries). Each block attaches and detaches, where a job
+  attaches once: the poller's first read of the full ring (30-40 ms) would land in every block, so
+  each block first plays ``--warmup-s`` of untimed steps (every mode alike), and the last read, at
+  detach, comes after its timing.
 - DDP (``--ddp-steps-per-block``, 0 skips it): a real ``DistributedDataParallel`` model (its
   gradient all-reduces come from the C++ reducer only, no collective from Python), steps of
   forward, backward and SGD, with no attachment, ``wrap`` (blind to them), ``auto`` (the
@@ -36,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 import time
@@ -84,6 +88,12 @@ def time_consumed(fn: Callable[[], Any], n: int, cost: Any) -> tuple[list[int], 
         walls.append(clock() - t0)
         hooks.append(cost.ns - h0)
     return walls, hooks, attachment_cpu_ns() - cpu0
+
+
+def warmup_steps(args: argparse.Namespace, step_s: float) -> int:
+    """Steps played after each block's attach and before its timing: a job attaches once, so the
+    poller's first read of the full ring (30-40 ms, once) is no part of its steady state."""
+    return max(1, math.ceil(args.warmup_s / max(step_s, 1e-3))) if args.warmup_s > 0 else 0
 
 
 def time_block(fn: Callable[[], Any], n: int, att: Any, hooks: list[int], cpu: list[float]) -> list[int]:
@@ -146,6 +156,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ddp-steps-per-block", type=int, default=300, help="DDP part: steps per mode and block")
     p.add_argument("--ddp-blocks", type=int, default=5, help="DDP part: alternating blocks per mode")
     p.add_argument("--ddp-step-ms", type=float, default=10.0, help="DDP part: about how long a plain step lasts")
+    p.add_argument("--warmup-s", type=float, default=0.5,
+                   help="steps of about this long after each attach, not timed (0: none)")
+    p.add_argument("--ddp-modes", default="wrap,auto,auto-nost", help="DDP part: modes beside none, comma-separated")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
     sources = [x for x in args.sources.split(",") if x]
@@ -226,7 +239,7 @@ def step_part(args: argparse.Namespace, settings: Any, sources: list[str]) -> di
 
     # calibrate the compute so a plain step lasts coll_per_step / rate seconds
     target_ns = args.coll_per_step / args.rate * 1e9
-    n_mm = 100
+    n_mm = 0
 
     def step() -> None:
         compute(n_mm)
@@ -234,10 +247,12 @@ def step_part(args: argparse.Namespace, settings: Any, sources: list[str]) -> di
 
     for _ in range(3):
         coll_ns = statistics.median(time_calls(collectives, 100))
-        mm_ns = max(1.0, (statistics.median(time_calls(step, 50)) - coll_ns) / max(1, n_mm))
+        # the matmuls timed alone: a step's time less its collectives' is noise-sized for a short step, and
+        # a near-zero estimate of a matmul once made a "1-s" step of a billion of them
+        mm_ns = max(1.0, statistics.median(time_calls(lambda: compute(1000), 5)) / 1000)
         n_mm = max(0, int((target_ns - coll_ns) / mm_ns))
 
-    time_calls(step, max(200, 2200 // max(1, args.coll_per_step)))  # fills the Flight Recorder ring (2,000)
+    time_calls(step, max(20, 2200 // max(1, args.coll_per_step) + 1))  # fills the Flight Recorder ring (2,000)
     modes = ["none", *sources]
     times: dict[str, list[int]] = {m: [] for m in modes}
     means: dict[str, list[float]] = {m: [] for m in modes}  # mean step time of each block
@@ -251,6 +266,8 @@ def step_part(args: argparse.Namespace, settings: Any, sources: list[str]) -> di
             if mode != "none":
                 att = attach(settings, sink=None if args.bootstrap else CountingSink(), markers=False, source=mode,
                              fr_poll_s=args.fr_poll_ms / 1000, cost=True)  # fmt: skip
+            warm = warmup_steps(args, args.coll_per_step / args.rate)
+            time_calls(step, warm)
             t0 = time.perf_counter_ns()
             block_times = time_block(step, args.steps_per_block, att, hooks[mode], cpu[mode])
             wall_s = (time.perf_counter_ns() - t0) / 1e9
@@ -258,7 +275,7 @@ def step_part(args: argparse.Namespace, settings: Any, sources: list[str]) -> di
             means[mode].append(statistics.fmean(block_times))
             if mode != "none":
                 st = detach()
-                seen[mode].append(int(st.get("calls", 0)) / (args.steps_per_block * args.coll_per_step))
+                seen[mode].append(int(st.get("calls", 0)) / ((args.steps_per_block + warm) * args.coll_per_step))
                 if st.get("fr_polls"):
                     polls[mode].append(st["fr_poll_ns_total"] / st["fr_polls"] / 1e6)
                     polls[mode].append(st["fr_polls"] / wall_s)  # kept in pairs: (ms per poll, polls per s)
@@ -312,7 +329,7 @@ def ddp_part(args: argparse.Namespace, settings: Any) -> dict[str, Any]:
     for _ in range(2100):  # the Flight Recorder ring full (2,000 entries): its steady state
         pg.allreduce([fill]).wait()
     # auto-nost: auto without the status reads between polls (they time exits; see fr_poll)
-    modes = ["none", "wrap", "auto", "auto-nost"]
+    modes = ["none", *[m for m in args.ddp_modes.split(",") if m]]
     before = _fr_enqueued()
     time_calls(step, 20)
     per_step = max(1, (_fr_enqueued() - before) // 20)  # DDP's all-reduces per step
@@ -331,6 +348,8 @@ def ddp_part(args: argparse.Namespace, settings: Any) -> dict[str, Any]:
                 att = attach(settings, sink=None if args.bootstrap else CountingSink(), markers=False,
                              source=mode.removesuffix("-nost"), fr_poll_s=args.fr_poll_ms / 1000,
                              fr_status_s=0.0 if mode.endswith("-nost") else None, cost=True)  # fmt: skip
+            warm = warmup_steps(args, args.ddp_step_ms / 1000)
+            time_calls(step, warm)
             t0 = time.perf_counter_ns()
             block_times = time_block(step, args.ddp_steps_per_block, att, hooks[mode], tcpu[mode])
             wall_s = (time.perf_counter_ns() - t0) / 1e9
@@ -339,7 +358,7 @@ def ddp_part(args: argparse.Namespace, settings: Any) -> dict[str, Any]:
             st = detach() if mode != "none" else {}
             cpu[mode].append((time.process_time_ns() - c0) / args.ddp_steps_per_block / 1e6)
             if mode != "none":
-                seen[mode].append(int(st.get("calls", 0)) / (args.ddp_steps_per_block * per_step))
+                seen[mode].append(int(st.get("calls", 0)) / ((args.ddp_steps_per_block + warm) * per_step))
                 if st.get("fr_polls"):
                     polls[mode].append(st["fr_poll_ns_total"] / st["fr_polls"] / 1e6)
                     polls[mode].append(st["fr_polls"] / wall_s)

@@ -44,13 +44,17 @@ costs more than ``max_duty`` of the time stretches the interval, and every table
 
 from __future__ import annotations
 
+import bisect
+import functools
 import json
 import logging
+import math
+import operator
+import os
 import re
 import threading
 import time
 import weakref
-from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -68,12 +72,30 @@ DEFAULT_INTERVAL_S = 0.1
 #: between reads of the status-only dump, which time collectives' completions (see the docstring)
 DEFAULT_STATUS_S = 0.025
 #: completion windows kept per group (a full poll needs those since the one before it)
-WINDOWS_KEPT = 256
+WINDOWS_KEPT = 512
 #: the most of its time the poller may spend polling; a dearer poll stretches the interval
 DEFAULT_MAX_DUTY = 0.02
 #: the longest a stretched interval gets (a hang is still seen within seconds)
 MAX_INTERVAL_S = 5.0
+#: a ring that keeps finished entries (gloo's) is read by what the status-only dump says, not by the
+#: clock (see :meth:`FrPoller._ring_due`): a full read once the collectives enqueued since the last
+#: one fill this share of the ring (they are all still in it, 300 entries of 2,000 to spare: 0.15 s at
+#: 2,000 collectives a second, while the status is read every 25 ms) ...
+RING_FILL = 0.85
+#: ... or once the counters have stood still this long after moving with a collective in flight (a
+#: stall, a hang: the analyzer needs the op the rank waits in) ...
+STALL_S = 1.0
+#: ... or, with anything enqueued since the last full read, once the time since is worth its cost: a
+#: read that costs ``c`` comes ``c / LATE_DUTY`` after the one before (a full ring of 2,000: 20 ms,
+#: every 4 s; a small ring, sooner), never later than RING_WAIT_S (how late a record may be) ...
+LATE_DUTY = 0.005
+RING_WAIT_S = MAX_INTERVAL_S
+#: ... or, with nothing at all since, this long (a group made or destroyed shows only in the full dump)
+QUIET_MAX_S = 30.0
+#: Flight Recorder's ring when neither TORCH_FR_BUFFER_SIZE nor its older name sets it
+DEFAULT_RING = 2000
 _LIVE = Path("<live flight recorder>")
+_LAST = operator.itemgetter(1)  # a completion window's last collective
 
 #: canonical op name (``model.normalise_op``) -> op type; other names are counted as unmapped
 OP_TYPES: dict[str, OpType] = {
@@ -122,6 +144,9 @@ class FrStats:
     untracked: int = 0  # in-flight entries beyond the open-call bound
     backoffs: int = 0  # polls that stretched the interval
     quiet: int = 0  # polls left out: no collective enqueued or completed since the last (status-only dump)
+    ring_reads: int = 0  # full polls because the ring had refilled to RING_FILL since the last one
+    stall_reads: int = 0  # full polls because the counters stood still after moving (an op in flight)
+    late_reads: int = 0  # full polls because RING_WAIT_S (or QUIET_MAX_S) had passed
     tail_reads: int = 0  # polls that parsed only the entries from the oldest still of interest on
     status_reads: int = 0  # status-only dumps read (each times the completions since the one before)
     timed_exits: int = 0  # exits narrowed by those reads
@@ -136,14 +161,42 @@ def _done(e: Mapping[str, Any], seq: int | None, completed: int | None) -> bool:
     return seq is not None and completed is not None and seq <= completed
 
 
+@functools.lru_cache(maxsize=1024)
+def _op_name(written: str) -> tuple[str, str, bool]:
+    """``normalise_op``, once per name: a ring holds a few names many times over."""
+    return normalise_op(written)
+
+
 def _size_dtype(op: str, e: Mapping[str, Any]) -> tuple[DType, int]:
     """dtype and element count as the wrapper reports them (reduce_scatter: output; barrier: 1 float)."""
     if op == "barrier":
         return DType.FLOAT32, 1
     dtypes = e.get("input_dtypes") or e.get("output_dtypes") or []
     sizes = e.get("output_sizes") if op == "reduce_scatter" else e.get("input_sizes")
-    dtype = dtype_code(str(dtypes[0])) if isinstance(dtypes, list) and dtypes else DType.OTHER
-    return dtype, numel(sizes) or 0
+    dtype = _dtype(str(dtypes[0])) if isinstance(dtypes, list) and dtypes else DType.OTHER
+    return dtype, _numel(sizes)
+
+
+@functools.lru_cache(maxsize=64)
+def _dtype(name: str) -> DType:
+    return dtype_code(name)
+
+
+def _numel(sizes: Any) -> int:
+    """``numel`` (0 where unknown), without its checks where every dimension is an int (JSON dumps)."""
+    if type(sizes) is list:
+        total = 0
+        for shape in sizes:
+            if type(shape) is not list or not all(type(d) is int for d in shape):
+                return numel(sizes) or 0
+            total += math.prod(shape)
+        return total
+    return numel(sizes) or 0
+
+
+def _int(value: Any) -> int | None:
+    """``fr_int`` with the JSON dump's own case first: a plain int."""
+    return value if type(value) is int else fr_int(value)
 
 
 def _p2p_local_peer(written: str) -> int | None:
@@ -172,6 +225,7 @@ class FrPoller:
         wall_clock: Callable[[], int] = time.time_ns,
         open_max: int = 10_000,
         names_max: int = 64,
+        ring: int = DEFAULT_RING,
     ) -> None:
         self.tracker = tracker
         self.resolve_group = resolve_group
@@ -192,7 +246,16 @@ class FrPoller:
         self._last_poll_ns: int | None = None
         self._status_at_poll: bytes | str | None = None  # the status-only dump read before the last full one
         self._full_at = 0.0  # time.monotonic() of the last full poll of the thread
+        #: the ring's size (entries), and whether its dump keeps finished entries (None: not seen yet)
+        self.ring = max(1, ring)
+        self._keeps_done: bool | None = None
+        self._enq_at_poll = 0  # collectives enqueued (every group) at the status read before the last full poll
+        self._status_seen: bytes | str | None = None  # the latest status that differed from the one before
+        self._moved_at = 0.0  # time.monotonic() when it was read
+        self._ring_wait = RING_WAIT_S  # stretched while a full poll is dear
+        self._in_flight = False  # the latest status showed a collective enqueued and not completed
         self._stop = threading.Event()
+        self._polling = threading.Lock()  # the thread's polls and a flush's (:meth:`poll_now`) take turns
         self._thread: threading.Thread | None = None
         self._forked = False
         #: asked before each poll: True poll, None not yet (skip), False stop polling for good
@@ -203,7 +266,7 @@ class FrPoller:
         #: pg_status key -> (last completed collective, tracker time) at the latest status read, and
         #: the windows (first, last collective, from, to) in which its completed counter moved
         self._completed_at: dict[str, tuple[int, int]] = {}
-        self._windows: dict[str, deque[tuple[int, int, int, int]]] = {}
+        self._windows: dict[str, list[tuple[int, int, int, int]]] = {}
 
     # ---- thread ----
     def start(self) -> None:
@@ -260,15 +323,77 @@ class FrPoller:
             t0 = time.perf_counter_ns()
             status = self.read_status()
             tick = sleep = min(self._stretch((time.perf_counter_ns() - t0) / 1e9, self.status_s), wait)
-            if time.monotonic() < due:
+            now = time.monotonic()
+            if now < due:
                 continue
-            if not self._quiet(status):
-                t0 = time.perf_counter_ns()
-                self.poll_once()
-                wait = self._stretch((time.perf_counter_ns() - t0) / 1e9, self.interval_s)
+            ring = self._ring_mode(status)
+            if ring and not self._ring_due(status, now):
+                continue
+            if not ring and self._quiet(status):
+                due = now + wait
+                continue
+            t0 = time.perf_counter_ns()
+            self.poll_once()
+            cost_s = (time.perf_counter_ns() - t0) / 1e9
+            self._after_full(status, now)
+            if ring:
+                # the ring's own refill asks for this poll: up to five times the duty cap, so that a
+                # fast job loses no entry (beyond that it does, and ``missed`` counts them)
+                wait = self.interval_s
+                late = min(max(self.interval_s, cost_s / LATE_DUTY), RING_WAIT_S)
+                if self.max_duty > 0:
+                    wait = max(wait, cost_s / (5 * self.max_duty))
+                    late = max(late, min(cost_s / self.max_duty, QUIET_MAX_S))  # a very dear poll
+                self._ring_wait = late
+            else:
+                wait = self._stretch(cost_s, self.interval_s)
                 if wait > self.interval_s:
                     self.stats.backoffs += 1
             due = time.monotonic() + wait
+
+    def _ring_mode(self, status: bytes | str | None) -> bool:
+        """Whether the next full poll is due by what the ring holds (:meth:`_ring_due`) rather than
+        by the clock: a dump that keeps finished entries (gloo's; an active-only NCCL dump drops
+        them, so only a frequent poll sees them), a readable status, and collectives only (gloo's
+        send/recv do not show in the status)."""
+        return self._keeps_done is True and status is not None and not self.p2p
+
+    def _ring_due(self, status: bytes | str | None, now: float) -> bool:
+        """Whether a full poll is due. A full dump of gloo's ring costs about 10 us an entry, all of
+        them each time, holding the GIL (2,000 entries: 20 ms), while a poll is only needed to read
+        the entries since the last one before the ring drops them, to hand the analyzer an op in
+        flight that is not moving, and to keep records from getting old: the status-only dump (3 us,
+        read every ``status_s``) tells each. One full poll per refill of RING_FILL of the ring is
+        about 13 us a collective (0.7 % of a 1-s step at 500 a second), where polling on a clock
+        cost 2.5 % at any rate."""
+        if status is None:
+            return True
+        if status != self._status_seen:
+            self._status_seen, self._moved_at = status, now
+        since = now - self._full_at
+        if status == self._status_at_poll:  # nothing enqueued or completed since the last full poll
+            if since >= QUIET_MAX_S:
+                self.stats.late_reads += 1
+                return True
+            if self._last_poll_ns is not None:  # an op open at that poll is open now too
+                self._last_poll_ns = self.tracker.clock()
+            return False
+        if enqueued_total(status) - self._enq_at_poll >= RING_FILL * self.ring:
+            self.stats.ring_reads += 1
+            return True
+        if since >= self._ring_wait:
+            self.stats.late_reads += 1
+            return True
+        if self._in_flight and now - self._moved_at >= STALL_S:
+            self.stats.stall_reads += 1
+            return True
+        return False
+
+    def _after_full(self, status: bytes | str | None, now: float) -> None:
+        """What the next :meth:`_ring_due` compares with: the status read before this full poll."""
+        if status is not None:
+            self._status_at_poll, self._full_at = status, now
+            self._enq_at_poll = enqueued_total(status)
 
     def _stretch(self, cost_s: float, interval_s: float) -> float:
         """The interval after a read that cost ``cost_s``: stretched to keep to ``max_duty``."""
@@ -295,10 +420,13 @@ class FrPoller:
             return
         if not isinstance(pgs, Mapping):
             return
+        in_flight = False
         for key, st in pgs.items():
             done = fr_int(st.get("last_completed_collective")) if isinstance(st, Mapping) else None
             if done is None:
                 continue
+            enq = fr_int(st.get("last_enqueued_collective"))
+            in_flight = in_flight or (enq is not None and enq > done)
             before = self._completed_at.get(key)
             if before is None and len(self._completed_at) >= 4 * self._names_max:
                 continue  # bounded (a job that makes groups without end): those exits stay midpoints
@@ -308,8 +436,11 @@ class FrPoller:
             elif before is not None and done > before[0]:
                 q = self._windows.get(key)
                 if q is None:
-                    q = self._windows[key] = deque(maxlen=WINDOWS_KEPT)
+                    q = self._windows[key] = []
                 q.append((before[0] + 1, done, before[1], now))
+                if len(q) > 2 * WINDOWS_KEPT:
+                    del q[:-WINDOWS_KEPT]
+        self._in_flight = in_flight
 
     def _quiet(self, status: bytes | str | None) -> bool:
         """Whether this poll can be left out: the status-only dump (about 3 us, where a full gloo ring
@@ -330,8 +461,18 @@ class FrPoller:
         return False
 
     # ---- one poll ----
+    def poll_now(self) -> None:
+        """A poll from another thread (the attachment's ``flush``), when this poller is polling: what
+        Flight Recorder holds now reaches the tracker without waiting for the ring's cadence."""
+        if not self._forked and (self.stats.polls or self._gate_open()):
+            self.poll_once()
+
     def poll_once(self) -> None:
         """Read the recorder once and update the tracker; never raises."""
+        with self._polling:
+            self._poll_locked()
+
+    def _poll_locked(self) -> None:
         t0 = time.perf_counter_ns()
         try:
             self._poll()
@@ -383,23 +524,34 @@ class FrPoller:
                     completed[str(key)] = c
         present: set[int] = set()
         new_rids: list[int] = []
+        if self._keeps_done is None and len(entries) >= 4:
+            # gloo's ring keeps every entry, finished ones included; NCCL's active-only dump drops them
+            done = sum(_done(e, fr_int(e.get("collective_seq_id")), completed.get(str(e.get("pg_id"))))
+                       for e in entries)  # fmt: skip
+            self._keeps_done = 2 * done >= len(entries)
+        if len(entries) > self.ring:
+            self.ring = len(entries)
+        groups: dict[str, GroupInfo | None] = {}  # resolved once a poll, not once an entry
+        last_rid = self._last_rid
         for i, e in enumerate(entries):
-            rid = fr_int(e.get("record_id"))
+            rid = _int(e.get("record_id"))
             if rid is None:
                 rid = -(i + 1)  # no id: never "new" twice, never matched
             present.add(rid)
-            opened = self._open.get(rid)
-            if opened is not None:
-                if _done(e, opened[2], completed.get(opened[1] or "")):
-                    self._exit(rid, *self._t_exit(e, offset, now, prev, opened[0].t_enter_ns, opened[1], opened[2]))
-                continue
-            if rid <= self._last_rid:  # seen before (most of a full ring): nothing else to read
+            if self._open:
+                opened = self._open.get(rid)
+                if opened is not None:
+                    if _done(e, opened[2], completed.get(opened[1] or "")):
+                        self._exit(rid, *self._t_exit(e, offset, now, prev, opened[0].t_enter_ns, opened[1], opened[2]))
+                    continue
+            if rid <= last_rid:  # seen before (most of a full ring): nothing else to read
                 continue
             name = self._pg_name(e)
-            pid = None if e.get("pg_id") is None else str(e.get("pg_id"))
-            seq = fr_int(e.get("collective_seq_id"))
+            pg_id = e.get("pg_id")
+            pid = None if pg_id is None else str(pg_id)
+            seq = _int(e.get("collective_seq_id"))
             new_rids.append(rid)
-            self._new(e, rid, name, pid, seq, completed, offset, now, prev, since)
+            self._new(e, rid, name, pid, seq, completed, offset, now, prev, since, groups)
         if new_rids:
             first, top = min(new_rids), max(new_rids)
             if self._last_rid >= 0 and first > self._last_rid + 1:
@@ -429,15 +581,15 @@ class FrPoller:
         lo = t_enter if prev is None else max(t_enter, prev)
         hi = now
         q = self._windows.get(pid or "") if seq is not None else None  # (p2p: no collective sequence)
-        n = -1 if seq is None else seq
-        for first, last, t0, t1 in reversed(q or ()):  # newest first: they follow the counter up
-            if first <= n <= last:
+        if q and seq is not None:
+            # the windows follow the counter up, one after the other: the one that holds seq, by bisection
+            # (a poll seconds after the last reads up to a thousand exits against hundreds of windows)
+            i = bisect.bisect_left(q, seq, key=_LAST)
+            if i < len(q) and q[i][0] <= seq:
+                _first, _last, t0, t1 = q[i]
                 if max(lo, t0) <= min(hi, t1):
                     lo, hi = max(lo, t0), min(hi, t1)
                     self.stats.timed_exits += 1
-                break
-            if last < n:
-                break
         if hi < lo:
             return t_enter, 0
         t = lo + (hi - lo) // 2
@@ -447,7 +599,7 @@ class FrPoller:
                 pid: str | None, seq: int | None) -> tuple[int, int]:  # fmt: skip
         """(exit time, +/- error): Flight Recorder's own completion time when it wrote one (NCCL), else
         the midpoint of the window it ended in (:meth:`_window`)."""
-        t = fr_int(e.get("time_discovered_completed_ns"))
+        t = _int(e.get("time_discovered_completed_ns"))
         if t:
             return max(t_enter, t - offset), 0
         return self._window(t_enter, prev, now, pid, seq)
@@ -458,8 +610,9 @@ class FrPoller:
         self.stats.exited += 1
 
     def _new(self, e: Mapping[str, Any], rid: int, name: str, pid: str | None, seq: int | None,
-             completed: Mapping[str, int], offset: int, now: int, prev: int | None, since: int) -> None:  # fmt: skip
-        created = fr_int(e.get("time_created_ns"))
+             completed: Mapping[str, int], offset: int, now: int, prev: int | None, since: int,
+             groups: dict[str, GroupInfo | None] | None = None) -> None:  # fmt: skip
+        created = _int(e.get("time_created_ns"))
         done = _done(e, seq, completed.get(pid or ""))
         if done and created is not None and created < since:
             self.stats.preexisting += 1
@@ -467,12 +620,17 @@ class FrPoller:
         if seq is not None and seq <= self.wrapper_upto.get(name, 0) and not e.get("is_p2p"):
             self.stats.wrapper_seen += 1
             return
-        group = self.resolve_group(name)
+        if groups is None:
+            group = self.resolve_group(name)
+        elif name in groups:
+            group = groups[name]
+        else:
+            group = groups[name] = self.resolve_group(name)
         if group is None:
             self.stats.unresolved_groups += 1
             return
         written = str(e.get("profiling_name", ""))
-        op, rest, known = normalise_op(written)
+        op, rest, known = _op_name(written)
         op_type = OP_TYPES.get(op) if known else None
         if op_type is None:
             self._unknown(op if known else written)
@@ -494,13 +652,14 @@ class FrPoller:
                 return
             chash, op_seq, comm_rank, peer, size = group.comm_hash, seq - 1, group.comm_rank, -1, group.size
         t_enter = created - offset if created is not None else now
-        call = self.tracker.enter(chash, op_seq, op_type, dtype, count, peer, comm_rank, size, t_ns=t_enter)
         self.stats.entered += 1
         if done:
             t_exit, err = self._t_exit(e, offset, now, prev, t_enter, pid, None if p2p else seq)
-            self.tracker.exit(call, t_exit, err_ns=err)
+            self.tracker.done(chash, op_seq, op_type, dtype, count, peer, comm_rank, size, t_enter, t_exit, err)
             self.stats.exited += 1
-        elif len(self._open) < self._open_max:
+            return
+        call = self.tracker.enter(chash, op_seq, op_type, dtype, count, peer, comm_rank, size, t_ns=t_enter)
+        if len(self._open) < self._open_max:
             self._open[rid] = (call, pid, None if p2p else seq)
         else:
             self.stats.untracked += 1
@@ -543,7 +702,7 @@ def parse_tail(text: str, cut: int) -> dict[str, Any] | None:
     as torch's dump itself (40 of 105 ms a poll here), while a poll needs only the entries newer
     than the last one it saw and those still open. Flight Recorder lists entries oldest first, in
     compact JSON with no object nested in an entry: the entry holding ``"record_id":cut`` is found
-    as text, each entry from there to the end of the list is decoded one by one, and the rest of
+    as text, the entries from there to the end of the list are decoded in one call, and the rest of
     the dump (``pg_status``, ``version``...) is decoded with an empty list in place of them."""
     key = f'"record_id":{cut},'
     pos = text.find(key)
@@ -553,28 +712,17 @@ def parse_tail(text: str, cut: int) -> dict[str, Any] | None:
     start = text.rfind("{", arr, pos)
     if start < 0:
         return None
-    entries: list[Any] = []
-    i, n = start, len(text)
     try:
-        while True:
-            e, i = _DECODER.raw_decode(text, i)
-            if not isinstance(e, dict):
-                return None
-            entries.append(e)
-            while i < n and text[i] in " \n\r\t":
-                i += 1
-            if i < n and text[i] == ",":
-                i += 1
-                while i < n and text[i] in " \n\r\t":
-                    i += 1
-                continue
-            if i < n and text[i] == "]":
-                break
+        # the entries from the cut to the end of the list in one call of the C decoder (it stops at
+        # the list's closing bracket): about a third cheaper than one call per entry
+        entries, end = _DECODER.raw_decode("[" + text[start:])
+        close = start + end - 2  # the list's "]" in the text
+        if not isinstance(entries, list) or not entries or text[close] != "]":
             return None
-        if not entries or fr_int(entries[0].get("record_id")) != cut:
+        if not all(isinstance(e, dict) for e in entries) or fr_int(entries[0].get("record_id")) != cut:
             return None  # the "{" found was not this entry's own
-        obj = json.loads(text[: arr + len(_ENTRIES)] + text[i:])
-    except ValueError:
+        obj = json.loads(text[: arr + len(_ENTRIES)] + text[close:])
+    except (ValueError, IndexError):
         return None
     if not isinstance(obj, dict):
         return None
@@ -625,4 +773,15 @@ def make_poller(tracker: Tracker, hooks: Any, *, interval_s: float | None = None
         return hooks.group_state(pg)
 
     return FrPoller(tracker, resolve, dump=dump, interval_s=interval_s or DEFAULT_INTERVAL_S, p2p=p2p,
-                    status_s=DEFAULT_STATUS_S if status_s is None else status_s)
+                    status_s=DEFAULT_STATUS_S if status_s is None else status_s, ring=ring_size(os.environ))
+
+
+def ring_size(environ: Mapping[str, str]) -> int:
+    """Flight Recorder's ring (entries) as the job's environment sets it (TORCH_FR_BUFFER_SIZE, or the
+    older name); DEFAULT_RING when unset or unreadable (a dump with more entries raises it)."""
+    raw = environ.get("TORCH_FR_BUFFER_SIZE", environ.get("TORCH_NCCL_TRACE_BUFFER_SIZE", ""))
+    try:
+        n = int(raw.strip())
+    except ValueError:
+        return DEFAULT_RING
+    return n if n > 0 else DEFAULT_RING

@@ -210,6 +210,14 @@ class Tracker:
         self._push(call)
         return call
 
+    def done(self, comm_hash: int, op_seq: int, op_type: OpType, dtype: DType, count: int, peer: int,
+             comm_rank: int, comm_size: int, t_enter_ns: int, t_exit_ns: int, err_ns: int = 0) -> None:  # fmt: skip
+        """A call that had ended when first seen (most Flight Recorder entries): ``enter`` and ``exit``
+        in one event, never in the in-flight table."""
+        self.stats.calls += 1
+        self._push(OpCall(comm_hash, op_seq, op_type, dtype, count, peer, comm_rank, comm_size, t_enter_ns,
+                          t_exit_ns, max(err_ns, 0), True))  # fmt: skip
+
     def exit(self, call: OpCall, t_ns: int | None = None, *, err_ns: int = 0) -> None:
         """The call ended now, or at ``t_ns``, known to within +/- ``err_ns`` (a source that sees the end
         only between two looks, as the Flight Recorder poller does; 0: timed exactly)."""

@@ -252,7 +252,10 @@ class Attachment:
         return out
 
     def flush(self, timeout_s: float = 2.0) -> None:
-        """Emit what is queued now and flush the sink (tests and shutdown)."""
+        """Emit what is recorded now and flush the sink (tests and shutdown): Flight Recorder is read
+        first when it is polled (its ring is read by its own cadence, seconds apart; see fr_poll)."""
+        if self.poller is not None:
+            self.poller.poll_now()
         self.tracker.pump()
         try:
             self.sink.flush(timeout_s)

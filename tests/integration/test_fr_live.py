@@ -96,6 +96,8 @@ while step < a.steps and (a.duration_s <= 0 or time.monotonic() - start < a.dura
     step += 1
 from ccld.producers.attach import current
 att = current()
+if att is not None:
+    att.flush()  # Flight Recorder's latest entries too (the poller reads its ring seconds apart)
 stats = att.stats() if att is not None else {}
 print("ccld-stats " + json.dumps({k: v for k, v in stats.items() if isinstance(v, (int, str))}), flush=True)
 dist.barrier()

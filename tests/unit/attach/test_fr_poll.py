@@ -457,3 +457,136 @@ def test_later_polls_parse_only_the_tail_and_record_the_same() -> None:
     assert p0.stats.tail_reads == 0 and p1.stats.tail_reads == 1  # the first poll has no cut yet
     key = lambda r: (r.status, r.op_seq, r.t_enter_ns, r.t_exit_ns)  # noqa: E731
     assert sorted(map(key, s0.records)) == sorted(map(key, s1.records)) and len(rows(s1, Status.DONE)) == 8
+
+
+# ---------------------------------------------------------------- the ring's cadence (gloo)
+def ring_poller(monkeypatch: pytest.MonkeyPatch, **kw: Any) -> Made:
+    """A thread over a ring of 8 whose dump keeps finished entries, as gloo's does: after its first
+    full poll the status alone decides when the next is due."""
+    from ccld.producers.attach import fr_poll
+
+    monkeypatch.setattr(fr_poll, "STALL_S", 0.1)
+    made = make(interval_s=0.01, status_s=0.005, ring=8, **kw)
+    src = made[4]
+    src.text = dump([entry(i, i + 1, created_ms=1_000 + i, retired=True) for i in range(4)], {"0": (4, 4)})
+    src.status_text = dump([], {"0": (4, 4)})
+    return made
+
+
+def wait_for(cond: Any, timeout_s: float = 3.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not cond() and time.monotonic() < deadline:
+        time.sleep(0.005)
+    return bool(cond())
+
+
+def test_a_ring_that_keeps_finished_entries_is_read_again_once_it_has_refilled(monkeypatch: pytest.MonkeyPatch
+                                                                               ) -> None:  # fmt: skip
+    poller, _tr, _sink, _clock, src = ring_poller(monkeypatch)
+    poller.start()
+    try:
+        assert wait_for(lambda: poller.stats.polls == 1) and poller._keeps_done is True
+        src.status_text = dump([], {"0": (9, 9)})  # 5 enqueued and done since: under RING_FILL of the ring
+        time.sleep(0.3)  # the counters stood still after moving, but nothing is in flight: no poll
+        assert poller.stats.polls == 1, poller.stats
+        src.status_text = dump([], {"0": (11, 11)})  # 7 since: RING_FILL of it, read it before it wraps
+        assert wait_for(lambda: poller.stats.polls == 2), poller.stats
+        time.sleep(0.1)
+        assert poller.stats.polls == 2 and poller.stats.ring_reads == 1
+        assert poller.stats.stall_reads == poller.stats.late_reads == 0
+    finally:
+        poller.stop()
+
+
+def test_a_collective_in_flight_that_stops_moving_is_read_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    poller, _tr, _sink, _clock, src = ring_poller(monkeypatch)
+    poller.start()
+    try:
+        assert wait_for(lambda: poller.stats.polls == 1)
+        src.status_text = dump([], {"0": (5, 4)})  # one enqueued, not completed: a rank waits in it
+        assert wait_for(lambda: poller.stats.polls == 2), poller.stats
+        assert poller.stats.stall_reads == 1
+        time.sleep(0.4)  # still stuck, and read already: nothing new to read
+        assert poller.stats.polls == 2, poller.stats
+    finally:
+        poller.stop()
+
+
+def test_records_never_wait_longer_than_the_ring_wait(monkeypatch: pytest.MonkeyPatch) -> None:
+    poller, _tr, _sink, _clock, src = ring_poller(monkeypatch)
+    poller.start()
+    try:
+        assert wait_for(lambda: poller.stats.polls == 1)
+        poller._ring_wait = 0.2
+        src.status_text = dump([], {"0": (5, 5)})  # one collective since, done: only the clock reads it
+        time.sleep(0.1)
+        assert poller.stats.polls == 1
+        assert wait_for(lambda: poller.stats.polls == 2), poller.stats
+        assert poller.stats.late_reads == 1 and poller.stats.ring_reads == 0
+    finally:
+        poller.stop()
+
+
+def test_an_active_only_dump_keeps_the_clocks_cadence(monkeypatch: pytest.MonkeyPatch) -> None:
+    # NCCL's active-only dump drops finished entries: only a poll every interval sees short ops
+    poller, _tr, _sink, _clock, src = ring_poller(monkeypatch)
+    src.text = dump([entry(i, i + 1, created_ms=1_000 + i) for i in range(4)], {"0": (4, 0)})
+    poller.start()
+    try:
+        for n in range(5, 10):  # a collective every few ms
+            src.status_text = dump([], {"0": (n, 0)})
+            time.sleep(0.03)
+        assert poller._keeps_done is False and poller.stats.polls >= 3, poller.stats
+        assert poller.stats.ring_reads == poller.stats.stall_reads == poller.stats.late_reads == 0
+    finally:
+        poller.stop()
+
+
+def test_the_ring_size_comes_from_the_jobs_environment() -> None:
+    from ccld.producers.attach.fr_poll import DEFAULT_RING, ring_size
+
+    assert ring_size({"TORCH_FR_BUFFER_SIZE": "500"}) == 500
+    assert ring_size({"TORCH_NCCL_TRACE_BUFFER_SIZE": " 64 "}) == 64
+    assert ring_size({}) == ring_size({"TORCH_FR_BUFFER_SIZE": "x"}) == ring_size({"TORCH_FR_BUFFER_SIZE": "0"})
+    assert ring_size({}) == DEFAULT_RING
+
+
+def test_a_flush_reads_what_the_ring_holds_now_without_waiting_for_its_cadence(monkeypatch: pytest.MonkeyPatch
+                                                                             ) -> None:  # fmt: skip
+    poller, tr, sink, clock, src = ring_poller(monkeypatch)
+    poller._since_wall_ns = 0  # every entry is new to this poller
+    poller.start()
+    try:
+        assert wait_for(lambda: poller.stats.polls == 1)
+        src.text = dump([entry(i, i + 1, created_ms=1_000 + i, retired=True) for i in range(6)], {"0": (6, 6)})
+        src.status_text = dump([], {"0": (6, 6)})  # two more: far from a refill, and no clock read due
+        time.sleep(0.1)
+        assert poller.stats.polls == 1
+        poller.poll_now()
+        tr.pump()
+        assert sorted(r.op_seq for r in rows(sink, Status.DONE)) == list(range(6))
+    finally:
+        poller.stop()
+
+
+def test_an_exit_finds_its_window_among_hundreds_of_status_reads() -> None:
+    """A ring read seconds apart meets hundreds of completion windows: each exit is timed by its own."""
+    poller, tr, sink, clock, src = make()
+    tr.detail = "all"  # a DONE record for every op
+    n = 600
+    clock.t = 1_000 * MS
+    src.text = dump([entry(i, i + 1, created_ms=1_000) for i in range(n)], {"0": (n, 0)})
+    poller.poll_once()  # all in flight
+    for k in range(n):  # a status read every ms; collective k + 1 completes by read k
+        clock.t = (1_001 + k) * MS
+        src.status_text = dump([], {"0": (n, k + 1)})
+        poller.read_status()
+    clock.t = 2_000 * MS
+    src.text = dump([entry(i, i + 1, created_ms=1_000, retired=True) for i in range(n)], {"0": (n, n)})
+    poller.poll_once()
+    tr.pump()
+    got = {r.op_seq: (r.t_exit_ns, r.t_exit_err_ns) for r in rows(sink, Status.DONE)}
+    # collective s ended between the reads at 999 + s and 1,000 + s ms (the first read only starts the count)
+    for s in (2, 100, 350, 599, n):
+        assert got[s - 1] == ((999 + s) * MS + MS // 2, MS // 2), (s, got[s - 1])
+    assert poller.stats.timed_exits == n - 1
