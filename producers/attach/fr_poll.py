@@ -38,6 +38,12 @@ Records: the poller only enters and exits calls in the tracker, which sends the 
 records of the ops ``detail_sampled`` picks): the op rate it measures comes from the entries'
 own creation times, so a poll that delivers a burst of entries is not a burst of ops.
 
+When: a ring that keeps finished entries (gloo's) is dumped whole at every read, about 10 us an entry
+holding the GIL, so it is read when the status-only dump says the ring needs it (refilled to
+RING_FILL, a collective standing in flight, a read worth its cost, RING_WAIT_S at most: see
+:meth:`FrPoller._ring_due`), not on the clock; an active-only dump that drops finished entries
+(NCCL's) is read every interval, or it would miss short ops.
+
 Safety: the thread never raises (every failure is a counter in :class:`FrStats`), a poll that
 costs more than ``max_duty`` of the time stretches the interval, and every table is bounded.
 """
