@@ -126,6 +126,12 @@ def _player(ops: list[Op], groups: dict[int, Any], elements: int) -> tuple[Calla
     return play, len(ops)
 
 
+def _collective_groups(ops: list[Op]) -> list[int]:
+    """The communicators of the collectives, in the order both ranks make their groups (send and
+    receive go over the default group, to rank 1)."""
+    return sorted({gi for gi, op, _ in ops if op not in ("SEND", "RECV")})
+
+
 def _init(rank: int, store_path: str) -> None:
     import torch
     import torch.distributed as dist
@@ -140,7 +146,7 @@ def partner(ops: list[Op], store_path: str, steps: int, elements: int) -> None:
     import torch.distributed as dist
 
     _init(1, store_path)
-    for _ in sorted({gi for gi, op, _ in ops if op not in ("SEND", "RECV")}):
+    for _ in _collective_groups(ops):
         dist.new_group([0])  # every rank makes every group, in the same order
     t = torch.ones(elements)
     p2p = [op for _gi, op, _ in ops if op in ("SEND", "RECV")]
@@ -163,7 +169,7 @@ def measured(ops: list[Op], store_path: str, args: argparse.Namespace, out_path:
 
     warnings.filterwarnings("ignore", category=FutureWarning)  # torch 2.13 renames the ops Megatron calls
     _init(0, store_path)
-    groups = {gi: dist.new_group([0]) for gi in sorted({gi for gi, op, _ in ops if op not in ("SEND", "RECV")})}
+    groups = {gi: dist.new_group([0]) for gi in _collective_groups(ops)}
     play, n_ops = _player(ops, groups, args.elements)
     gaps = [gap for _gi, _op, gap in ops]
     total_gap = sum(gaps) or 1.0

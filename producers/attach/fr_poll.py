@@ -370,8 +370,8 @@ class FrPoller:
         the entries since the last one before the ring drops them, to hand the analyzer an op in
         flight that is not moving, and to keep records from getting old: the status-only dump (3 us,
         read every ``status_s``) tells each. One full poll per refill of RING_FILL of the ring is
-        about 13 us a collective (0.7 % of a 1-s step at 500 a second), where polling on a clock
-        cost 2.5 % at any rate."""
+        about 20 us a collective all told (the dump's 12 at one per 1,700 entries, the poller's 7),
+        where polling on a clock cost 2.5 % of a 1-s step at any rate (benchmarks/RESULTS.md)."""
         if status is None:
             return True
         if status != self._status_seen:
@@ -396,7 +396,8 @@ class FrPoller:
         return False
 
     def _after_full(self, status: bytes | str | None, now: float) -> None:
-        """What the next :meth:`_ring_due` compares with: the status read before this full poll."""
+        """What the next :meth:`_ring_due` or :meth:`_quiet` compares with: the status read before this
+        full poll."""
         if status is not None:
             self._status_at_poll, self._full_at = status, now
             self._enq_at_poll = enqueued_total(status)
@@ -463,8 +464,7 @@ class FrPoller:
             if self._last_poll_ns is not None:
                 self._last_poll_ns = self.tracker.clock()
             return True
-        self._status_at_poll, self._full_at = status, now
-        return False
+        return False  # the poll that follows notes this status (:meth:`_after_full`)
 
     # ---- one poll ----
     def poll_now(self) -> None:
@@ -617,7 +617,7 @@ class FrPoller:
 
     def _new(self, e: Mapping[str, Any], rid: int, name: str, pid: str | None, seq: int | None,
              completed: Mapping[str, int], offset: int, now: int, prev: int | None, since: int,
-             groups: dict[str, GroupInfo | None] | None = None) -> None:  # fmt: skip
+             groups: dict[str, GroupInfo | None]) -> None:  # fmt: skip
         created = _int(e.get("time_created_ns"))
         done = _done(e, seq, completed.get(pid or ""))
         if done and created is not None and created < since:
@@ -626,9 +626,7 @@ class FrPoller:
         if seq is not None and seq <= self.wrapper_upto.get(name, 0) and not e.get("is_p2p"):
             self.stats.wrapper_seen += 1
             return
-        if groups is None:
-            group = self.resolve_group(name)
-        elif name in groups:
+        if name in groups:  # resolved once a poll
             group = groups[name]
         else:
             group = groups[name] = self.resolve_group(name)
@@ -785,9 +783,14 @@ def make_poller(tracker: Tracker, hooks: Any, *, interval_s: float | None = None
 def ring_size(environ: Mapping[str, str]) -> int:
     """Flight Recorder's ring (entries) as the job's environment sets it (TORCH_FR_BUFFER_SIZE, or the
     older name); DEFAULT_RING when unset or unreadable (a dump with more entries raises it)."""
-    raw = environ.get("TORCH_FR_BUFFER_SIZE", environ.get("TORCH_NCCL_TRACE_BUFFER_SIZE", ""))
     try:
-        n = int(raw.strip())
+        n = int((fr_buffer_setting(environ) or "").strip())
     except ValueError:
         return DEFAULT_RING
     return n if n > 0 else DEFAULT_RING
+
+
+def fr_buffer_setting(environ: Mapping[str, str]) -> str | None:
+    """The job's Flight Recorder buffer size as written (TORCH_FR_BUFFER_SIZE, else the older
+    TORCH_NCCL_TRACE_BUFFER_SIZE); None when neither is set."""
+    return environ.get("TORCH_FR_BUFFER_SIZE", environ.get("TORCH_NCCL_TRACE_BUFFER_SIZE"))

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from ccld.bounded import DEFAULT_INTERVAL_S, DETAIL_MODES
 from ccld.errors import ConfigError
 from ccld.producers.attach.cost import HookTime, attachment_cpu_ns, cost_enabled
-from ccld.producers.attach.fr_poll import enqueued_total
+from ccld.producers.attach.fr_poll import enqueued_total, fr_buffer_setting
 from ccld.producers.attach.job_identity import resolve as resolve_job
 from ccld.producers.attach.op_tracker import RecordSink, Tracker
 from ccld.producers.attach.outlet_spec import sink_from_spec
@@ -47,7 +47,7 @@ ENV_NCCL_PLUGIN = "CCLD_NCCL_PLUGIN"
 
 def fr_enabled(environ: Mapping[str, str]) -> bool:
     """Flight Recorder is on unless its buffer size is set to 0 (TORCH_FR_BUFFER_SIZE, or the older name)."""
-    size = environ.get("TORCH_FR_BUFFER_SIZE", environ.get("TORCH_NCCL_TRACE_BUFFER_SIZE"))
+    size = fr_buffer_setting(environ)
     return size is None or size.strip() not in ("0", "")
 
 
