@@ -258,7 +258,7 @@ class FrPoller:
         self._enq_at_poll = 0  # collectives enqueued (every group) at the status read before the last full poll
         self._status_seen: bytes | str | None = None  # the latest status that differed from the one before
         self._moved_at = 0.0  # time.monotonic() when it was read
-        self._ring_wait = RING_WAIT_S  # stretched while a full poll is dear
+        self._ring_wait = RING_WAIT_S  # set by each read's cost (LATE_DUTY)
         self._in_flight = False  # the latest status showed a collective enqueued and not completed
         self._stop = threading.Event()
         self._polling = threading.Lock()  # the thread's polls and a flush's (:meth:`poll_now`) take turns
@@ -342,15 +342,18 @@ class FrPoller:
             self.poll_once()
             cost_s = (time.perf_counter_ns() - t0) / 1e9
             self._after_full(status, now)
+            # how long records may wait for the next read, from what this one cost (every read, the
+            # clock's too: the first ring-driven wait follows the last clock-driven read's cost)
+            late = min(max(self.interval_s, cost_s / LATE_DUTY), RING_WAIT_S)
+            if self.max_duty > 0:
+                late = max(late, min(cost_s / self.max_duty, QUIET_MAX_S))  # a very dear poll
+            self._ring_wait = late
             if ring:
                 # the ring's own refill asks for this poll: up to five times the duty cap, so that a
                 # fast job loses no entry (beyond that it does, and ``missed`` counts them)
                 wait = self.interval_s
-                late = min(max(self.interval_s, cost_s / LATE_DUTY), RING_WAIT_S)
                 if self.max_duty > 0:
                     wait = max(wait, cost_s / (5 * self.max_duty))
-                    late = max(late, min(cost_s / self.max_duty, QUIET_MAX_S))  # a very dear poll
-                self._ring_wait = late
             else:
                 wait = self._stretch(cost_s, self.interval_s)
                 if wait > self.interval_s:

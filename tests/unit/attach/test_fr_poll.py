@@ -460,12 +460,16 @@ def test_later_polls_parse_only_the_tail_and_record_the_same() -> None:
 
 
 # ---------------------------------------------------------------- the ring's cadence (gloo)
-def ring_poller(monkeypatch: pytest.MonkeyPatch, **kw: Any) -> Made:
+def ring_poller(monkeypatch: pytest.MonkeyPatch, *, late: bool = False, **kw: Any) -> Made:
     """A thread over a ring of 8 whose dump keeps finished entries, as gloo's does: after its first
-    full poll the status alone decides when the next is due."""
+    full poll the status alone decides when the next is due. The fake dump costs microseconds, so a
+    read would be "worth its cost" at once: unless ``late``, that trigger waits RING_WAIT_S (5 s)
+    whatever the cost, out of the way of the one a test is about."""
     from ccld.producers.attach import fr_poll
 
     monkeypatch.setattr(fr_poll, "STALL_S", 0.1)
+    if not late:
+        monkeypatch.setattr(fr_poll, "LATE_DUTY", 1e-12)
     made = make(interval_s=0.01, status_s=0.005, ring=8, **kw)
     src = made[4]
     src.text = dump([entry(i, i + 1, created_ms=1_000 + i, retired=True) for i in range(4)], {"0": (4, 4)})
@@ -523,6 +527,20 @@ def test_records_never_wait_longer_than_the_ring_wait(monkeypatch: pytest.Monkey
         assert poller.stats.polls == 1
         assert wait_for(lambda: poller.stats.polls == 2), poller.stats
         assert poller.stats.late_reads == 1 and poller.stats.ring_reads == 0
+    finally:
+        poller.stop()
+
+
+def test_a_cheap_ring_is_read_soon_after_its_first_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the first read's cost sets the wait of the first ring-driven one: a small ring costs microseconds,
+    # so records do not wait RING_WAIT_S (a rank stopped then would never send them)
+    poller, _tr, _sink, _clock, src = ring_poller(monkeypatch, late=True)
+    poller.start()
+    try:
+        assert wait_for(lambda: poller.stats.polls == 1)
+        src.status_text = dump([], {"0": (5, 5)})  # one collective since, done: far from a refill, none in flight
+        assert wait_for(lambda: poller.stats.polls == 2, timeout_s=1.0), poller.stats
+        assert poller.stats.late_reads == 1 and poller.stats.ring_reads == poller.stats.stall_reads == 0
     finally:
         poller.stop()
 
