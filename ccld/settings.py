@@ -175,6 +175,9 @@ class Settings:
     status_workers: str = ""  # `ccld status`: the workers' web addresses, comma-separated (empty: this machine's)
     worker_tick_s: float = 1.0  # how often the worker re-evaluates open operations
     worker_commit_interval_s: float = 2.8  # how often the worker commits consumed offsets
+    # how long the broker may hold the worker's fetch when none of its partitions has anything new: a fetch of
+    # the quiet partitions keeps a busy one from being fetched until it returns (streams/transport.py)
+    worker_fetch_wait_ms: int = 100
     worker_shutdown_grace_s: float = 30.0  # after SIGTERM/SIGINT the worker exits anyway after this long
     worker_clock_max_skew_s: float = 30.0  # timestamps this far ahead of the producers' consensus do not move the clock
     worker_clock_active_s: float = 120.0  # a producer silent this long no longer votes on the analyzer clock
@@ -348,6 +351,8 @@ def _validate(s: Settings) -> None:
     if s.up_broker_renew_mb < 0 or s.up_renew_quiet_s < 0:
         raise ConfigError(f"up_broker_renew_mb and up_renew_quiet_s must be 0 or more, got {s.up_broker_renew_mb} "
                           f"and {s.up_renew_quiet_s}")
+    if not 1 <= s.worker_fetch_wait_ms <= 60_000:
+        raise ConfigError(f"worker_fetch_wait_ms must be from 1 to 60000, got {s.worker_fetch_wait_ms}")
     if s.worker_snapshot_max_bytes < 1:
         raise ConfigError(f"worker_snapshot_max_bytes must be at least 1, got {s.worker_snapshot_max_bytes}")
     if s.analysis_groups > s.metrics_partitions:

@@ -50,6 +50,7 @@ from ccld.streams.processor import Output, PartitionProcessor, ProcessorOptions
 from ccld.streams.recovery import read_partition, topic_id, verdict_keys_on_topic
 from ccld.streams.stage_processor import StageProcessor
 from ccld.streams.status import job_status, merge
+from ccld.streams.transport import WorkerFaustApp
 from ccld.streams.worker_metrics import WorkerMetrics
 from ccld.streams.worker_state import P, WorkerState
 from ccld.topics import ensure_topics, state_log_configs
@@ -90,8 +91,9 @@ def faust_app(settings: Settings, app_id: str | None = None) -> faust.App:
     """The Faust app configured for ``settings``, with nothing registered on it yet."""
     faust_dir = Path(tempfile.gettempdir()) / "ccld-faust"
     faust_dir.mkdir(exist_ok=True)
-    return faust.App(
+    return WorkerFaustApp(
         app_id or settings.worker_app_id,
+        fetch_wait_ms=settings.worker_fetch_wait_ms,
         broker=f"kafka://{settings.bootstrap}",
         store="memory://",
         # Faust makes this folder even with the memory store (nothing is kept in it): not in the user's
