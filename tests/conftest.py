@@ -29,7 +29,8 @@ SLOW_TIERS = ("integration", "chaos", "gpu")
 LIVE_FILES = frozenset({
     "tests/chaos/test_overload_live.py", "tests/chaos/test_clock_skew_live.py", "tests/chaos/test_outage_fault.py",
     "tests/integration/test_fr_live.py", "tests/integration/test_import_fr.py",
-    "tests/integration/test_long_real_job.py", "tests/integration/test_net_links.py",
+    "tests/integration/test_fr_dump_live.py", "tests/integration/test_long_real_job.py",
+    "tests/integration/test_net_links.py",
     "tests/integration/test_torch_aggregate.py", "tests/integration/test_torch_faults.py",
     "tests/integration/test_nccl_plugin.py",  # twenty rank processes in real time: no neighbour for a real job
     "tests/gpu/test_gpu_probe.py",

@@ -346,6 +346,7 @@ def test_both_sources_on_a_real_group_number_every_collective_once() -> None:
     assert seqs[:3] == [0, 1, 2] and seqs[3] > 2 and len(set(seqs)) == 4, seqs
     assert stats["fr_entered"] == 4 and stats["unobserved"] == 1 and stats["calls"] == 4, stats
     assert stats["fr_poll_errors"] == stats["fr_bad_dumps"] == 0, stats
+    assert stats["fr_full_dump_failures"] == 0, stats  # full reads through torch's pickle dump (make_poller)
 
 
 def test_each_exit_says_how_far_off_it_may_be() -> None:
@@ -457,6 +458,59 @@ def test_later_polls_parse_only_the_tail_and_record_the_same() -> None:
     assert p0.stats.tail_reads == 0 and p1.stats.tail_reads == 1  # the first poll has no cut yet
     key = lambda r: (r.status, r.op_seq, r.t_enter_ns, r.t_exit_ns)  # noqa: E731
     assert sorted(map(key, s0.records)) == sorted(map(key, s1.records)) and len(rows(s1, Status.DONE)) == 8
+
+
+def pickled_form(text: str) -> dict[str, Any]:
+    """What torch's pickle dump gives for the JSON dump ``text``: tuples for groups, None for times not
+    discovered, integers in the status (the types seen in a real gloo dump, torch 2.13)."""
+    obj = json.loads(text)
+    for e in obj["entries"]:
+        e["process_group"] = tuple(e["process_group"])
+        for k in ("time_discovered_started_ns", "time_discovered_completed_ns"):
+            e[k] = e[k] or None
+    obj["pg_status"] = {k: {n: int(v) for n, v in st.items()} for k, st in obj["pg_status"].items()}
+    return obj
+
+
+def test_a_decoded_dump_records_what_the_json_dump_records() -> None:
+    made = [make(), make()]
+    for n, (poller, tr, _sink, clock, src) in enumerate(made):
+        if n:
+            poller.full_dump = lambda src=src: pickled_form(str(src.text))
+        clock.t = 1_100 * MS
+        src.text = dump([*(entry(i, i + 1, created_ms=1_000 + i, retired=True) for i in range(4)),
+                         entry(4, 5, created_ms=1_004)], {"0": (5, 4)})  # fmt: skip
+        poller.poll_once()
+        clock.t = 1_200 * MS
+        src.text = dump([entry(i, i + 1, created_ms=1_000 + i, retired=True) for i in range(8)], {"0": (8, 8)})
+        poller.poll_once()
+        tr.pump()
+    (p0, _, s0, _, src0), (p1, _, s1, _, src1) = made
+    key = lambda r: (r.status, r.op_seq, r.op_type, r.count, r.t_enter_ns, r.t_exit_ns, r.t_exit_err_ns)  # noqa: E731
+    assert sorted(map(key, s1.records)) == sorted(map(key, s0.records))
+    assert len(rows(s1, Status.DONE)) == 8
+    assert (True, True) in src0.asked and (True, True) not in src1.asked  # the decoded one never read the JSON
+    assert p1.stats.full_dump_failures == 0 and p1.full_dump is not None
+
+
+def test_a_decoded_dump_that_fails_gives_way_to_the_json_for_good() -> None:
+    poller, tr, sink, clock, src = make()
+    calls = []
+
+    def broken() -> Any:
+        calls.append(1)
+        raise RuntimeError("no such dump in this torch")
+
+    poller.full_dump = broken
+    clock.t = 1_100 * MS
+    src.text = dump([entry(0, 1, created_ms=1_010, retired=True)])
+    poller.poll_once()
+    src.text = dump([entry(i, i + 1, created_ms=1_010 + i, retired=True) for i in range(2)])
+    poller.poll_once()
+    tr.pump()
+    assert [r.op_seq for r in rows(sink, Status.DONE)] == [0, 1]  # nothing lost to the failure
+    assert calls == [1] and poller.full_dump is None and poller.stats.full_dump_failures == 1
+    assert poller.stats.poll_errors == 0
 
 
 # ---------------------------------------------------------------- the ring's cadence (gloo)
