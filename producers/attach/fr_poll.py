@@ -167,6 +167,13 @@ class FrStats:
     unknown_names: dict[str, int] = field(default_factory=dict)
 
 
+def _checked(obj: Any) -> tuple[str, list[dict[str, Any]], Mapping[str, Any], Mapping[str, Any]]:
+    """(version, entries, pg_config, pg_status) of a decoded live dump, or DumpError."""
+    if not isinstance(obj, dict):
+        raise DumpError(f"a dump is a dict, got {type(obj).__name__}")
+    return validate(_LIVE, obj)
+
+
 def _done(e: Mapping[str, Any], seq: int | None, completed: int | None) -> bool:
     """Finished, by the entry's own fields or by its group's ``last_completed_collective``."""
     if e.get("state") == "completed" or e.get("retired") is True or fr_int(e.get("time_discovered_completed_ns")):
@@ -521,23 +528,21 @@ class FrPoller:
                 return obj
         return json.loads(text)
 
-    def _read_full(self) -> Any:
-        """The full dump, decoded: the cheaper decoded form while it works, else the JSON one parsed."""
+    def _read_full(self) -> tuple[str, list[dict[str, Any]], Mapping[str, Any], Mapping[str, Any]]:
+        """The full dump, decoded and checked (``validate``): the cheaper decoded form while it works (one
+        that fails, or is not a dump, gives way to the JSON for good, in this same poll), else the JSON."""
         if self.full_dump is not None:
             try:
-                return self.full_dump()
+                return _checked(self.full_dump())
             except Exception:  # noqa: BLE001 - a torch without it, or a form we cannot read: JSON from now on
                 self.full_dump = None
                 self.stats.full_dump_failures += 1
                 log.debug("ccld flight recorder: decoded dump failed; reading the JSON dump", exc_info=True)
-        return self._parse(self.dump(True, True))
+        return _checked(self._parse(self.dump(True, True)))
 
     def _poll(self) -> None:
         try:
-            obj = self._read_full()
-            if not isinstance(obj, dict):
-                raise DumpError(f"a dump is a dict, got {type(obj).__name__}")
-            _version, entries, _pg_config, pg_status = validate(_LIVE, obj)
+            _version, entries, _pg_config, pg_status = self._read_full()
         except (ValueError, DumpError):  # JSONDecodeError is a ValueError
             self.stats.bad_dumps += 1
             return

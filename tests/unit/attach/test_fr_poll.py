@@ -493,13 +493,16 @@ def test_a_decoded_dump_records_what_the_json_dump_records() -> None:
     assert p1.stats.full_dump_failures == 0 and p1.full_dump is not None
 
 
-def test_a_decoded_dump_that_fails_gives_way_to_the_json_for_good() -> None:
+@pytest.mark.parametrize("how", ["raises", "not a dump", "no version"])
+def test_a_decoded_dump_that_fails_gives_way_to_the_json_for_good(how: str) -> None:
     poller, tr, sink, clock, src = make()
     calls = []
 
     def broken() -> Any:
         calls.append(1)
-        raise RuntimeError("no such dump in this torch")
+        if how == "raises":
+            raise RuntimeError("no such dump in this torch")
+        return [] if how == "not a dump" else {"entries": []}
 
     poller.full_dump = broken
     clock.t = 1_100 * MS
@@ -510,7 +513,7 @@ def test_a_decoded_dump_that_fails_gives_way_to_the_json_for_good() -> None:
     tr.pump()
     assert [r.op_seq for r in rows(sink, Status.DONE)] == [0, 1]  # nothing lost to the failure
     assert calls == [1] and poller.full_dump is None and poller.stats.full_dump_failures == 1
-    assert poller.stats.poll_errors == 0
+    assert poller.stats.poll_errors == poller.stats.bad_dumps == 0
 
 
 # ---------------------------------------------------------------- the ring's cadence (gloo)
