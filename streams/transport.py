@@ -39,9 +39,10 @@ class Transport(driver.Transport):
 
 
 class WorkerFaustApp(faust.App):
-    """A Faust app on ``Transport`` (the URL's scheme stays ``kafka://``: Faust's producer and admin use it)."""
+    """A Faust app on ``Transport`` (the URL's scheme stays ``kafka://``: Faust's producer and admin use it);
+    ``fetch_wait_ms`` from the settings (``worker_fetch_wait_ms``), their one default."""
 
-    def __init__(self, *args: Any, fetch_wait_ms: int = 100, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, fetch_wait_ms: int, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.conf.ccld_fetch_wait_ms = fetch_wait_ms
 
