@@ -79,6 +79,9 @@ class AnalyzerSettings:
     # (5 %: CI's healthy gloo job, its host stalled 15 % of the time, had a loopback send of 5-8 ms against
     # 0.25 ms in 4 of 5 steps, 2.5 % of its time: a time slice or two of a contended scheduler per call)
     slow_min_cost_share: float = 0.05
+    # ... and on any host that measured its CPU stalls, one under slow_min_cost_share whose extra time per call is
+    # below this (s): shorter than a scheduler's time slice, a CPU-timed transfer's delay is no link's to tell
+    host_timed_min_extra_s: float = 5e-4
     # an S2 whose link no counter names is reported after this long alarmed, slow in every op of that time
     slow_link_wait_s: float = 10.0
     baseline_min_ops: int = 6  # healthy ops per signature learned before slowness is judged

@@ -48,6 +48,7 @@ from ccld.settings import Settings
 from ccld.streams.lag import LagWatch
 from ccld.streams.processor import Output, PartitionProcessor, ProcessorOptions
 from ccld.streams.recovery import read_partition, topic_id, verdict_keys_on_topic
+from ccld.streams.recovery_watch import RecoveryWatch
 from ccld.streams.stage_processor import StageProcessor
 from ccld.streams.status import job_status, merge
 from ccld.streams.transport import WorkerFaustApp
@@ -68,6 +69,8 @@ COUNTERS_EVERY_S = 5.0
 STUCK_TICKS = 10
 #: Check this often (seconds) that the topics still exist and are the same topics.
 TOPIC_CHECK_EVERY_S = 2.0
+#: Check this often (seconds) that Faust's table recovery is not waiting on what nothing delivers.
+RECOVERY_CHECK_EVERY_S = 5.0
 #: What the blocking confluent-kafka reads (``recovery``, ``ensure_topics``, run in a thread) raise when
 #: the broker is unreachable or refuses: the library's own error, a result's timeout, and ours (BrokerError).
 READ_ERRORS = (KafkaException, TimeoutError, CcldError)
@@ -173,7 +176,10 @@ class WorkerApp:
         self._agent_queue: Any = None  # the metrics agent's channel queue (empty: nothing fetched waits)
         self._counters_line = ""
         self.lag = LagWatch(settings.worker_caught_up_lag_s)
-        self.telemetry = WorkerMetrics(self.states, self.lag)  # /metrics (worker_metrics.py)
+        # Faust's table recovery waiting on changelog offsets nothing delivers (recovery_watch.py)
+        self.recovery_watch = RecoveryWatch(self.app, lambda topic, partition, start, upto: [
+            offset for offset, _, _ in read_partition(settings, partition, upto, start=start, topic=topic)])
+        self.telemetry = WorkerMetrics(self.states, self.lag, self.recovery_watch.counts)  # /metrics
         self._register()
 
     def _register(self) -> None:
@@ -189,6 +195,7 @@ class WorkerApp:
         app.on_partitions_revoked.connect(self._on_revoke)
         app.timer(TOPIC_CHECK_EVERY_S)(self._watch_topics)
         app.timer(self.settings.worker_tick_s)(self._tick)
+        app.timer(RECOVERY_CHECK_EVERY_S)(self._watch_recovery)
         app.on_before_shutdown.connect(self._on_shutdown)
         self.telemetry.serve(app)  # /metrics (Prometheus): served when the web server is on
 
@@ -511,6 +518,15 @@ class WorkerApp:
             raise
         except Exception:  # noqa: BLE001 - an error escaping a Faust timer crashes the worker; checked again soon
             log.exception("topic check failed")
+
+    async def _watch_recovery(self) -> None:
+        """The recovery timer: ``RecoveryWatch.check``, surviving anything (its own timer: a check may read)."""
+        try:
+            await self.recovery_watch.check()
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # noqa: BLE001 - an error escaping a Faust timer crashes the worker; checked again soon
+            log.exception("recovery check failed")
 
     async def _check_topics(self) -> None:
         """Recreate lost topics; notice a recreated metrics topic and re-read it from its first offset."""

@@ -35,9 +35,10 @@ def topic_id(settings: Settings, timeout_s: float = 1.5) -> str | None:
         raise
 
 
-def read_partition(settings: Settings, partition: int, upto: int, idle_s: float = 3.0, *, start: int = 0) -> list[
-        tuple[int, float | None, bytes | None]]:
-    """(offset, timestamp s, value) of every message of the metrics partition in ``[start, upto)`` (no group)."""
+def read_partition(settings: Settings, partition: int, upto: int, idle_s: float = 3.0, *, start: int = 0,
+                   topic: str | None = None) -> list[tuple[int, float | None, bytes | None]]:
+    """(offset, timestamp s, value) of every message of the metrics partition (or ``topic``'s) in ``[start, upto)``
+    (no group)."""
     from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
     out: list[tuple[int, float | None, bytes | None]] = []
@@ -49,7 +50,7 @@ def read_partition(settings: Settings, partition: int, upto: int, idle_s: float 
     c = Consumer(kafka_config(settings, **{"group.id": f"{settings.worker_app_id}-backfill",
                                            "enable.auto.commit": False, "auto.offset.reset": "earliest"}))
     try:
-        c.assign([TopicPartition(settings.metrics_topic, partition, start if start > 0 else OFFSET_BEGINNING)])
+        c.assign([TopicPartition(topic or settings.metrics_topic, partition, start if start > 0 else OFFSET_BEGINNING)])
         last = time.monotonic()
         while time.monotonic() - last < idle_s:
             msg = c.poll(0.2)

@@ -11,7 +11,7 @@ Served at ``/metrics`` on Faust's web server (``worker_web_port``; ``ccld up`` g
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ccld.metrics import CONTENT_TYPE, Family, Histogram, render
@@ -48,14 +48,26 @@ COUNTERS = (
      "Slow-communication findings held because the communicator's ranks were waiting for CPUs (a loaded host, "
      "not a link; KernelBatch cpu_wait), one per alarm episode."),
     ("ccld_worker_slow_held_cheap_total", "slow_held_cheap",
-     "Slow-communication findings held because, on hosts contended for CPUs, the extra time per call was under "
-     "slow_min_cost_share of the time between the communicator's calls (a sliver of the job's time), one per "
-     "alarm episode."),
+     "Slow-communication findings held because the extra time per call was under slow_min_cost_share of the time "
+     "between the communicator's calls (a sliver of the job's time) on hosts contended for CPUs, or also under "
+     "host_timed_min_extra_s (a time slice) on any host measuring its CPU stalls; one per alarm episode."),
     ("ccld_worker_upstream_lost_records_total", "upstream_lost_records",
      "ENTERED/DONE records producers and aggregators said they lost on the way (KernelBatch lost_records)."),
     ("ccld_worker_far_clock_records_total", "far_clock_records",
      "Records whose rank clock is more than a day from their message's timestamp (analysed: only durations "
      "on a rank's own clock are used, but the clock is wrong)."),
+)
+#: metric name, RecoveryWatch.counts key, help: the worker's table recovery unstuck (recovery_watch.py)
+RECOVERY = (
+    ("ccld_worker_recovery_rearms_total", "rearms",
+     "Changelog partitions the table recovery waited on 20 s with nothing delivered, re-armed (resumed, sought "
+     "again)."),
+    ("ccld_worker_recovery_phantom_offsets_total", "phantom_offsets",
+     "Changelog offsets the recovery waited for that the log does not hold (a wrong high watermark), read to "
+     "make sure and given up."),
+    ("ccld_worker_recovery_undelivered_total", "undelivered",
+     "Times the changelog held messages the recovery waited 40 s for and the consumer had not delivered "
+     "(logged with the consumer's fetch state, re-armed again)."),
 )
 #: the same for gauges
 GAUGES = (
@@ -79,9 +91,11 @@ TOTALS = (
 class WorkerMetrics:
     """Collects the worker's metrics from its states when scraped; times each message's analysis."""
 
-    def __init__(self, states: Sequence[WorkerState[Any]], lag: LagWatch) -> None:
+    def __init__(self, states: Sequence[WorkerState[Any]], lag: LagWatch,
+                 recovery: Mapping[str, int] | None = None) -> None:
         self.states = states  # the metrics topic's first; the job stage's in shard mode
         self.lag = lag
+        self.recovery = recovery if recovery is not None else {}  # RecoveryWatch.counts
         self.analysis = Histogram("ccld_worker_analysis_seconds",
                                   "Time the partition processor spent on one metrics message (decode, checks, "
                                   "analysis, evaluation when due).", ANALYSIS_BUCKETS_S)
@@ -139,6 +153,8 @@ class WorkerMetrics:
         for name, kind, key, text in TOTALS:
             out.append(Family(name, "counter" if kind == "counter" else "gauge", text)
                        .add(sum(rep.get(key, 0) for rep in everything)))
+        for name, key, text in RECOVERY:
+            out.append(Family(name, "counter", text).add(self.recovery.get(key, 0)))
         out.append(self.analysis.family())
         return out
 

@@ -743,9 +743,14 @@ class SlowDetector:
         # the time). Measured so, a slowdown that cheap cannot be told from the contention; a slow
         # link costs a share of every step (the shaped veth of test_net_links: half of each step).
         # Kernel-timed sources (the probe, the simulator) measure no CPU stalls and are not held.
+        # On a host that measured no contention to speak of, a time slice is still the resolution of a
+        # CPU-timed transfer: a wake-up waits for whatever else runs (the 32-KB loopback send of that job, its
+        # host stalled 4.9 % of the time: 30 us more a call in 4 of 5 ops, 0.03 % of its time), so a slowdown
+        # that cheap and shorter than host_timed_min_extra_s a call is held on any measured host.
+        extra = self.extra_per_call(bi, idx)
         cost = self.cost(bi, idx)
-        cheap = (comm and not starved and cpu_share is not None and cpu_share >= s.contended_wait_share
-                 and cost < s.slow_min_cost_share)
+        cheap = (comm and not starved and cpu_share is not None and cost < s.slow_min_cost_share
+                 and (cpu_share >= s.contended_wait_share or extra < s.host_timed_min_extra_s))
         if starved:
             self.held_starved += self._new_episode(self._held, bi)
         if cheap:
@@ -899,20 +904,25 @@ class SlowDetector:
         seen[bi] = since
         return 1
 
-    def cost(self, bi: int, idx: list[int]) -> float:
-        """What the slow communication of ``bi``'s window costs the job: the median extra kernel time of its
-        slow ops' last arriver (pure communication) over the healthy one (the baseline's, or its sibling
-        communicators' where lower: a link slow from the start has learned its slowness) as a share of
-        the time between the communicator's calls (a slow link slows each of them).
-
-        That time is measured over the baseline's last ``CADENCE_OPS`` ops on one rank's clock (the
-        analyzer's sees a batch of ops at once), per op sequence number (a sampling source reports one
-        op in ten); the share is infinite while it is unknown."""
+    def extra_per_call(self, bi: int, idx: list[int]) -> float:
+        """The median extra kernel time (s) of ``bi``'s slow ops' last arriver over the healthy one (the
+        baseline's, or its sibling communicators' where lower)."""
         ref = float(self.b_min[bi])
         if self.b_sibn[bi] >= 2:
             ref = min(ref, float(self.b_sib[bi]))
         comm = [j for j in idx if self.w_cslow[bi, j]] or idx
-        extra = _median([max(float(self.w_tmin[bi, j]) - ref, 0.0) for j in comm])
+        return _median([max(float(self.w_tmin[bi, j]) - ref, 0.0) for j in comm])
+
+    def cost(self, bi: int, idx: list[int]) -> float:
+        """What the slow communication of ``bi``'s window costs the job: ``extra_per_call`` (its slow ops'
+        last arriver's, pure communication; over the sibling communicators' where lower: a link slow from
+        the start has learned its slowness) as a share of the time between the communicator's calls (a
+        slow link slows each of them).
+
+        That time is measured over the baseline's last ``CADENCE_OPS`` ops on one rank's clock (the
+        analyzer's sees a batch of ops at once), per op sequence number (a sampling source reports one
+        op in ten); the share is infinite while it is unknown."""
+        extra = self.extra_per_call(bi, idx)
         per_call = float(self._call_interval(np.array([bi]))[0])
         return extra / per_call if np.isfinite(per_call) else float("inf")
 

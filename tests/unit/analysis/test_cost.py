@@ -9,7 +9,9 @@ contended (``contended_wait_share``, 5 %), the analyzer now weighs the extra com
 against the time between the communicator's calls (``slow_min_cost_share``, 5 %) and holds what costs
 less, counting it (``slow_held_cheap``). Kernel-timed sources measure no CPU stalls and are not held.
 (2 % until CI's healthy job, its host stalled 15 % of the time, had a loopback send of 5-8 ms against 0.25 ms
-in 4 of 5 steps: 2.5 % of its time, one or two of a contended scheduler's time slices per call.)
+in 4 of 5 steps: 2.5 % of its time, one or two of a contended scheduler's time slices per call.) And under
+5 % stalled, a slowdown that cheap and shorter than a time slice a call (``host_timed_min_extra_s``) is held
+too: the same job's host, stalled 4.9 %, had its send 30 us slower a call.
 """
 
 from __future__ import annotations
@@ -25,13 +27,13 @@ from ccld.streams.analysis.replay import analyze_batches
 OP_S = 400e-6  # a 0.4-ms all-reduce, once in each 2-s step as the probe reports it
 
 
-def slow_ring(stride: int, stalled: float | None = 0.09) -> list[tuple[float, KernelBatch]]:
-    """An 8-rank ring whose link 3 -> 4 makes the op 4x slower from the 20th step (41 s) on (+1.2 ms a
-    call); the probe reports one op in ``stride``, so the communicator calls it every 2 s / ``stride``.
+def slow_ring(stride: int, stalled: float | None = 0.09, slow: float = 4.0) -> list[tuple[float, KernelBatch]]:
+    """An 8-rank ring whose link 3 -> 4 makes the op ``slow`` x slower from the 20th step (41 s) on (4x:
+    +1.2 ms a call); the probe reports one op in ``stride``, so the communicator calls it every 2 s / ``stride``.
     Every batch says the ranks' host was stalled for CPUs ``stalled`` of the time (None: not measured)."""
     probe = Probe()
     tp = Comm(0x5C, tuple(range(8)), stride=stride)
-    batches = batches_by_tick(healthy_steps(probe, tp, 60, dur=OP_S, slow=4.0, lag_rank=3, from_step=20))
+    batches = batches_by_tick(healthy_steps(probe, tp, 60, dur=OP_S, slow=slow, lag_rank=3, from_step=20))
     return batches if stalled is None else with_cpu_wait(batches, range(8), stalled, 0.0)
 
 
@@ -67,6 +69,19 @@ def test_a_cheap_slowdown_is_reported_where_the_cpus_were_free_or_not_measured()
     vs = opens(slow_ring(1, stalled=None))
     assert [(v.kind, v.link) for v in vs] == [(AnomalyKind.S2, Link(3, 4))]
     assert float(vs[0].details["cost_share"]) < 0.001  # said, though not held
+
+
+def test_a_cheap_slowdown_shorter_than_a_time_slice_is_held_on_any_measured_host() -> None:
+    # CI's healthy gloo job again, its host stalled 4.9 % of the time (under contended_wait_share): a loopback
+    # send 30 us slower a call, once a step. A CPU-timed transfer cannot tell that from a wake-up's wait.
+    slight = slow_ring(1, stalled=0.049, slow=1.75)  # +0.3 ms a call
+    assert opens(slight) == []
+    # the same from a kernel-timed source is the link's, and so is +1.2 ms a call on the same host
+    assert [(v.kind, v.link) for v in opens(slow_ring(1, stalled=None, slow=1.75))] == [(AnomalyKind.S2, Link(3, 4))]
+    assert [(v.kind, v.link) for v in opens(slow_ring(1, stalled=0.049))] == [(AnomalyKind.S2, Link(3, 4))]
+    # the floor is a setting: at 0 only contended_wait_share holds
+    zero = AnalyzerSettings(host_timed_min_extra_s=0.0)
+    assert [(v.kind, v.link) for v in opens(slight, zero)] == [(AnomalyKind.S2, Link(3, 4))]
 
 
 def test_a_late_arriver_is_named_whatever_the_ops_cost() -> None:
