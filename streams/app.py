@@ -90,7 +90,7 @@ def processor_options(settings: Settings) -> ProcessorOptions:
                             groups=settings.analysis_groups)
 
 
-def faust_app(settings: Settings, app_id: str | None = None) -> faust.App:
+def faust_app(settings: Settings, app_id: str | None = None) -> WorkerFaustApp:
     """The Faust app configured for ``settings``, with nothing registered on it yet."""
     faust_dir = Path(tempfile.gettempdir()) / "ccld-faust"
     faust_dir.mkdir(exist_ok=True)
@@ -195,7 +195,7 @@ class WorkerApp:
         app.on_partitions_revoked.connect(self._on_revoke)
         app.timer(TOPIC_CHECK_EVERY_S)(self._watch_topics)
         app.timer(self.settings.worker_tick_s)(self._tick)
-        app.timer(RECOVERY_CHECK_EVERY_S)(self._watch_recovery)
+        app.early_tasks.append(self._watch_recovery)  # from the start: the first recovery is watched too
         app.on_before_shutdown.connect(self._on_shutdown)
         self.telemetry.serve(app)  # /metrics (Prometheus): served when the web server is on
 
@@ -520,13 +520,16 @@ class WorkerApp:
             log.exception("topic check failed")
 
     async def _watch_recovery(self) -> None:
-        """The recovery timer: ``RecoveryWatch.check``, surviving anything (its own timer: a check may read)."""
-        try:
-            await self.recovery_watch.check()
-        except asyncio.CancelledError:
-            raise
-        except Exception:  # noqa: BLE001 - an error escaping a Faust timer crashes the worker; checked again soon
-            log.exception("recovery check failed")
+        """``RecoveryWatch.check`` every ``RECOVERY_CHECK_EVERY_S``, surviving anything (its own task: a check
+        may read the log for seconds)."""
+        while True:
+            await asyncio.sleep(RECOVERY_CHECK_EVERY_S)
+            try:
+                await self.recovery_watch.check()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # noqa: BLE001 - the task must outlive one failed check; checked again soon
+                log.exception("recovery check failed")
 
     async def _check_topics(self) -> None:
         """Recreate lost topics; notice a recreated metrics topic and re-read it from its first offset."""

@@ -12,6 +12,7 @@ the price is a fetch request that many times a second from an idle worker.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import faust
@@ -40,11 +41,20 @@ class Transport(driver.Transport):
 
 class WorkerFaustApp(faust.App):
     """A Faust app on ``Transport`` (the URL's scheme stays ``kafka://``: Faust's producer and admin use it);
-    ``fetch_wait_ms`` from the settings (``worker_fetch_wait_ms``), their one default."""
+    ``fetch_wait_ms`` from the settings (``worker_fetch_wait_ms``), their one default.
+
+    ``early_tasks`` start with the app, before its table recovery: Faust starts its own tasks and timers
+    only once the first recovery has completed, so nothing of theirs can watch that one."""
 
     def __init__(self, *args: Any, fetch_wait_ms: int, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.conf.ccld_fetch_wait_ms = fetch_wait_ms
+        self.early_tasks: list[Callable[[], Awaitable[None]]] = []
+
+    async def on_start(self) -> None:
+        await super().on_start()
+        for task in self.early_tasks:
+            self.add_future(task())
 
     def _new_transport(self) -> TransportT:
         return Transport(self.conf.broker_consumer, self)

@@ -195,18 +195,8 @@ def test_pending_verdicts_of_a_snapshot_are_sent_once_after_a_restart(
     snapshot, one of which the broker had already acknowledged. The restarted worker sends the other, once,
     and does not repeat the first, with no new metrics message to wake it."""
     s = chaos_settings
-    acked, unsent = (Verdict(incident_id=f"chaos-{n}", state=VerdictState.OPEN, kind=AnomalyKind.H1, job="gone",
-                             communicator="00000000000000aa", op_seq=7, op_type="ALL_REDUCE", root_cause_ranks=(n,),
-                             affected_ranks=(0, 1, 2, 3), confidence=0.9, evidence="test", onset_time=10.0,
-                             detected_time=30.0) for n in (1, 2))
-    snapshot = {"jobs": {}, "sent": [], "pending": [acked.to_dict(), unsent.to_dict()], "next_offset": -1,
-                "counters": {}}
-    changelog = f"{s.worker_app_id}-analyzer-state-changelog"
-    admin = AdminClient({"bootstrap.servers": s.bootstrap})
-    admin.create_topics([NewTopic(changelog, num_partitions=1, replication_factor=1)])[changelog].result(10)
     p = Producer({"bootstrap.servers": s.bootstrap})
-    p.produce(changelog, json.dumps(snapshot).encode(), key=f"{s.metrics_topic}:0".encode(), partition=0)
-    p.produce(s.verdicts_topic, encode_verdict(acked), key=acked.incident_id.encode(), partition=0)
+    _snapshot_with_pending_verdicts(s, p)
     assert p.flush(10) == 0
 
     worker = chaos_worker.start()
@@ -220,3 +210,51 @@ def test_pending_verdicts_of_a_snapshot_are_sent_once_after_a_restart(
     record_result("worker died with verdicts pending, one already acknowledged", "snapshot with 2 pending verdicts, "
                   "1 of them already on the topic; restart with no new metrics", produced=0, delivered=0,
                   verdicts_expected=2, verdicts_received=len({v.incident_id for v in raw}), verdicts_raw=len(raw))
+
+
+def _snapshot_with_pending_verdicts(s: Settings, p: Producer) -> None:
+    """Write a changelog snapshot with two pending H1 verdicts (chaos-1, chaos-2) through ``p`` (not flushed), and
+    chaos-1 to the verdicts topic as if acknowledged before the worker died."""
+    acked, unsent = (Verdict(incident_id=f"chaos-{n}", state=VerdictState.OPEN, kind=AnomalyKind.H1, job="gone",
+                             communicator="00000000000000aa", op_seq=7, op_type="ALL_REDUCE", root_cause_ranks=(n,),
+                             affected_ranks=(0, 1, 2, 3), confidence=0.9, evidence="test", onset_time=10.0,
+                             detected_time=30.0) for n in (1, 2))
+    snapshot = {"jobs": {}, "sent": [], "pending": [acked.to_dict(), unsent.to_dict()], "next_offset": -1,
+                "counters": {}}
+    changelog = f"{s.worker_app_id}-analyzer-state-changelog"
+    admin = AdminClient({"bootstrap.servers": s.bootstrap})
+    admin.create_topics([NewTopic(changelog, num_partitions=1, replication_factor=1)])[changelog].result(10)
+    p.produce(changelog, json.dumps(snapshot).encode(), key=f"{s.metrics_topic}:0".encode(), partition=0)
+    p.produce(s.verdicts_topic, encode_verdict(acked), key=acked.incident_id.encode(), partition=0)
+
+
+def test_a_changelog_whose_high_watermark_names_an_offset_no_message_holds_is_recovered(
+    chaos_settings: Settings, chaos_worker: WorkerProcess
+) -> None:
+    """Faust's table recovery waits until it has read up to the changelog's high watermark. Here the snapshot
+    was written in a committed transaction, so the log ends with the commit marker, an offset that holds no
+    message a consumer is ever given: the watermark names offset 1, the recovery reads offset 0 and waits for
+    offset 1 for ever (as CI saw it wait after a broker restarted empty), restoring nothing and sending nothing.
+    The worker's recovery watch re-arms the consumer after 20 s with nothing delivered, then reads the
+    partition by another path, finds no message at offset 1, and ends the recovery: the pending verdict goes
+    out, once."""
+    s = chaos_settings
+    p = Producer({"bootstrap.servers": s.bootstrap, "transactional.id": f"{s.worker_app_id}-writer"})
+    p.init_transactions(10)
+    p.begin_transaction()
+    _snapshot_with_pending_verdicts(s, p)
+    p.commit_transaction(10)
+    t0 = time.monotonic()
+    worker = chaos_worker.start(ready_timeout_s=120)  # ready once the recovery has ended
+    assert wait_for(lambda: any(v.incident_id == "chaos-2" for v in raw_verdicts(s, idle_s=0.5)), 30), worker.log()
+    recovered_s = time.monotonic() - t0
+    log = worker.log()
+    assert "holds no message at offsets 1 to 1" in log, log
+    time.sleep(2)  # time for a repeat to show up
+    assert Counter(v.incident_id for v in raw_verdicts(s)) == Counter({"chaos-1": 1, "chaos-2": 1}), worker.log()
+    assert worker.stop() == 0
+    c = worker_counters(worker)
+    assert (c.get("verdicts_reconciled"), c.get("pending_verdicts")) == (1, 0), c
+    record_result("changelog's high watermark names an offset no message holds", "snapshot written in a committed "
+                  f"transaction (log ends with its marker); pending verdict sent {recovered_s:.0f} s after the start",
+                  produced=0, delivered=0, verdicts_expected=2, verdicts_received=2, verdicts_raw=2)
