@@ -73,6 +73,11 @@ MODE_HOLD_S = 300.0
 #: a rank holds the blame (``SlowDetector._blame``) with ``blame_share`` of its collective's lateness and at
 #: least this many times a fair share (1 / members): 80 % of a pair's, half of a larger group's
 BLAME_FAIR_X = 1.6
+#: ... and on a host short of CPUs, where the scheduler makes each rank last in turn, a rank that keeps at least
+#: this share of its collective's lateness (and twice a fair share) is slower than any rotation makes one: real
+#: 4-rank DDP on gloo, its host stalled 44-76 %, healthy: each rank's share 0.27-0.29 at the median, 0.60 at
+#: most in three runs; one rank computing 2x from step 0: 0.82 at the median, at least 0.7 for 42 s on end
+BLAME_DOMINANT_SHARE = 0.7
 _OWN_WORK = np.array(sorted(OWN_WORK_OPS), dtype=np.int64)
 
 
@@ -809,8 +814,12 @@ class SlowDetector:
                     # time (PSI "some": at least one task waiting, so no task waits longer) stretches one
                     # rank's compute against another's by up to 1 / (1 - w) (a healthy real DDP job's start
                     # beside two busy loops: rank 2 computed 60.2 ms against 25.4, its host stalled 78 %)
+                    # ... unless it keeps most of its peers' waiting, far beyond the turns the scheduler gives
+                    # each rank (BLAME_DOMINANT_SHARE); measured only to +/- a poll's window (Flight Recorder on
+                    # gloo), a rank 2x slower in compute from its first step looked 1.6x, on a host stalled 44 %
                     if busy is not None:
-                        ok = ok and lg * (1.0 - busy) >= og * (1.0 + s.peer_gap_ratio)
+                        ok = ok and (lg * (1.0 - busy) >= og * (1.0 + s.peer_gap_ratio)
+                                     or self._dominant(bi, cr, js.members_of(cid)))
                 need_share = s.culprit_share
                 if op_type == ALL_TO_ALL:
                     # of the window's ops, not only its slow ones: a straggling expert is last at every op
@@ -947,6 +956,13 @@ class SlowDetector:
             return None
         cr = int(np.argmax(lag))
         return cr, float(lag[cr]) / total
+
+    def _dominant(self, bi: int, crank: int, members: slice) -> bool:
+        """Whether comm rank ``crank`` holds the blame of ``bi`` with ``BLAME_DOMINANT_SHARE`` of its lateness
+        and twice a fair share of it (a pair's ranks never do: half each is fair)."""
+        tot = float(self.b_btot[bi])
+        need = max(BLAME_DOMINANT_SHARE, 2.0 / max(members.stop - members.start, 1))
+        return int(self.b_blr[bi]) == crank and tot > 0 and float(self.b_bll[bi]) >= need * tot
 
     def _busy_shared_host(self, js: JobState, bi: int, cid: int, crank: int, idx: list[int]) -> float | None:
         """How stalled for CPUs the late arriver's host was while the window's slow ops ran (PSI), where that host
