@@ -88,11 +88,11 @@ class RecoveryWatch:
         for a in stuck:
             at = self._rearmed.get(a.tp)
             if at is None or at[0] != a.offset:
-                self._rearm(a, now, first=True)
+                await self._rearm(a, now, first=True)
             elif now - at[1] >= self.stuck_s:
                 await self._verify(recovery, a, now)
 
-    def _rearm(self, a: Awaited, now: float, *, first: bool) -> None:
+    async def _rearm(self, a: Awaited, now: float, *, first: bool) -> None:
         """Log what the consumer knows of the partition, then arm it as the recovery did."""
         consumer = self.app.consumer
         if first:
@@ -104,7 +104,10 @@ class RecoveryWatch:
         consumer.resume_partitions([a.tp])
         self.app.flow_control.resume()
         consumer.resume_flow()
-        asyncio.ensure_future(consumer.seek(a.tp, a.offset))
+        try:
+            await consumer.seek(a.tp, a.offset)
+        except Exception as exc:  # noqa: BLE001 - a rebalance took the partition: the next recovery is watched anew
+            log.warning("recovery: could not seek %s:%d to offset %d: %s", a.tp.topic, a.tp.partition, a.offset, exc)
 
     async def _verify(self, recovery: Any, a: Awaited, now: float) -> None:
         """Read the awaited offsets by another path: none there lowers the recovery's goal, some re-arm."""
@@ -128,7 +131,7 @@ class RecoveryWatch:
         log.error("recovery: %s:%d holds %d messages from offset %d that the consumer has not delivered in "
                   "%.0f s; %s; seeking it again", a.tp.topic, a.tp.partition, len(found), a.offset, 2 * self.stuck_s,
                   fetch_state(self.app.consumer, a.tp))
-        self._rearm(a, now, first=False)
+        await self._rearm(a, now, first=False)
 
 
 def fetch_state(consumer: Any, tp: Any) -> str:
