@@ -70,7 +70,7 @@ STUCK_TICKS = 10
 #: Check this often (seconds) that the topics still exist and are the same topics.
 TOPIC_CHECK_EVERY_S = 2.0
 #: Check this often (seconds) that Faust's table recovery is not waiting on what nothing delivers.
-RECOVERY_CHECK_EVERY_S = 5.0
+RECOVERY_CHECK_EVERY_S = 2.0
 #: What the blocking confluent-kafka reads (``recovery``, ``ensure_topics``, run in a thread) raise when
 #: the broker is unreachable or refuses: the library's own error, a result's timeout, and ours (BrokerError).
 READ_ERRORS = (KafkaException, TimeoutError, CcldError)

@@ -30,9 +30,9 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 #: How long a recovery may wait on a partition with nothing delivered before the watch acts (s). Faust's own
-#: recovery reads tens of thousands of changelog messages a second, and a broker that is away keeps the
-#: watch out (nothing is asked of it while the recovery has not even read its watermarks).
-STUCK_S = 20.0
+#: recovery reads thousands of changelog messages a second: a recovery that moves at all is never stuck.
+#: Re-arming costs nothing, and the read that follows is tried again while the broker is away.
+STUCK_S = 10.0
 
 
 @dataclass(frozen=True)

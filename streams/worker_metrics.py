@@ -60,13 +60,13 @@ COUNTERS = (
 #: metric name, RecoveryWatch.counts key, help: the worker's table recovery unstuck (recovery_watch.py)
 RECOVERY = (
     ("ccld_worker_recovery_rearms_total", "rearms",
-     "Changelog partitions the table recovery waited on 20 s with nothing delivered, re-armed (resumed, sought "
+     "Changelog partitions the table recovery waited on 10 s with nothing delivered, re-armed (resumed, sought "
      "again)."),
     ("ccld_worker_recovery_phantom_offsets_total", "phantom_offsets",
      "Changelog offsets the recovery waited for that the log does not hold (a wrong high watermark), read to "
      "make sure and given up."),
     ("ccld_worker_recovery_undelivered_total", "undelivered",
-     "Times the changelog held messages the recovery waited 40 s for and the consumer had not delivered "
+     "Times the changelog held messages the recovery waited 20 s for and the consumer had not delivered "
      "(logged with the consumer's fetch state, re-armed again)."),
 )
 #: the same for gauges
