@@ -8,14 +8,14 @@ snapshot recreated the changelog, the recovery read a high watermark of 1, sough
 came in the next 45 s. Tansu's high watermark is known to be wrong (platform notes), and a consumer whose
 fetch state did not survive the outage would look the same from outside.
 
-So the worker watches its recovery (``RecoveryWatch.check``, on its tick): once the recovery has waited
-``stuck_s`` with nothing delivered on a partition it still needs, the watch logs the consumer's fetch state
-for it and re-arms the consumer the way the recovery armed it (resume the partition and the flow, seek the
-offset awaited again). Still nothing ``stuck_s`` later, it reads the partition itself from that offset (its
-own consumer, no group; ``recovery.read_partition``). Nothing there: the watermark named offsets the log
-does not hold, and the recovery's goal is lowered to what the log holds, so Faust ends it on its next
-check (every 5 s). Messages there: they are the consumer's to deliver, so it is logged as an error and
-re-armed again. Every step is counted (``counts``, served as ``ccld_worker_recovery_*_total``).
+So the worker watches its recovery (``RecoveryWatch.check``, every 2 s from the app's start): once the
+recovery has waited ``stuck_s`` with nothing delivered on a partition it still needs, the watch logs the
+consumer's fetch state for it and re-arms the consumer the way the recovery armed it (resume the partition and
+the flow, seek the offset awaited again). Still nothing ``stuck_s`` later, it reads the partition itself from
+that offset (its own consumer, no group; ``recovery.read_partition``). Nothing there: the watermark named
+offsets the log does not hold, and the recovery's goal is lowered to what the log holds, so Faust ends it on
+its next check (every 5 s). Messages there: they are the consumer's to deliver, so it is logged as an error
+and re-armed again. Every step is counted (``counts``, served as ``ccld_worker_recovery_*_total``).
 """
 
 from __future__ import annotations

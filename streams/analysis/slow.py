@@ -753,7 +753,7 @@ class SlowDetector:
         # host stalled 4.9 % of the time: 30 us more a call in 4 of 5 ops, 0.03 % of its time), so a slowdown
         # that cheap and shorter than host_timed_min_extra_s a call is held on any measured host.
         extra = self.extra_per_call(bi, idx)
-        cost = self.cost(bi, idx)
+        cost = self.cost(bi, extra)
         cheap = (comm and not starved and cpu_share is not None and cost < s.slow_min_cost_share
                  and (cpu_share >= s.contended_wait_share or extra < s.host_timed_min_extra_s))
         if starved:
@@ -922,8 +922,8 @@ class SlowDetector:
         comm = [j for j in idx if self.w_cslow[bi, j]] or idx
         return _median([max(float(self.w_tmin[bi, j]) - ref, 0.0) for j in comm])
 
-    def cost(self, bi: int, idx: list[int]) -> float:
-        """What the slow communication of ``bi``'s window costs the job: ``extra_per_call`` (its slow ops'
+    def cost(self, bi: int, extra: float) -> float:
+        """What the slow communication of ``bi``'s window costs the job: ``extra`` (``extra_per_call``: its slow ops'
         last arriver's, pure communication; over the sibling communicators' where lower: a link slow from
         the start has learned its slowness) as a share of the time between the communicator's calls (a
         slow link slows each of them).
@@ -931,7 +931,6 @@ class SlowDetector:
         That time is measured over the baseline's last ``CADENCE_OPS`` ops on one rank's clock (the
         analyzer's sees a batch of ops at once), per op sequence number (a sampling source reports one
         op in ten); the share is infinite while it is unknown."""
-        extra = self.extra_per_call(bi, idx)
         per_call = float(self._call_interval(np.array([bi]))[0])
         return extra / per_call if np.isfinite(per_call) else float("inf")
 
