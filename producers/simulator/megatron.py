@@ -845,8 +845,10 @@ class MegatronSim(FaultBook):
         )
         buckets_after: dict[int, list[int]] = {}
         if kind == "B" and last_mb and topo.dp > 1 and self.train:
+            # bucket b is ready after the layer that fills its share of the gradients; with more buckets
+            # than layers several are ready after one layer (never before the first: every bucket is played)
             for b in range(w.dp_buckets):
-                buckets_after.setdefault(min(w.layers - 1, (b + 1) * w.layers // w.dp_buckets - 1), []).append(b)
+                buckets_after.setdefault(max(0, (b + 1) * w.layers // w.dp_buckets - 1), []).append(b)
         t = self.clock[stage]
         count = w.act_elems // (topo.tp if w.seq_parallel else 1)
         seg: list[OpType] = []  # the layers' ops up to the next gradient bucket, played as one chain

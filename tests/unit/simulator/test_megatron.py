@@ -43,7 +43,7 @@ def test_rates_and_durations_come_out_of_the_model() -> None:
 
 def test_records_per_rank_do_not_grow_with_the_collective_rate() -> None:
     rates, records = [], []
-    for wl in ({"microbatches": 2, "layers": 1, "layer_ms": 8.0}, {"microbatches": 8, "layers": 4, "layer_ms": 2.0}):
+    for wl in ({"microbatches": 2, "layers": 1, "layer_ms": 8.0}, {"microbatches": 8, "layers": 4, "layer_ms": 1.0}):
         sim, out = play(scenario(workload=wl))
         rates.append(sim.ops_per_rank / 20)
         records.append(sum(b.n for _, b in out) / 16 / 20)
