@@ -85,10 +85,15 @@ class JobStage:
                 held = v.lost.get(r, (0, at))
                 v.lost[r] = (max(held[0], n), max(held[1], at))
         verdicts: list[Verdict] = []
-        for c in best_slow(merge_nic([c for _, rep in reports for c in rep.slow])):
+        silent = now - v.data_seen
+        # a job silent this long has ended (or was killed, or lost its broker): its incidents are closed
+        # below, and nothing new is opened about it - a hang that stood when it ended is one more stall
+        # second by second, and a finding it yields now (a changed root, a merged one) is no new fault
+        over = v.data_seen >= 0 and silent >= self.settings.incident_close_silent_s
+        for c in () if over else best_slow(merge_nic([c for _, rep in reports for c in rep.slow])):
             verdicts.extend(self.book.report(c, now))
         alive = [sh for sh in v.seen if live is None or sh in live]
-        if len(v.seen) >= need and alive:
+        if len(v.seen) >= need and alive and not over:
             mark = min(v.seen[sh] for sh in alive)
             for c in self._hangs(v, job, inc, alive, mark):
                 verdicts.extend(self.book.report(c, mark))
@@ -102,8 +107,7 @@ class JobStage:
                 if ev:
                     verdicts.extend(self.book.resolve(mk, now, ev))
         verdicts.extend(self.book.expire(now, job, inc))
-        silent = now - v.data_seen
-        if v.data_seen >= 0 and silent >= self.settings.incident_close_silent_s:
+        if over:
             reason = (f"job silent for {silent:.0f} s (no record from any rank): it ended, was killed, or lost "
                       f"its link to the broker")
             for mk, incd in list(self.book.open.items()):

@@ -55,3 +55,12 @@ def test_a_job_that_goes_on_reporting_keeps_its_incident_open() -> None:
     s = dataclasses.replace(AnalyzerSettings(), incident_close_silent_s=30.0)
     got = run(Analyzer(s), hung_job(110.0), until_s=110.0)
     assert [v.state.value for v in got] == ["open"], [v.describe() for v in got]
+
+
+def test_a_job_that_ends_before_its_hang_is_called_opens_no_incident_after_its_end() -> None:
+    # the job hangs at 10 s and every rank goes silent 2 s later, long before the hang's threshold: once it
+    # has been silent incident_close_silent_s it has ended, and the stall standing then is no new fault
+    # (before, it was opened and closed in one evaluation: a page about a job already gone)
+    s = dataclasses.replace(AnalyzerSettings(), incident_close_silent_s=5.0)
+    got = run(Analyzer(s), hung_job(12.0), until_s=120.0)
+    assert got == [], [v.describe() for v in got]
