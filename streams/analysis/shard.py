@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from ccld.errors import RecordError, SchemaError
 from ccld.records import AnomalyKind, Link, OpType
@@ -33,6 +34,7 @@ from ccld.schemas.codec import decode, encode
 from ccld.streams.analysis.hangs import I64, CommDiag, diagnose
 from ccld.streams.analysis.incidents import Candidate
 from ccld.streams.analysis.jobview import JobAnalysis, slow_candidate
+from ccld.streams.analysis.state import JobState
 
 #: Incidents a shard keeps checking for their end (per job); the oldest beyond it are forgotten.
 WATCH_MEMORY = 4096
@@ -279,7 +281,11 @@ def shard_report(ja: JobAnalysis, watch: Watch, now: float, stats: dict[str, Any
             inside = ~js.m_done[sl] & (js.m_t_enter[sl] >= 0) & (js.m_t_sample[sl] >= js.m_t_enter[sl])
             waited = float((js.m_t_sample[sl] - js.m_t_enter[sl])[inside].max(initial=0)) / 1e9
             longest = max(float(js.c_maxop_s[cid]), float(js.c_longop_s[cid]))
-            if waited < max(s.cut_wait_min_s, 2.0 * longest):
+            need = max(s.cut_wait_min_s, 2.0 * longest)
+            # ... and only if a member it waited for had stopped too: one that moved on in another op that
+            # recently was on its way (a pipeline stage behind, busy in its sends when the job ended), and
+            # the wait, however long against this op's own, was the end's
+            if waited < need or not _missing_stopped(js, sl, inside, need):
                 continue
         cached = ja.diag_cache.get(cid)
         if cached is None or cached[0] != mark or (cached[1] is not None and cached[1].provisional):
@@ -306,3 +312,26 @@ def shard_report(ja: JobAnalysis, watch: Watch, now: float, stats: dict[str, Any
     named = sorted({r for d in diags.values() for a in (d.missing, d.culprits) for r in a.tolist() if r >= 0})
     return ShardReport(ja.job, ja.incarnation, now, tuple(slow), tuple(stalls), ja.host_map(named),
                        watch.ended(ja, now), seen=js.last_now, lost=dict(ja.lost))
+
+
+def _missing_stopped(js: JobState, sl: slice, inside: npt.NDArray[np.bool_], need_s: float) -> bool:
+    """Whether some member of a silent communicator that is not inside its op (one the others wait for)
+    had stopped for ``need_s`` before the silence: nothing of it moved for that long by its own clock (its
+    newest sample against its newest change, over all its communicators), or it fell silent that long
+    before the members inside. True when every member is inside (what they hold decides: H2, H3)."""
+    out = ~inside
+    if not out.any():
+        return True
+    seen_inside = float(js.m_seen_now[sl][inside].max(initial=-1.0))
+    granks = js.m_grank
+    for g in np.unique(js.m_grank[sl][out]).tolist():
+        rows = np.flatnonzero(granks == g)
+        moved = int(js.m_t_change[rows].max(initial=-1))
+        sampled = int(js.m_t_sample[rows].max(initial=-1))
+        if moved < 0 or sampled < 0:
+            return True  # nothing known of it: it may never have come
+        own = (sampled - moved) / 1e9
+        gone = seen_inside - float(js.m_seen_now[rows].max(initial=-1.0))
+        if max(own, gone) >= need_s:
+            return True
+    return False

@@ -88,3 +88,26 @@ def test_a_lost_host_is_one_incident_naming_the_host_and_its_ranks() -> None:
     v = got[0]
     assert (v.kind.value, v.root_cause_ranks, v.root_cause_hosts) == ("H1", tuple(HOST0), ("node-0000",))
     assert "host node-0000" in v.evidence
+
+
+def test_a_job_that_ends_while_a_rank_waits_for_a_peer_still_at_work_gets_no_hang() -> None:
+    """The job of ``heldout-2`` ``pair-same-64-239`` (3D, 16 micro-batches, an S1 and an intermittent S2 in
+    one replica): at its end rank 51 had waited 1.2 s in a data-parallel reduce-scatter whose ops never
+    lasted 20 ms, for rank 19, which was still passing micro-batches through its pipeline and finished a
+    send 30 ms before its last sample. Waiting that long against the op's own time, before the silence, was
+    a hang by the cut rule (an H1 on rank 19, 24 s after the end); a member that moved on in another op
+    until the end had not stopped, and the wait was the end's."""
+    sc = Scenario.from_dict({
+        "id": "pair-same-64-239", "seed": 143404, "ranks": 64, "gpus_per_node": 8,
+        "layout": {"tp": 8, "pp": 4, "dp": 2},
+        "channels": 64, "duration_s": 40.8, "clock_skew_s": 6.69, "jitter": 0.076, "clock_drift_ppm": 70.6,
+        "workload": {"microbatches": 16, "layers": 4, "layer_ms": 8.95, "hidden": 1024, "seq_parallel": False,
+                     "dp_buckets": 8, "pause_rate": 0.01, "eval_every": 25},
+        "faults": [{"kind": "S1", "rank": 27, "onset_s": 15.8, "factor": 3.23},
+                   {"kind": "S2", "rank": 24, "onset_s": 15.8, "peer": 25, "factor": 0.445,
+                    "on_s": 20.0, "off_s": 15.0}],
+        "expect": [{"kind": "S1", "rank": 27}, {"kind": "S2", "rank": 24}],
+    })
+    got = run(list(simulate(sc)), then_s=120.0)
+    assert sorted({(v.kind.value, v.root_cause_ranks) for v in got}) == [("S1", (27,)), ("S2", (24, 25))], \
+        [v.describe() for v in got]
