@@ -316,9 +316,10 @@ def shard_report(ja: JobAnalysis, watch: Watch, now: float, stats: dict[str, Any
 
 def _missing_stopped(js: JobState, sl: slice, inside: npt.NDArray[np.bool_], need_s: float) -> bool:
     """Whether some member of a silent communicator that is not inside its op (one the others wait for)
-    had stopped for ``need_s`` before the silence: nothing of it moved for that long by its own clock (its
-    newest sample against its newest change, over all its communicators), or it fell silent that long
-    before the members inside. True when every member is inside (what they hold decides: H2, H3)."""
+    had stopped for ``need_s`` before the silence: no communicator of it moved for that long before the
+    members inside last reported (a rank that stopped leaves every one of its communicators where it was;
+    one still at work moves some), or it fell silent that long before them. True when every member is
+    inside (what they hold decides: H2, H3)."""
     out = ~inside
     if not out.any():
         return True
@@ -326,12 +327,8 @@ def _missing_stopped(js: JobState, sl: slice, inside: npt.NDArray[np.bool_], nee
     granks = js.m_grank
     for g in np.unique(js.m_grank[sl][out]).tolist():
         rows = np.flatnonzero(granks == g)
-        moved = int(js.m_t_change[rows].max(initial=-1))
-        sampled = int(js.m_t_sample[rows].max(initial=-1))
-        if moved < 0 or sampled < 0:
-            return True  # nothing known of it: it may never have come
-        own = (sampled - moved) / 1e9
+        moved = float(js.c_progress_now[js.m_cid[rows]].max(initial=-1.0))
         gone = seen_inside - float(js.m_seen_now[rows].max(initial=-1.0))
-        if max(own, gone) >= need_s:
+        if moved < 0 or max(seen_inside - moved, gone) >= need_s:
             return True
     return False
