@@ -111,3 +111,13 @@ def test_a_job_that_ends_while_a_rank_waits_for_a_peer_still_at_work_gets_no_han
     got = run(list(simulate(sc)), then_s=120.0)
     assert sorted({(v.kind.value, v.root_cause_ranks) for v in got}) == [("S1", (27,)), ("S2", (24, 25))], \
         [v.describe() for v in got]
+
+
+def test_a_hang_whose_rank_still_heartbeats_is_a_hang_when_the_whole_job_then_goes_silent() -> None:
+    """Rank 5 never enters its next op at 30 s but its attachment goes on sending its (unchanged) state every
+    interval, as a hung rank's does; everyone goes silent at 36 s. The stopped rank is told by its
+    communicators, which stand still from the hang on, not by its samples, which still come."""
+    sc = job([{"kind": "H1", "rank": 5, "onset_s": 30.0}], 60.0)
+    feed = [(t, b) for t, b in simulate(sc) if t <= 36.0]
+    got = [v for v in run(feed, then_s=40.0) if v.state.value == "open"]
+    assert [(v.kind.value, v.root_cause_ranks) for v in got] == [("H1", (5,))], [v.describe() for v in got]
