@@ -109,6 +109,12 @@ FROM_START: dict[str, dict[str, Any]] = {
     "dp-pair-S2": dict(ranks=2, layout={"tp": 1, "pp": 1, "dp": 2}, channels=32,
                        workload={"microbatches": 2, "layers": 1, "layer_ms": 9.0, "hidden": 8192, "dp_buckets": 8},
                        faults=[{"kind": "S2", "rank": 0, "comm": "dp", "peer": 1, "onset_s": 0, "factor": 0.47}]),
+    # ... whose one layer fills 16 buckets at once: they run back to back, and only the first of each chain waits
+    # for the rank computing 1.6x longer (a sixteenth of its ops late, by the whole chain's share of the step)
+    "dp-pair-chain-S1": dict(ranks=2, layout={"tp": 1, "pp": 1, "dp": 2}, channels=16,
+                             workload={"microbatches": 2, "layers": 1, "layer_ms": 4.4, "hidden": 8192,
+                                       "dp_buckets": 16},
+                             faults=[{"kind": "S1", "rank": 1, "onset_s": 0, "factor": 1.6}]),
 }
 
 
@@ -153,6 +159,17 @@ def test_a_healthy_moe_job_without_a_tensor_ring_gets_no_verdict() -> None:
 def test_a_healthy_data_parallel_job_with_pauses_gets_no_verdict() -> None:
     sc = scenario(id="dp-healthy", seed=27, ranks=32, layout={"tp": 1, "pp": 1, "dp": 32}, duration_s=90,
                   workload={**MEGATRON, "pause_rate": 0.02}, expect=[])
+    assert claims(analyze_in_process(sc)) == []
+
+
+def test_a_healthy_chain_of_buckets_with_pauses_and_a_long_delay_gets_no_verdict() -> None:
+    """The chain's head carries several calls' worth of lateness (``BLAME_OP_CAP``); a rank's pauses and one
+    3-s delay of it are a few ops' worth, not a slow rank."""
+    sc = scenario(id="dp-chain-healthy", seed=31, ranks=2, layout={"tp": 1, "pp": 1, "dp": 2}, channels=16,
+                  duration_s=90, expect=[],
+                  workload={"microbatches": 2, "layers": 1, "layer_ms": 4.4, "hidden": 8192, "dp_buckets": 16,
+                            "pause_rate": 0.02},
+                  faults=[{"kind": "transient", "rank": 1, "onset_s": 40.0, "delay_s": 3.0}])
     assert claims(analyze_in_process(sc)) == []
 
 
