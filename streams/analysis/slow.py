@@ -75,8 +75,8 @@ MODE_HOLD_S = 300.0
 BLAME_FAIR_X = 1.6
 #: ... and on a host short of CPUs, where the scheduler makes each rank last in turn, a rank that keeps at least
 #: this share of its collective's lateness (and twice a fair share) is slower than any rotation makes one: real
-#: 4-rank DDP on gloo, its host stalled 44-76 %, healthy: each rank's share 0.27-0.29 at the median, 0.60 at
-#: most in three runs; one rank computing 2x from step 0: 0.82 at the median, at least 0.7 for 42 s on end
+#: 4-rank DDP on gloo, its host stalled 44-76 %, healthy: each rank's share 0.25-0.29 at the median, 0.63 at
+#: most in five runs; one rank computing 2x from step 0: 0.82 at the median, at least 0.7 for 42 s on end
 BLAME_DOMINANT_SHARE = 0.7
 #: the most calls' worth of lateness one op adds to the blame (``SlowDetector._blame``): buckets ready at once
 #: (16 gradient buckets after a job's one layer, ZeRO's all-gathers) run back to back, and only the first
