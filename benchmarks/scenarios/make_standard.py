@@ -830,6 +830,10 @@ SUITES = {
     # a third, made after the rules that followed the second one's misses (run once, blind)
     "heldout-any-3": (lambda seed, check=True: build_any_shape(seed, check, n=160), 77071,
                       OUT.with_name("heldout-any-3.jsonl")),
+    # a fourth, made on the generator that plays every gradient bucket and the rules that came with it (run once,
+    # blind)
+    "heldout-any-4": (lambda seed, check=True: build_any_shape(seed, check, n=160), 77081,
+                      OUT.with_name("heldout-any-4.jsonl")),
 }
 
 
