@@ -17,6 +17,10 @@ in bursts of a fraction of a millisecond after each wakeup, and their wait to be
 long as the burst whether the host is idle or six busy processes hold both cores (the scheduler
 favours a waking thread): wait / (wait + run) was 0.52-0.56 healthy and 0.51-0.65 starved. The host's
 stall share was 0.15 healthy and 0.95 starved.
+Nor the training thread's own (``/proc/<pid>/task/<tid>/schedstat``): measured on a 4-rank DDP job
+(benchmarks/RESULTS.md, "Real DDP on gloo, slow from step 0"), the ranks' training threads waited for a
+CPU within a few points of each other (10-17 % of the wall time quiet, 21-39 % busy), while the rank that
+arrived last changed from op to op by tens of ms: the wait does not tell which rank was held up.
 
 Reading costs one small file read per interval, on the emitter thread, never the training thread.
 Anything that goes wrong (no ``/proc``, a kernel without PSI or booted with ``psi=0``) makes the
