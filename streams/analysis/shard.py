@@ -282,9 +282,9 @@ def shard_report(ja: JobAnalysis, watch: Watch, now: float, stats: dict[str, Any
             waited = float((js.m_t_sample[sl] - js.m_t_enter[sl])[inside].max(initial=0)) / 1e9
             longest = max(float(js.c_maxop_s[cid]), float(js.c_longop_s[cid]))
             need = max(s.cut_wait_min_s, 2.0 * longest)
-            # ... and only if a member it waited for had stopped too: one that moved on in another op that
-            # recently was on its way (a pipeline stage behind, busy in its sends when the job ended), and
-            # the wait, however long against this op's own, was the end's
+            # ... and only if a member it waited for had stopped too: one whose communicators moved until
+            # shortly before the silence was on its way (a pipeline stage behind, busy in its sends when the
+            # job ended), and the wait, however long against this op's own, was the end's
             if waited < need or not _missing_stopped(js, sl, inside, need):
                 continue
         cached = ja.diag_cache.get(cid)
