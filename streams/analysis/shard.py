@@ -267,6 +267,7 @@ def shard_report(ja: JobAnalysis, watch: Watch, now: float, stats: dict[str, Any
     stalled = np.flatnonzero((js.c_inside > 0) & (now - js.c_progress_now >= s.wait_edge_min_s))
     diags: dict[int, CommDiag] = {}
     stalls: list[Stall] = []
+    last: tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]] | None = None  # _rank_last, once a cut needs it
     for cid in stalled.tolist():
         mark = float(js.c_progress_now[cid])
         sl = slice(int(js.c_off[cid]), int(js.c_off[cid] + js.c_size[cid]))
@@ -285,7 +286,10 @@ def shard_report(ja: JobAnalysis, watch: Watch, now: float, stats: dict[str, Any
             # ... and only if a member it waited for had stopped too: one whose communicators moved until
             # shortly before the silence was on its way (a pipeline stage behind, busy in its sends when the
             # job ended), and the wait, however long against this op's own, was the end's
-            if waited < need or not _missing_stopped(js, sl, inside, need):
+            if waited < need:
+                continue
+            last = last or _rank_last(js)
+            if not _missing_stopped(js, sl, inside, need, *last):
                 continue
         cached = ja.diag_cache.get(cid)
         if cached is None or cached[0] != mark or (cached[1] is not None and cached[1].provisional):
@@ -314,21 +318,32 @@ def shard_report(ja: JobAnalysis, watch: Watch, now: float, stats: dict[str, Any
                        watch.ended(ja, now), seen=js.last_now, lost=dict(ja.lost))
 
 
-def _missing_stopped(js: JobState, sl: slice, inside: npt.NDArray[np.bool_], need_s: float) -> bool:
+def _rank_last(js: JobState) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+    """Per global rank, the analyzer time its communicators last moved (the latest ``c_progress_now`` of any
+    communicator it is a member of) and the time its newest record came (``m_seen_now``); -1 where unknown."""
+    n = int(js.m_grank.max(initial=-1)) + 1
+    moved, seen = np.full(n, -1.0), np.full(n, -1.0)
+    ok = js.m_grank >= 0
+    g = js.m_grank[ok]
+    np.maximum.at(moved, g, js.c_progress_now[js.m_cid[ok]])
+    np.maximum.at(seen, g, js.m_seen_now[ok])
+    return moved, seen
+
+
+def _missing_stopped(js: JobState, sl: slice, inside: npt.NDArray[np.bool_], need_s: float,
+                     moved: npt.NDArray[np.float64], seen: npt.NDArray[np.float64]) -> bool:
     """Whether some member of a silent communicator that is not inside its op (one the others wait for)
     had stopped for ``need_s`` before the silence: no communicator of it moved for that long before the
     members inside last reported (a rank that stopped leaves every one of its communicators where it was;
-    one still at work moves some), or it fell silent that long before them. True when every member is
-    inside (what they hold decides: H2, H3)."""
+    one still at work moves some), or it fell silent that long before them (``moved``, ``seen``: ``_rank_last``).
+    True when every member is inside (what they hold decides: H2, H3)."""
     out = ~inside
     if not out.any():
         return True
     seen_inside = float(js.m_seen_now[sl][inside].max(initial=-1.0))
-    granks = js.m_grank
-    for g in np.unique(js.m_grank[sl][out]).tolist():
-        rows = np.flatnonzero(granks == g)
-        moved = float(js.c_progress_now[js.m_cid[rows]].max(initial=-1.0))
-        gone = seen_inside - float(js.m_seen_now[rows].max(initial=-1.0))
-        if moved < 0 or max(seen_inside - moved, gone) >= need_s:
-            return True
-    return False
+    g = js.m_grank[sl][out]
+    g = g[g >= 0]
+    if g.size < int(out.sum()):
+        return True  # a member of unknown rank: nothing known of it
+    m = moved[g]
+    return bool((m < 0).any() or (np.maximum(seen_inside - m, seen_inside - seen[g]) >= need_s).any())
