@@ -834,6 +834,14 @@ SUITES = {
     # blind)
     "heldout-any-4": (lambda seed, check=True: build_any_shape(seed, check, n=160), 77081,
                       OUT.with_name("heldout-any-4.jsonl")),
+    # a fifth, made once the rules after it were final (a slow rank's lateness hidden by its own slow link, the
+    # pipeline pairs inside a node compared with each other) and run once, blind
+    "heldout-any-5": (lambda seed, check=True: build_any_shape(seed, check, n=160), 77091,
+                      OUT.with_name("heldout-any-5.jsonl")),
+    # a sixth, made once the rule its misses showed was final (a late arriver that computed clearly longer than
+    # its peers is no victim, whatever its lateness) and run once, blind
+    "heldout-any-6": (lambda seed, check=True: build_any_shape(seed, check, n=160), 77101,
+                      OUT.with_name("heldout-any-6.jsonl")),
 }
 
 

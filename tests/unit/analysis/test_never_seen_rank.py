@@ -32,3 +32,17 @@ def test_a_shard_of_a_job_does_not_guess() -> None:
     sc = Scenario.from_dict({**JOB, "faults": [{"kind": "H1", "rank": 5, "onset_s": 0.0}]})
     opened = [v for v in analyze_batches(list(simulate(sc)), groups=2, past_end_s=60.0) if v.state.value == "open"]
     assert all(v.root_cause_ranks == (5,) for v in opened), [(v.kind.value, v.root_cause_ranks) for v in opened]
+
+
+def test_a_pipeline_stage_that_never_reported_is_named_by_its_waiting_successor() -> None:
+    """Two ranks, two pipeline stages: stage 0 hangs before its first op, so the job's only record is stage 1
+    waiting in its first recv, a send/recv pair whose other member never reported (heldout-any-6's
+    any-pp-H1-2-086: no verdict before)."""
+    sc = Scenario.from_dict({"id": "unseen-pp", "seed": 9, "ranks": 2, "layout": {"tp": 1, "pp": 2, "dp": 1},
+                             "channels": 8, "duration_s": 50.0, "workload": {"microbatches": 4, "layers": 1},
+                             "faults": [{"kind": "H1", "rank": 0, "onset_s": 0.0}]})
+    feed = list(simulate(sc))
+    assert {r for _, b in feed for r in b.col("rank").tolist()} == {1}
+    opened = [v for v in analyze_batches(feed, past_end_s=60.0) if v.state.value == "open"]
+    assert [(v.kind.value, v.root_cause_ranks) for v in opened] == [("H1", (0,))]
+    assert "no record has come from rank 0 on any communicator" in opened[0].evidence

@@ -87,6 +87,21 @@ def test_short_healthy_jobs_give_no_verdict(fa: ModuleType) -> None:
     assert fa.summarize(played)["overall"]["false_alarms"] == 0
 
 
+def test_the_any_shape_draws_noisy_pipeline_job_gives_no_verdict(fa: ModuleType) -> None:
+    """Job 2 of the any-shape draw of seed 35 (64 ranks, tp 8 x pp 4 x dp 2, jitter 0.077, 760-ms pauses
+    at 4.7 % a second), its first 1,080 s: healthy throughout. Before the rules it met, an S2 on a
+    pipeline send 1.3-1.4x its baseline in 2 ops of 5 (a link named on ops some rank was merely late in)
+    and an S1 on a stage whose two late recvs in the window were one 652-ms pause and one normal gap
+    (their mean passed for slowness)."""
+    raw = fa.draw_job(35, 2, any_shape=True)
+    raw["duration_s"] = 1080.0  # past both, a quarter of the job's time cut
+    raw["faults"] = [f for f in raw["faults"] if f["onset_s"] < raw["duration_s"]]
+    assert raw["layout"] == {"tp": 8, "pp": 4, "dp": 2} and raw["workload"]["pause_ms"] > 500
+    r = fa.play(2, raw)
+    assert r.sim_s > 1000
+    assert r.verdicts == [], [Verdict.from_dict(v).describe() for v in r.verdicts]
+
+
 def test_one_late_fault_is_found(fa: ModuleType) -> None:
     raw = fa.add_late_fault(fa.draw_job(SEED, 0, duration_s=240.0, max_ranks=16), 0, SEED)
     rep = fa.late_fault_report([fa.play(0, raw)])
