@@ -812,11 +812,15 @@ class SlowDetector:
                     # ... by a clear share of what its peers computed: a rank that computed 8 % longer than
                     # its peers is jitter, whatever the lateness it caused on a us-scale op
                     # (a blamed window's late arriver proved it op by op, where its gap told: _blame)
-                    # ... or clearly longer than they did, as _blame owes it: a pipeline stage 4x slower is
-                    # late at its data-parallel op by every micro-batch of the step (450 ms), its last
-                    # compute before it 105 ms against its peer's 27 (heldout-any-5's any-pp-S1-8-068)
-                    ok = blamed or extra >= max(s.culprit_gap_share * lateness, s.culprit_gap_ratio * ogap,
-                                                s.slow_min_excess_s) or bool(_computed_clearly_longer(extra, ogap, s))
+                    # ... or, where its history says the op got slow, clearly longer than they did, as _blame
+                    # owes it: a pipeline stage 4x slower is late at its data-parallel op by every micro-batch
+                    # of the step (450 ms), its last compute before it 105 ms against its peer's 27
+                    # (heldout-any-5's any-pp-S1-8-068). Not against the peers alone: the stages of a pipeline
+                    # meet at a world all-reduce after different work (the first stage computed 20 ms, the
+                    # last waited in its receives), and the first is last there from the first step, healthy
+                    clearly = not peer_only and bool(_computed_clearly_longer(extra, ogap, s))
+                    ok = blamed or clearly or extra >= max(s.culprit_gap_share * lateness, s.culprit_gap_ratio * ogap,
+                                                           s.slow_min_excess_s)
                 # Ranks that share a host short of CPUs compute at the scheduler's pace: one that got less
                 # CPU than its peers is last op after op with nothing wrong with it (the healthy real job
                 # restarted on a busy 2-core machine: rank 2 computed 72.5 ms against 58.8, its host
