@@ -917,8 +917,9 @@ class SlowDetector:
                 self._hidden.pop(bi, None)
             else:
                 was, since = self._hidden.get(bi, (link_src, now))
-                self._hidden[bi] = (link_src, since if was == link_src else now)
-                if now - self._hidden[bi][1] < s.culprit_confirm_s:
+                since = since if was == link_src else now
+                self._hidden[bi] = (link_src, since)
+                if now - since < s.culprit_confirm_s:
                     return []  # the class is known once the rank has kept them waiting that long
                 late, late_share = link_src, share
         if late is not None and link_src is not None and link_src >= 0 and link_src != late and sender is None:
