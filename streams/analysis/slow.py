@@ -790,7 +790,8 @@ class SlowDetector:
                 # sender's, and named a stage downstream of the slow one)
                 mine = [j for j in idx if int(self.w_late[bi, j]) == cr]
                 op_type = int(self.b_sig[bi] >> 60 & 0xF)
-                if bool(own_work(self.b_sig[bi : bi + 1])[0]):
+                own = bool(own_work(self.b_sig[bi : bi + 1])[0])
+                if own:
                     # a send/recv pair's two ranks do different work (a pipeline stage sends what it
                     # computed to one that waits for it; an all_to_all's experts, on what the router sent
                     # each): the late one always "computed longer" than its
@@ -826,21 +827,25 @@ class SlowDetector:
                 # restarted on a busy 2-core machine: rank 2 computed 72.5 ms against 58.8, its host
                 # stalled 14 % of the time). With no healthy pace of its own to judge by, such a rank must
                 # have computed clearly longer than they did; keeping them waiting (the blame) is not enough
-                busy = self._busy_shared_host(js, bi, cid, cr, idx) if peer_only else None
+                busy = self._busy_shared_host(js, bi, cid, cr, idx) if peer_only or not own else None
+                lg = _median([float(self.w_lgap[bi, j]) for j in mine])
+                og = _median([float(self.w_ogap[bi, j]) for j in mine])
                 if peer_only and (not blamed or busy is not None):
-                    lg = _median([float(self.w_lgap[bi, j]) for j in mine])
-                    og = _median([float(self.w_ogap[bi, j]) for j in mine])
                     ok = ok and bool(_computed_clearly_longer(lg - og, og, s))
-                    # ... and by more than the stalls can make it: a host stalled for CPUs a share w of the
-                    # time (PSI "some": at least one task waiting, so no task waits longer) stretches one
-                    # rank's compute against another's by up to 1 / (1 - w) (a healthy real DDP job's start
-                    # beside two busy loops: rank 2 computed 60.2 ms against 25.4, its host stalled 78 %)
-                    # ... unless it keeps most of its peers' waiting, far beyond the turns the scheduler gives
-                    # each rank (BLAME_DOMINANT_SHARE); measured only to +/- a poll's window (Flight Recorder on
-                    # gloo), a rank 2x slower in compute from its first step looked 1.6x, on a host stalled 44 %
-                    if busy is not None:
-                        ok = ok and (lg * (1.0 - busy) >= og * (1.0 + s.peer_gap_ratio)
-                                     or self._dominant(bi, cr, js.members_of(cid)))
+                # ... and by more than the stalls can make it: a host stalled for CPUs a share w of the time
+                # (PSI "some": at least one task waiting, so no task waits longer) stretches one rank's compute
+                # against another's by up to 1 / (1 - w) (a healthy real DDP job's start beside two busy
+                # loops: rank 2 computed 60.2 ms against 25.4, its host stalled 78 %) ... unless it keeps most
+                # of its peers' waiting, far beyond the turns the scheduler gives each rank
+                # (BLAME_DOMINANT_SHARE); measured only to +/- a poll's window (Flight Recorder on gloo), a
+                # rank 2x slower in compute from its first step looked 1.6x, on a host stalled 44 %.
+                # So too where its history says the op got slow: that history was learned before the host was
+                # short of CPUs, and the window's gaps set the rank against peers that share its stalls (a
+                # healthy real DDP job beside six busy loops: rank 0, which does a little more before each
+                # broadcast, 200 ms late at it in 4 of 5 ops, its host stalled 73 %: an S1 in CI)
+                if busy is not None:
+                    ok = ok and (lg * (1.0 - busy) >= og * (1.0 + s.peer_gap_ratio)
+                                 or self._dominant(bi, cr, js.members_of(cid)))
                 need_share = s.culprit_share
                 if op_type == ALL_TO_ALL:
                     # of the window's ops, not only its slow ones: a straggling expert is last at every op

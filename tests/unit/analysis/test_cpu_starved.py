@@ -163,3 +163,24 @@ def test_on_a_busy_shared_host_a_rotating_last_place_is_the_schedulers() -> None
     recs = [x for k in range(30) for x in healthy_steps(probe, comm, 1, t0=2.0 * k, late={6: 1.2})]
     got = opens(with_cpu_wait(batches_by_tick(recs), range(8), 0.7, 0.0))
     assert [(v.kind, v.root_cause_ranks) for v in got] == [(AnomalyKind.S1, (6,))]
+
+
+@pytest.mark.parametrize(("share", "every_step", "named"), [
+    (0.7, False, False),  # the scheduler's turns: most of the lateness on rank 6, not far beyond a rotation's
+    (0.01, False, True),  # the same lateness on a host with CPUs to spare: rank 6 is slow
+    (0.7, True, True),    # rank 6 late in every step keeps its peers waiting far beyond any rotation
+])
+def test_a_history_judged_late_rank_on_a_busy_shared_host_is_named_only_beyond_the_schedulers_turns(
+        share: float, every_step: bool, named: bool) -> None:
+    """Eight ranks on one host, healthy for 20 steps; then the host is stalled for CPUs and rank 6 arrives 0.5 s
+    late in 4 of every 5 steps, another rank 1 s late in the fifth. The op's history says it got slow, but that
+    history was learned while the host was free: the late ranks are set against peers that share their stalls,
+    so the same test as from the first step holds (a healthy real DDP job beside six busy loops got an S1 on
+    rank 0, which does a little more before each broadcast: 200 ms late in 4 of 5 ops, its host stalled 73 %)."""
+    probe, comm = Probe(), Comm(0x62, tuple(range(8)))
+    recs = healthy_steps(probe, comm, SLOW_FROM_STEP)
+    for k in range(SLOW_FROM_STEP, 40):
+        late = {6: 0.5} if every_step or k % 5 else {2: 1.0}
+        recs += healthy_steps(probe, comm, 1, t0=2.0 * k, late=late)
+    got = opens(with_cpu_wait(batches_by_tick(recs), range(8), share, 2.0 * SLOW_FROM_STEP))
+    assert [(v.kind, v.root_cause_ranks) for v in got] == ([(AnomalyKind.S1, (6,))] if named else [])
