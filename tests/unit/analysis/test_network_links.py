@@ -135,3 +135,41 @@ def test_a_pipeline_link_inside_a_node_slow_from_the_first_step_is_named_against
     (v,) = inc.values()
     assert v.kind == AnomalyKind.S2 and v.link == Link(2, 6) and v.root_cause_ranks[0] == 2, v
     assert incidents(run([], 40.0, gpus_per_node=8)) == {}
+
+
+def test_a_late_rank_on_a_host_whose_nic_is_named_slow_is_part_of_that_incident() -> None:
+    """A rank of node 1 late after the NIC of node 1 was named slow waited for its transfers through it: no
+    page of its own. A late rank of another host, or one found before the NIC's incident, is its own."""
+    book = IncidentBook(100, 10.0, 0.0)
+    (nic,) = book.report(_s2(4, 12, "node-0001", "c1"), 1.0)
+    book.report(_s2(5, 13, "node-0001", "c2"), 2.0)
+
+    def s1(rank: int, host: str, onset: float) -> Candidate:
+        return replace(_s2(rank, rank, host, "pp"), kind=AnomalyKind.S1, root_cause_ranks=(rank,), link=None,
+                       root_cause_hosts=(host,), details={}, onset_time=onset)
+
+    assert book.report(s1(6, "node-0001", 12.0), 3.0) == []  # behind the NIC, found after it
+    assert [v.state for v in book.report(s1(9, "node-0002", 12.0), 3.0)] == [VerdictState.OPEN]
+    assert [v.state for v in book.report(s1(7, "node-0001", 5.0), 3.0)] == [VerdictState.OPEN]  # late before it
+    # the NIC of one link only is a link, not a host: the late rank at its end stays its own (S3 by the job stage)
+    book = IncidentBook(100, 10.0, 0.0)
+    book.report(_s2(4, 12, "node-0001", "c1"), 1.0)
+    assert [v.state for v in book.report(s1(6, "node-0001", 12.0), 3.0)] == [VerdictState.OPEN]
+    assert nic.state == VerdictState.OPEN
+
+
+def test_pipeline_stages_behind_a_slow_nic_are_not_named_apart_from_it() -> None:
+    """Ten stages of two replicas on 8-GPU nodes, node 0's NIC at 33 % from 17 s: its links (the pipeline's
+    send to node 1, the data-parallel pairs) are one S2 naming node 0; two stages on node 0 arrived late at
+    their receives after waiting through it, and were each an S1 of their own (heldout-any-6's draw)."""
+    sc = Scenario.from_dict({
+        "id": "any-pp-S2-20-159", "seed": 347346, "ranks": 20, "gpus_per_node": 8,
+        "layout": {"tp": 1, "pp": 10, "dp": 2}, "channels": 2, "duration_s": 52.2, "clock_skew_s": 7.93,
+        "jitter": 0.009, "clock_drift_ppm": 9.5,
+        "workload": {"microbatches": 16, "layers": 1, "layer_ms": 8.92, "hidden": 8192, "seq_parallel": False,
+                     "dp_buckets": 1, "pause_rate": 0.0, "eval_every": 60},
+        "faults": [{"kind": "S2", "onset_s": 17.2, "factor": 0.325, "nic": 0}],
+    })
+    got = incidents(list(analyze_batches(simulate(sc), tick_s=1.0)))
+    assert [(v.kind, v.root_cause_hosts) for v in got.values()] == [(AnomalyKind.S2, ("node-0000",))], \
+        [v.describe() for v in got.values()]
