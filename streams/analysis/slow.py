@@ -565,7 +565,8 @@ class SlowDetector:
         # streak, and those are enough for its own kernel time (which holds no waiting) against the other
         # expert groups' (an expert link at 34 % from the start: 1.03 ms against 0.35 on every other pair)
         a2a = (self.b_sig >> 60 & 0xF) == ALL_TO_ALL
-        grown = (self.b_n >= self.s.baseline_min_ops) | (a2a & (self.b_n >= 2) & (self.b_seen >= self.s.baseline_min_ops))
+        least = self.s.baseline_min_ops
+        grown = (self.b_n >= least) | (a2a & (self.b_n >= 2) & (self.b_seen >= least))
         ok = grown & (~p2p | net | local)
         self.b_sibn[:] = 0
         idx = np.flatnonzero(ok)
@@ -796,8 +797,8 @@ class SlowDetector:
                 # sender's, and named a stage downstream of the slow one)
                 mine = [j for j in idx if int(self.w_late[bi, j]) == cr]
                 op_type = int(self.b_sig[bi] >> 60 & 0xF)
-                own = bool(own_work(self.b_sig[bi : bi + 1])[0])
-                if own:
+                own_op = bool(own_work(self.b_sig[bi : bi + 1])[0])
+                if own_op:
                     # a send/recv pair's two ranks do different work (a pipeline stage sends what it
                     # computed to one that waits for it; an all_to_all's experts, on what the router sent
                     # each): the late one always "computed longer" than its
@@ -833,7 +834,7 @@ class SlowDetector:
                 # restarted on a busy 2-core machine: rank 2 computed 72.5 ms against 58.8, its host
                 # stalled 14 % of the time). With no healthy pace of its own to judge by, such a rank must
                 # have computed clearly longer than they did; keeping them waiting (the blame) is not enough
-                busy = self._busy_shared_host(js, bi, cid, cr, idx) if peer_only or not own else None
+                busy = self._busy_shared_host(js, bi, cid, cr, idx) if peer_only or not own_op else None
                 lg = _median([float(self.w_lgap[bi, j]) for j in mine])
                 og = _median([float(self.w_ogap[bi, j]) for j in mine])
                 if peer_only and (not blamed or busy is not None):
