@@ -149,6 +149,11 @@ class JobStage:
         """A hang whose link joins two hosts names the host it leaves (``details["nic"]``, as a slow
         finding's does, ``jobview.slow_candidate``): the links of one host's NIC are one incident."""
         if c.link is None:
+            # a dead NIC under an all_to_all names the host's ranks, no link (hangs._dead_nic): the host's
+            # incident, however many of its expert groups' all_to_alls froze
+            hosts = self._hosts(v, c.root_cause_ranks)
+            if c.kind == AnomalyKind.H3 and len(c.root_cause_ranks) >= 2 and len(hosts) == 1:
+                return replace(c, details={**c.details, "host": hosts[0]})
             return c
         src, dst = self._hosts(v, (c.link.src,)), self._hosts(v, (c.link.dst,))
         if not src or not dst or src == dst:
@@ -185,13 +190,16 @@ def merge_by_host(cands: list[Candidate]) -> list[Candidate]:
     names every such rank and the host, is matched as that host's incident (``details["host"]``), and
     keeps the earliest op as its own. One rank alone on its host stays a rank's incident.
     """
-    groups: dict[str, list[Candidate]] = {}
+    groups: dict[tuple[AnomalyKind, str], list[Candidate]] = {}
     for c in cands:
         if c.kind == AnomalyKind.H1 and len(c.root_cause_hosts) == 1:
-            groups.setdefault(c.root_cause_hosts[0], []).append(c)
+            groups.setdefault((c.kind, c.root_cause_hosts[0]), []).append(c)
+        elif c.kind == AnomalyKind.H3 and c.link is None and c.details.get("host"):
+            # a dead NIC's all_to_alls, one per expert group through it (hangs._dead_nic)
+            groups.setdefault((c.kind, c.details["host"]), []).append(c)
     merged = {id(c) for g in groups.values() if len(g) > 1 for c in g}
     out = [c for c in cands if id(c) not in merged]
-    for host, g in sorted(groups.items()):
+    for (kind, host), g in sorted(groups.items(), key=lambda kv: (kv[0][0].value, kv[0][1])):
         if len(g) < 2:
             continue
         first = min(g, key=lambda c: (c.onset_time, c.communicator, c.op_seq))
@@ -201,6 +209,9 @@ def merge_by_host(cands: list[Candidate]) -> list[Candidate]:
         ev = (f"host {host}: ranks {_ranks(roots)} never entered the ops their peers wait in "
               f"({len(g)} ops in {len(comms)} communicators; {len(affected)} ranks wait); the host stopped, "
               f"or all its ranks did: first {first.evidence}")
+        if kind == AnomalyKind.H3:
+            ev = (f"host {host}: ranks {_ranks(roots)} hold data they cannot pass on in {len(g)} all_to_alls "
+                  f"({len(affected)} ranks wait); every link that leaves the host stopped: first {first.evidence}")
         out.append(replace(first, root_cause_ranks=roots, affected_ranks=affected, evidence=ev,
                            confidence=max(c.confidence for c in g),
                            details={**first.details, "host": host, "communicators": str(len(comms))}))

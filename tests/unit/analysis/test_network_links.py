@@ -191,3 +191,20 @@ def test_a_dead_nic_under_an_all_to_all_names_its_host_not_one_of_its_links() ->
     (v,) = incidents(list(analyze_batches(simulate(sc), tick_s=1.0))).values()
     assert (v.kind, v.root_cause_ranks) == (AnomalyKind.H3, (10, 11)), v.describe()
     assert "node-0005" in v.evidence and v.link is None
+
+
+def test_a_dead_nic_under_two_expert_groups_is_one_incident_naming_the_host() -> None:
+    """8-GPU nodes, tp 2, ep 8: node 1's ranks sit in two expert groups (the even and the odd tensor ranks), and
+    its dead NIC freezes both groups' all_to_alls; each names its four ranks of node 1, and the two are one
+    incident, the host's (two incidents of four ranks each before the host was given)."""
+    sc = Scenario.from_dict({
+        "id": "any-moe-H3-32-017", "seed": 938186, "ranks": 32, "gpus_per_node": 8,
+        "layout": {"tp": 2, "pp": 1, "dp": 16, "ep": 8}, "channels": 2, "duration_s": 75.5, "clock_skew_s": 3.54,
+        "jitter": 0.041, "clock_drift_ppm": 49.8,
+        "workload": {"microbatches": 8, "layers": 4, "layer_ms": 8.75, "hidden": 8192, "seq_parallel": True,
+                     "dp_buckets": 16, "pause_rate": 0.005, "eval_every": 25, "moe_every": 1, "topk": 2},
+        "faults": [{"kind": "H3", "onset_s": 35.5, "nic": 1}],
+    })
+    (v,) = incidents(list(analyze_batches(simulate(sc), tick_s=1.0))).values()
+    assert (v.kind, v.root_cause_ranks) == (AnomalyKind.H3, tuple(range(8, 16))), v.describe()
+    assert v.details["host"] == "node-0001"
