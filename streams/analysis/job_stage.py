@@ -206,12 +206,13 @@ def merge_by_host(cands: list[Candidate]) -> list[Candidate]:
         roots = tuple(sorted({r for c in g for r in c.root_cause_ranks}))
         affected = tuple(sorted({r for c in g for r in c.affected_ranks} - set(roots)))
         comms = {c.communicator for c in g}
-        ev = (f"host {host}: ranks {_ranks(roots)} never entered the ops their peers wait in "
-              f"({len(g)} ops in {len(comms)} communicators; {len(affected)} ranks wait); the host stopped, "
-              f"or all its ranks did: first {first.evidence}")
         if kind == AnomalyKind.H3:
             ev = (f"host {host}: ranks {_ranks(roots)} hold data they cannot pass on in {len(g)} all_to_alls "
                   f"({len(affected)} ranks wait); every link that leaves the host stopped: first {first.evidence}")
+        else:
+            ev = (f"host {host}: ranks {_ranks(roots)} never entered the ops their peers wait in "
+                  f"({len(g)} ops in {len(comms)} communicators; {len(affected)} ranks wait); the host stopped, "
+                  f"or all its ranks did: first {first.evidence}")
         out.append(replace(first, root_cause_ranks=roots, affected_ranks=affected, evidence=ev,
                            confidence=max(c.confidence for c in g),
                            details={**first.details, "host": host, "communicators": str(len(comms))}))

@@ -835,8 +835,9 @@ class SlowDetector:
                 # stalled 14 % of the time). With no healthy pace of its own to judge by, such a rank must
                 # have computed clearly longer than they did; keeping them waiting (the blame) is not enough
                 busy = self._busy_shared_host(js, bi, cid, cr, idx) if peer_only or not own_op else None
-                lg = _median([float(self.w_lgap[bi, j]) for j in mine])
-                og = _median([float(self.w_ogap[bi, j]) for j in mine])
+                if peer_only or busy is not None:  # the gaps' medians, for the two tests below that read them
+                    lg = _median([float(self.w_lgap[bi, j]) for j in mine])
+                    og = _median([float(self.w_ogap[bi, j]) for j in mine])
                 if peer_only and (not blamed or busy is not None):
                     ok = ok and bool(_computed_clearly_longer(lg - og, og, s))
                 # ... and by more than the stalls can make it: a host stalled for CPUs a share w of the time

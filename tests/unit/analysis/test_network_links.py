@@ -8,13 +8,17 @@ is one incident naming the host and listing its links, and one fault is one inci
 from __future__ import annotations
 
 from dataclasses import replace
+from functools import cache
+from pathlib import Path
 from typing import Any
 
-from ccld.producers.simulator.scenario import Scenario
+from ccld.producers.simulator.scenario import Scenario, load_scenarios
 from ccld.producers.simulator.sim import simulate
 from ccld.records import AnomalyKind, Link, Verdict, VerdictState
 from ccld.streams.analysis.incidents import NIC, NIC_LINKS, Candidate, IncidentBook
 from ccld.streams.analysis.replay import analyze_batches
+
+SUITES = Path(__file__).resolve().parents[3] / "benchmarks" / "scenarios"
 
 
 def run(faults: list[dict[str, Any]], duration_s: float = 80.0, gpus_per_node: int = 4) -> list[Verdict]:
@@ -24,6 +28,12 @@ def run(faults: list[dict[str, Any]], duration_s: float = 80.0, gpus_per_node: i
         "workload": {"microbatches": 4, "layers": 2, "layer_ms": 4.0, "dp_buckets": 4}, "faults": faults,
     })
     return list(analyze_batches(simulate(sc), tick_s=1.0))
+
+
+@cache
+def drawn(suite: str, sid: str) -> Scenario:
+    """Scenario ``sid`` of ``benchmarks/scenarios/<suite>.jsonl`` (a job a draw found a rule wanting on)."""
+    return next(sc for sc in load_scenarios(SUITES / f"{suite}.jsonl") if sc.id == sid)
 
 
 def incidents(vs: list[Verdict]) -> dict[str, Verdict]:
@@ -162,14 +172,7 @@ def test_pipeline_stages_behind_a_slow_nic_are_not_named_apart_from_it() -> None
     """Ten stages of two replicas on 8-GPU nodes, node 0's NIC at 33 % from 17 s: its links (the pipeline's
     send to node 1, the data-parallel pairs) are one S2 naming node 0; two stages on node 0 arrived late at
     their receives after waiting through it, and were each an S1 of their own (heldout-any-6's draw)."""
-    sc = Scenario.from_dict({
-        "id": "any-pp-S2-20-159", "seed": 347346, "ranks": 20, "gpus_per_node": 8,
-        "layout": {"tp": 1, "pp": 10, "dp": 2}, "channels": 2, "duration_s": 52.2, "clock_skew_s": 7.93,
-        "jitter": 0.009, "clock_drift_ppm": 9.5,
-        "workload": {"microbatches": 16, "layers": 1, "layer_ms": 8.92, "hidden": 8192, "seq_parallel": False,
-                     "dp_buckets": 1, "pause_rate": 0.0, "eval_every": 60},
-        "faults": [{"kind": "S2", "onset_s": 17.2, "factor": 0.325, "nic": 0}],
-    })
+    sc = drawn("heldout-any-6", "any-pp-S2-20-159")
     got = incidents(list(analyze_batches(simulate(sc), tick_s=1.0)))
     assert [(v.kind, v.root_cause_hosts) for v in got.values()] == [(AnomalyKind.S2, ("node-0000",))], \
         [v.describe() for v in got.values()]
@@ -180,14 +183,7 @@ def test_a_dead_nic_under_an_all_to_all_names_its_host_not_one_of_its_links() ->
     of its ranks (10, 11) hold data they cannot pass on in the expert group's first all_to_all, their two peers
     on node 4 are behind. The exchanges are pairwise, not a ring: the largest backlog step between ring
     neighbours named one link, 11 -> 8 (heldout-any-6's draw); the H3 names the host's two ranks."""
-    sc = Scenario.from_dict({
-        "id": "any-moe-H3-16-100", "seed": 760835, "ranks": 16, "gpus_per_node": 2,
-        "layout": {"tp": 1, "pp": 1, "dp": 16, "ep": 4}, "channels": 4, "duration_s": 50.0, "clock_skew_s": 3.2,
-        "jitter": 0.016, "clock_drift_ppm": 28.6,
-        "workload": {"microbatches": 4, "layers": 3, "layer_ms": 7.14, "hidden": 4096, "seq_parallel": False,
-                     "dp_buckets": 8, "pause_rate": 0.0, "eval_every": 25, "moe_every": 2, "topk": 1},
-        "faults": [{"kind": "H3", "onset_s": 0.0, "nic": 5}],
-    })
+    sc = drawn("heldout-any-6", "any-moe-H3-16-100")
     (v,) = incidents(list(analyze_batches(simulate(sc), tick_s=1.0))).values()
     assert (v.kind, v.root_cause_ranks) == (AnomalyKind.H3, (10, 11)), v.describe()
     assert "node-0005" in v.evidence and v.link is None
@@ -197,14 +193,7 @@ def test_a_dead_nic_under_two_expert_groups_is_one_incident_naming_the_host() ->
     """8-GPU nodes, tp 2, ep 8: node 1's ranks sit in two expert groups (the even and the odd tensor ranks), and
     its dead NIC freezes both groups' all_to_alls; each names its four ranks of node 1, and the two are one
     incident, the host's (two incidents of four ranks each before the host was given)."""
-    sc = Scenario.from_dict({
-        "id": "any-moe-H3-32-017", "seed": 938186, "ranks": 32, "gpus_per_node": 8,
-        "layout": {"tp": 2, "pp": 1, "dp": 16, "ep": 8}, "channels": 2, "duration_s": 75.5, "clock_skew_s": 3.54,
-        "jitter": 0.041, "clock_drift_ppm": 49.8,
-        "workload": {"microbatches": 8, "layers": 4, "layer_ms": 8.75, "hidden": 8192, "seq_parallel": True,
-                     "dp_buckets": 16, "pause_rate": 0.005, "eval_every": 25, "moe_every": 1, "topk": 2},
-        "faults": [{"kind": "H3", "onset_s": 35.5, "nic": 1}],
-    })
+    sc = drawn("any-shape", "any-moe-H3-32-017")
     (v,) = incidents(list(analyze_batches(simulate(sc), tick_s=1.0))).values()
     assert (v.kind, v.root_cause_ranks) == (AnomalyKind.H3, tuple(range(8, 16))), v.describe()
     assert v.details["host"] == "node-0001"
