@@ -1,4 +1,5 @@
-"""Hand-built kernel records for analyzer tests: a record factory and a tiny ring model.
+"""Hand-built kernel records for analyzer tests: a record factory and a tiny ring model; and the
+drawn jobs of the accuracy suites, by id.
 
 Nothing here knows about faults: each helper only writes what a probe would observe (times on
 each rank's own, skewed clock; counters per channel) for the behaviour a test describes.
@@ -8,8 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
 
+from ccld.producers.simulator.scenario import Scenario, load_scenarios
 from ccld.records import DType, KernelBatch, KernelRecord, OpType, Status
+
+SUITES = Path(__file__).resolve().parents[3] / "benchmarks" / "scenarios"
 
 NS = 1_000_000_000
 EPOCH_NS = 1_700_000_000 * NS
@@ -149,3 +155,13 @@ def healthy_steps(probe: Probe, comm: Comm, steps: int, step_s: float = 2.0, dur
         sample = max(enters) + d / 2 if faulty and lag_rank is not None else None
         out += probe.ring_op(comm, enters, d, lag_rank=lag_rank if faulty else None, sample_at=sample, **kw)
     return out
+
+
+@cache
+def _suite(suite: str) -> dict[str, Scenario]:
+    return {sc.id: sc for sc in load_scenarios(SUITES / f"{suite}.jsonl")}
+
+
+def drawn(suite: str, sid: str) -> Scenario:
+    """Scenario ``sid`` of ``benchmarks/scenarios/<suite>.jsonl`` (each suite read once)."""
+    return _suite(suite)[sid]

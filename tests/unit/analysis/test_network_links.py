@@ -8,17 +8,15 @@ is one incident naming the host and listing its links, and one fault is one inci
 from __future__ import annotations
 
 from dataclasses import replace
-from functools import cache
-from pathlib import Path
 from typing import Any
 
-from ccld.producers.simulator.scenario import Scenario, load_scenarios
+from analysis_factories import drawn
+
+from ccld.producers.simulator.scenario import Scenario
 from ccld.producers.simulator.sim import simulate
 from ccld.records import AnomalyKind, Link, Verdict, VerdictState
 from ccld.streams.analysis.incidents import NIC, NIC_LINKS, Candidate, IncidentBook
 from ccld.streams.analysis.replay import analyze_batches
-
-SUITES = Path(__file__).resolve().parents[3] / "benchmarks" / "scenarios"
 
 
 def run(faults: list[dict[str, Any]], duration_s: float = 80.0, gpus_per_node: int = 4) -> list[Verdict]:
@@ -28,12 +26,6 @@ def run(faults: list[dict[str, Any]], duration_s: float = 80.0, gpus_per_node: i
         "workload": {"microbatches": 4, "layers": 2, "layer_ms": 4.0, "dp_buckets": 4}, "faults": faults,
     })
     return list(analyze_batches(simulate(sc), tick_s=1.0))
-
-
-@cache
-def drawn(suite: str, sid: str) -> Scenario:
-    """Scenario ``sid`` of ``benchmarks/scenarios/<suite>.jsonl`` (a job a draw found a rule wanting on)."""
-    return next(sc for sc in load_scenarios(SUITES / f"{suite}.jsonl") if sc.id == sid)
 
 
 def incidents(vs: list[Verdict]) -> dict[str, Verdict]:

@@ -9,19 +9,17 @@ from __future__ import annotations
 
 from collections import Counter
 from functools import cache
-from pathlib import Path
 
 import numpy as np
 import pytest
+from analysis_factories import drawn
 
-from ccld.producers.simulator.scenario import Scenario, load_scenarios
 from ccld.producers.simulator.sim import simulate
 from ccld.records import COMM_COLUMN, KernelBatch, Verdict, comm_group
 from ccld.streams.analysis.analyzer import Analyzer
 from ccld.streams.analysis.replay import analyze_batches
 from ccld.streams.analysis.shard import ShardReport, decode_report, encode_report
 
-SUITES = Path(__file__).resolve().parents[3] / "benchmarks" / "scenarios"
 #: scenarios at 16 ranks: every hang class, a late arriver, a mixed slowdown, a job restart, a p2p pair
 #: (the whole suites were compared too: benchmarks/RESULTS.md, "One job over several workers")
 STANDARD = ["H1-16-002", "H2-16-061", "H3-16-097", "S1-16-147", "S3-16-236", "restart-16-373", "pair-16-375"]
@@ -29,13 +27,8 @@ HELDOUT = ["H1-16-013", "H3-16-057"]
 
 
 @cache
-def _scenarios(suite: str) -> dict[str, Scenario]:
-    return {sc.id: sc for sc in load_scenarios(SUITES / f"{suite}.jsonl")}
-
-
-@cache
 def _batches(suite: str, sid: str) -> list[tuple[float, KernelBatch]]:
-    return list(simulate(_scenarios(suite)[sid]))
+    return list(simulate(drawn(suite, sid)))
 
 
 def _key(v: Verdict) -> tuple[object, ...]:
@@ -49,7 +42,7 @@ def test_spreading_a_job_over_shards_changes_no_verdict(suite: str, sid: str) ->
     groups = {int(g) for _, b in batches for g in np.unique(comm_group(b.columns[COMM_COLUMN], 3))}
     assert len(groups) >= 2, "the scenario's communicators all fall into one shard: the test would prove nothing"
     single = [_key(v) for v in analyze_batches(batches, tick_s=1.0)]
-    assert single or not _scenarios(suite)[sid].expect, "no verdict for a fault: the comparison would be empty"
+    assert single or not drawn(suite, sid).expect, "no verdict for a fault: the comparison would be empty"
     assert [_key(v) for v in analyze_batches(batches, tick_s=1.0, groups=3)] == single
 
 
