@@ -77,7 +77,8 @@ class AnalyzerSettings:
     # communicator's calls: what it costs the job (SlowDetector.cost; 0: always reported)
     contended_wait_share: float = 0.05
     # (5 %: CI's healthy gloo job, its host stalled 15 % of the time, had a loopback send of 5-8 ms against
-    # 0.25 ms in 4 of 5 steps, 2.5 % of its time: a time slice or two of a contended scheduler per call)
+    # 0.25 ms in 4 of 5 steps, 2.5 % of its time: a time slice or two of a contended scheduler per call);
+    # so is a late arriver whose lateness is that small a share (a loopback sender 232 us late a 100-ms step)
     slow_min_cost_share: float = 0.05
     # ... and on any host that measured its CPU stalls, one under slow_min_cost_share whose extra time per call is
     # below this (s): shorter than a scheduler's time slice, a CPU-timed transfer's delay is no link's to tell

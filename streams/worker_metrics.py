@@ -48,9 +48,10 @@ COUNTERS = (
      "Slow-communication findings held because the communicator's ranks were waiting for CPUs (a loaded host, "
      "not a link; KernelBatch cpu_wait), one per alarm episode."),
     ("ccld_worker_slow_held_cheap_total", "slow_held_cheap",
-     "Slow-communication findings held because the extra time per call was under slow_min_cost_share of the time "
-     "between the communicator's calls (a sliver of the job's time) on hosts contended for CPUs, or also under "
-     "host_timed_min_extra_s (a time slice) on any host measuring its CPU stalls; one per alarm episode."),
+     "Slow findings held because the extra time per call (or a late arriver's lateness) was under "
+     "slow_min_cost_share of the time between the communicator's calls (a sliver of the job's time) on hosts "
+     "contended for CPUs, or also under host_timed_min_extra_s (a time slice) on any host measuring its CPU "
+     "stalls; one per alarm episode."),
     ("ccld_worker_upstream_lost_records_total", "upstream_lost_records",
      "ENTERED/DONE records producers and aggregators said they lost on the way (KernelBatch lost_records)."),
     ("ccld_worker_far_clock_records_total", "far_clock_records",

@@ -854,6 +854,18 @@ class SlowDetector:
                 if busy is not None:
                     ok = ok and (lg * (1.0 - busy) >= og * (1.0 + s.peer_gap_ratio)
                                  or self._dominant(bi, cr, js.members_of(cid)))
+                # ... and, like a slow communication above, for what its lateness costs the job where the hosts
+                # measured their CPU stalls: a rank late by a contended scheduler's time slice before a us-scale
+                # op, once a step, is late by every per-op test and costs nothing (CI's healthy gloo job: the
+                # sender of a loopback pair 232 us late after its all-reduce in 4 of 5 of its 100-ms steps, its
+                # host stalled 12 %: an S1). A slow rank's lateness is a share of every step.
+                if ok and cpu_share is not None:
+                    own_wait = self._own_cpu_wait(js, bi, idx, int(js.m_grank[js.members_of(cid).start + cr]))
+                    wait = max(cpu_share, own_wait or 0.0)
+                    if self.cost(bi, lateness) < s.slow_min_cost_share and (
+                            wait >= s.contended_wait_share or lateness < s.host_timed_min_extra_s):
+                        ok = False
+                        self.held_cheap += self._new_episode(self._held_cheap, bi)
                 need_share = s.culprit_share
                 if op_type == ALL_TO_ALL:
                     # of the window's ops, not only its slow ones: a straggling expert is last at every op

@@ -78,5 +78,7 @@ def test_full_and_status_dumps_return_at_once_while_a_collective_blocks(tmp_path
     assert res["blocked_s"] > LATE_S - 1.5, res  # the collective did block (else the test proves nothing)
     # both reads came while it blocked, not after it
     assert res["full_s"] < 1.0 and res["status_s"] < 1.0, res
-    # the pickle dump holds the collective the rank waits in (the 6th all-reduce), the status has it unfinished
-    assert res["last"] == [6, "gloo:all_reduce"] and res["completed"] == 5, res
+    # the pickle dump holds the collective the rank waits in (the 6th all-reduce), the status has it unfinished;
+    # gloo's work thread marks the finished ones completed when it gets a CPU, so on a busy machine the status may
+    # still lag a finished one after the 2-s wait above (4 of 5, once in CI): the sixth is what it must not show
+    assert res["last"] == [6, "gloo:all_reduce"] and 3 <= res["completed"] <= 5, res

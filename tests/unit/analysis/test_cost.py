@@ -19,7 +19,7 @@ from __future__ import annotations
 from analysis_factories import Comm, Probe, batches_by_tick, healthy_steps
 from test_cpu_starved import with_cpu_wait
 
-from ccld.records import AnomalyKind, KernelBatch, Link, VerdictState
+from ccld.records import AnomalyKind, KernelBatch, KernelRecord, Link, OpType, Status, VerdictState
 from ccld.settings import AnalyzerSettings
 from ccld.streams.analysis.analyzer import Analyzer
 from ccld.streams.analysis.replay import analyze_batches
@@ -91,3 +91,37 @@ def test_a_late_arriver_is_named_whatever_the_ops_cost() -> None:
     batches = batches_by_tick(healthy_steps(probe, tp, 60, dur=OP_S, late={5: 0.3}, from_step=20))
     vs = opens(with_cpu_wait(batches, range(8), 0.09, 0.0))
     assert [(v.kind, v.root_cause_ranks) for v in vs] == [(AnomalyKind.S1, (5,))]
+
+
+def late_sender(stalled: float | None, late_s: float = 250e-6, step_s: float = 0.1
+                ) -> list[tuple[float, KernelBatch]]:
+    """Two ranks that meet in an all-reduce every ``step_s`` and then pass 32 KB from rank 1 to rank 0; from the
+    100th step on, rank 1 enters its send ``late_s`` later than before (its gap after the all-reduce grew)."""
+    probe = Probe(world_size=2)
+    world, pair = Comm(0x6A, (0, 1)), Comm(0x6B, (0, 1))
+    recs: list[tuple[float, KernelRecord]] = []
+    for k in range(300):
+        base = 1.0 + k * step_s
+        enters = [base, base + 20e-6 * (k % 3)]
+        recs += probe.ring_op(world, enters, 300e-6)
+        end = max(enters) + 300e-6
+        seq, pair.seq = pair.seq, pair.seq + 1
+        send_at = end + 20e-6 * (1 + k % 2) + (late_s if k >= 100 else 0.0)
+        recv_at = end + 10e-6
+        exit_ = max(send_at, recv_at) + 100e-6
+        recs.append((exit_, probe.rec(pair, 0, seq, Status.DONE, recv_at, exit_, exit_, recv=64, op_type=OpType.RECV)))
+        recs.append((exit_, probe.rec(pair, 1, seq, Status.DONE, send_at, exit_, exit_, send=64, op_type=OpType.SEND)))
+    batches = batches_by_tick(recs)
+    return batches if stalled is None else with_cpu_wait(batches, range(2), stalled, 0.0)
+
+
+def test_a_late_sender_that_costs_the_job_a_time_slice_on_a_contended_host_is_held() -> None:
+    # CI's healthy gloo job on a host stalled 12 %: the sender of its pipeline pair entered its send 232 us later
+    # than before in 4 of 5 steps (after the all-reduce, its gap grew): S1 by every per-op test, 0.3 % of a step
+    vs = opens(late_sender(0.12))
+    assert vs == [], [(v.kind, v.root_cause_ranks, v.details) for v in vs]
+    # a kernel-timed source measures no CPU stalls: the same lateness is the sender's
+    assert [(v.kind, v.root_cause_ranks) for v in opens(late_sender(None))] == [(AnomalyKind.S1, (1,))]
+    # and a lateness that costs the job a share of each step is the sender's on the contended host too
+    big = opens(late_sender(0.12, late_s=20e-3))
+    assert [(v.kind, v.root_cause_ranks) for v in big] == [(AnomalyKind.S1, (1,))]
