@@ -92,6 +92,10 @@ class AnalyzerSettings:
     # ... of an all_to_all's window of ops (slow or not): healthy experts take turns being last (what the
     # router sent each), a straggling one is last every time; in a group of two, 2 of 3 is a coin's luck
     all_to_all_culprit_share: float = 0.8
+    # ... of a collective of two members' slow ops: where both pause now and then (GC, a data loader), each
+    # leads about half the slow ops, and 2 of 3 is a coin's luck (a healthy 2-rank DP job whose pauses of 667 ms
+    # came close together: S1 on the one that led 2 of 3 reduce-scatters); a slow member leads nearly all
+    pair_culprit_share: float = 0.8
     culprit_gap_share: float = 0.5  # late arriver computed >= this share of its lateness longer than peers, else victim
     culprit_gap_ratio: float = 0.15  # ... and >= this fraction of its peers' own compute gap (else it is jitter)
     # a rank slow from the job's first step has no healthy history to be judged against; its peers are:

@@ -873,6 +873,8 @@ class SlowDetector:
                     # slow link, a peer's wait) keeps the window alarmed
                     need_share = s.all_to_all_culprit_share
                     late_share = votes.count(cr) / max(n_slow, int((self.w_seq[bi] >= 0).sum()))
+                elif not own_op and js.members_of(cid).stop - js.members_of(cid).start == 2:
+                    need_share = s.pair_culprit_share
                 if late_share >= need_share and ok:  # (nan, no baseline of its own yet: not ok)
                     # repeated counting is about the rank named: a window kept alarmed by other late
                     # arrivers (GC pauses rotating over the ranks, a victim of another stage) confirms
