@@ -773,8 +773,7 @@ class SlowDetector:
         # that cheap and shorter than host_timed_min_extra_s a call is held on any measured host.
         extra = self.extra_per_call(bi, idx)
         cost = self.cost(bi, extra)
-        cheap = (comm and not starved and cpu_share is not None and cost < s.slow_min_cost_share
-                 and (cpu_share >= s.contended_wait_share or extra < s.host_timed_min_extra_s))
+        cheap = comm and not starved and cpu_share is not None and self._cheap(cost, cpu_share, extra)
         if starved:
             self.held_starved += self._new_episode(self._held, bi)
         if cheap:
@@ -861,9 +860,7 @@ class SlowDetector:
                 # host stalled 12 %: an S1). A slow rank's lateness is a share of every step.
                 if ok and cpu_share is not None:
                     own_wait = self._own_cpu_wait(js, bi, idx, int(js.m_grank[js.members_of(cid).start + cr]))
-                    wait = max(cpu_share, own_wait or 0.0)
-                    if self.cost(bi, lateness) < s.slow_min_cost_share and (
-                            wait >= s.contended_wait_share or lateness < s.host_timed_min_extra_s):
+                    if self._cheap(self.cost(bi, lateness), max(cpu_share, own_wait or 0.0), lateness):
                         ok = False
                         self.held_cheap += self._new_episode(self._held_cheap, bi)
                 need_share = s.culprit_share
@@ -873,7 +870,7 @@ class SlowDetector:
                     # slow link, a peer's wait) keeps the window alarmed
                     need_share = s.all_to_all_culprit_share
                     late_share = votes.count(cr) / max(n_slow, int((self.w_seq[bi] >= 0).sum()))
-                elif not own_op and js.members_of(cid).stop - js.members_of(cid).start == 2:
+                elif not own_op and int(js.c_size[cid]) == 2:
                     need_share = s.pair_culprit_share
                 if late_share >= need_share and ok:  # (nan, no baseline of its own yet: not ok)
                     # repeated counting is about the rank named: a window kept alarmed by other late
@@ -1004,6 +1001,14 @@ class SlowDetector:
         og = _lower_median([float(self.w_ogap[bi, j]) for j in timed])
         ok = extra >= max(s.culprit_gap_share * lateness, s.culprit_gap_ratio * og, s.peer_min_excess_s)
         return share if ok else None
+
+    def _cheap(self, cost: float, wait: float, extra: float) -> bool:
+        """A slowdown timed on hosts that measure their CPU stalls (``wait``: the share of the time they were
+        stalled) that costs the job too little to be told from them: under ``slow_min_cost_share`` of the time
+        between the communicator's calls (``cost``), on a contended host or by less than a scheduler's time
+        slice a call (``extra``, s)."""
+        s = self.s
+        return cost < s.slow_min_cost_share and (wait >= s.contended_wait_share or extra < s.host_timed_min_extra_s)
 
     def _new_episode(self, seen: dict[int, float], bi: int) -> int:
         """1 the first time ``bi``'s current alarm episode (the job time it became alarmed) is held for

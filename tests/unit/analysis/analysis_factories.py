@@ -1,5 +1,5 @@
-"""Hand-built kernel records for analyzer tests: a record factory and a tiny ring model; and the
-drawn jobs of the accuracy suites, by id.
+"""Hand-built kernel records for analyzer tests: a record factory and a tiny ring model, the open
+verdicts of a replay; and the drawn jobs of the accuracy suites, by id.
 
 Nothing here knows about faults: each helper only writes what a probe would observe (times on
 each rank's own, skewed clock; counters per channel) for the behaviour a test describes.
@@ -13,7 +13,9 @@ from functools import cache
 from pathlib import Path
 
 from ccld.producers.simulator.scenario import Scenario, load_scenarios
-from ccld.records import DType, KernelBatch, KernelRecord, OpType, Status
+from ccld.records import DType, KernelBatch, KernelRecord, OpType, Status, Verdict, VerdictState
+from ccld.settings import AnalyzerSettings
+from ccld.streams.analysis.replay import analyze_batches
 
 SUITES = Path(__file__).resolve().parents[3] / "benchmarks" / "scenarios"
 
@@ -155,6 +157,11 @@ def healthy_steps(probe: Probe, comm: Comm, steps: int, step_s: float = 2.0, dur
         sample = max(enters) + d / 2 if faulty and lag_rank is not None else None
         out += probe.ring_op(comm, enters, d, lag_rank=lag_rank if faulty else None, sample_at=sample, **kw)
     return out
+
+
+def opens(batches: list[tuple[float, KernelBatch]], settings: AnalyzerSettings | None = None) -> list[Verdict]:
+    """The OPEN verdicts of ``batches`` replayed through a fresh analyzer (``settings``: the defaults)."""
+    return [v for v in analyze_batches(batches, settings) if v.state == VerdictState.OPEN]
 
 
 @cache

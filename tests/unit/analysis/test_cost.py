@@ -16,13 +16,12 @@ too: the same job's host, stalled 4.9 %, had its send 30 us slower a call.
 
 from __future__ import annotations
 
-from analysis_factories import Comm, Probe, batches_by_tick, healthy_steps
+from analysis_factories import Comm, Probe, batches_by_tick, healthy_steps, opens
 from test_cpu_starved import with_cpu_wait
 
-from ccld.records import AnomalyKind, KernelBatch, KernelRecord, Link, OpType, Status, VerdictState
+from ccld.records import AnomalyKind, KernelBatch, KernelRecord, Link, OpType, Status
 from ccld.settings import AnalyzerSettings
 from ccld.streams.analysis.analyzer import Analyzer
-from ccld.streams.analysis.replay import analyze_batches
 
 OP_S = 400e-6  # a 0.4-ms all-reduce, once in each 2-s step as the probe reports it
 
@@ -35,10 +34,6 @@ def slow_ring(stride: int, stalled: float | None = 0.09, slow: float = 4.0) -> l
     tp = Comm(0x5C, tuple(range(8)), stride=stride)
     batches = batches_by_tick(healthy_steps(probe, tp, 60, dur=OP_S, slow=slow, lag_rank=3, from_step=20))
     return batches if stalled is None else with_cpu_wait(batches, range(8), stalled, 0.0)
-
-
-def opens(batches: list[tuple[float, KernelBatch]], settings: AnalyzerSettings | None = None) -> list:  # type: ignore[type-arg]
-    return [v for v in analyze_batches(batches, settings) if v.state == VerdictState.OPEN]
 
 
 def test_a_slow_link_called_all_step_long_is_named_with_its_cost() -> None:

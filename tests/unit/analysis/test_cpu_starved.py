@@ -9,12 +9,11 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from analysis_factories import Comm, Probe, batches_by_tick, healthy_steps
+from analysis_factories import Comm, Probe, batches_by_tick, healthy_steps, opens
 
-from ccld.records import AnomalyKind, KernelBatch, Link, VerdictState
+from ccld.records import AnomalyKind, KernelBatch, Link
 from ccld.settings import AnalyzerSettings
 from ccld.streams.analysis.analyzer import Analyzer
-from ccld.streams.analysis.replay import analyze_batches
 
 SLOW_FROM_STEP = 20  # steps are 2 s apart from t = 1 s: the slowdown starts at 41 s
 
@@ -39,10 +38,6 @@ def slow_ring() -> list[tuple[float, KernelBatch]]:
     probe = Probe()
     tp = Comm(0x5A, tuple(range(8)))
     return batches_by_tick(healthy_steps(probe, tp, 40, slow=5.0, lag_rank=3, from_step=SLOW_FROM_STEP))
-
-
-def opens(batches: list[tuple[float, KernelBatch]], settings: AnalyzerSettings | None = None) -> list:  # type: ignore[type-arg]
-    return [v for v in analyze_batches(batches, settings) if v.state == VerdictState.OPEN]
 
 
 def test_a_slow_link_whose_members_waited_for_cpus_is_held() -> None:

@@ -9,11 +9,10 @@ a rank that is slow leads nearly all of them. So such a group asks `pair_culprit
 
 from __future__ import annotations
 
-from analysis_factories import Comm, Probe, batches_by_tick
+from analysis_factories import Comm, Probe, batches_by_tick, opens
 
-from ccld.records import AnomalyKind, KernelBatch, KernelRecord, OpType, VerdictState
+from ccld.records import AnomalyKind, KernelBatch, KernelRecord, OpType
 from ccld.settings import AnalyzerSettings
-from ccld.streams.analysis.replay import analyze_batches
 
 
 def two_ranks(late: dict[int, tuple[int, float]]) -> list[tuple[float, KernelBatch]]:
@@ -30,10 +29,6 @@ def two_ranks(late: dict[int, tuple[int, float]]) -> list[tuple[float, KernelBat
             enters[rank] += s
         recs += probe.ring_op(dp, enters, 0.05, op_type=OpType.REDUCE_SCATTER)
     return batches_by_tick(recs)
-
-
-def opens(batches: list[tuple[float, KernelBatch]], settings: AnalyzerSettings | None = None) -> list:  # type: ignore[type-arg]
-    return [v for v in analyze_batches(batches, settings) if v.state == VerdictState.OPEN]
 
 
 #: both ranks pause half a second now and then, close together: rank 1 in 6 of 9 of the slow steps
