@@ -14,7 +14,8 @@ MASTER_ADDR, MASTER_PORT); the script knows nothing about CCL-D.
 - ``--shape fsdp``: pure data parallel with FSDP (``fully_shard``, FSDP2): ``--layers`` linear layers,
   each sharded over every rank, so each step all-gathers every layer's parameters in the forward and
   again in the backward and reduce-scatters its gradients (torch issues them; the script only
-  computes, calls the model and steps the optimizer).
+  calls the model and steps the optimizer). The step's compute is spent inside the layers, half in
+  their forwards and half in their backwards, so a slow rank is late at every layer's collectives.
 - ``--shape moe``: every rank holds one expert. Each step it computes, dispatches its tokens to the
   experts with ``all_to_all_single`` (uneven splits drawn per step by a router seeded alike on every
   rank, so the sizes agree and vary from step to step and rank to rank), computes its expert on
@@ -84,12 +85,31 @@ def pipe_step(dist: Any, torch: Any, args: argparse.Namespace, rank: int, world:
 
 
 def fsdp_step(torch: Any, args: argparse.Namespace, model: Any, opt: Any, compute_s: float) -> None:
-    """One FSDP step: the rest of the model's compute, then a forward and backward through the sharded
-    layers (each all-gathers its parameters, twice, and reduce-scatters its gradients) and the update."""
-    time.sleep(compute_s)
+    """One FSDP step: a forward and backward through the sharded layers (each all-gathers its parameters,
+    twice, and reduce-scatters its gradients) and the update. The step's compute is spent inside the
+    layers, half in their forwards and half in their backwards (``layer_compute``), as a GPU spends it:
+    a slow rank is late at every layer's collectives, not only at the step's first."""
+    model.compute_s = compute_s
     model(torch.ones(8, args.hidden)).sum().backward()
     opt.step()
     opt.zero_grad()
+
+
+def layer_compute(model: Any) -> None:
+    """Hooks on each layer of ``model`` that spend ``model.compute_s / (2 x layers)`` after its forward and
+    as much in its backward, before its gradients are reduce-scattered (the tiny layers compute nothing)."""
+    layers = list(model)
+
+    def spend() -> None:
+        time.sleep(model.compute_s / (2 * len(layers)))
+
+    def after_forward(module: Any, inputs: Any, out: Any) -> None:
+        spend()
+        if out.requires_grad:
+            out.register_hook(lambda grad: spend())  # the layer's backward starts from its output's gradient
+
+    for layer in layers:
+        layer.register_forward_hook(after_forward)
 
 
 def moe_step(dist: Any, torch: Any, args: argparse.Namespace, rank: int, world: int, step: int,
@@ -146,6 +166,7 @@ def main(argv: list[str] | None = None) -> int:
         for layer in sharded:
             fully_shard(layer)
         fully_shard(sharded)
+        layer_compute(sharded)
         opt = torch.optim.SGD(sharded.parameters(), lr=1e-3)
     dense = torch.ones(args.elements)
     started = time.monotonic()
