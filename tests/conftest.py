@@ -1,12 +1,13 @@
 """Test-session wiring shared by every tier: makes tests/factories.py importable, marks the slow tiers.
 
 ``pytest -m "not slow"`` is the fast tier for the edit-test loop (tests/README.md says what it
-costs); the README's test command runs everything, as CI does, on two pytest-xdist workers
-(``-n 2``), two lanes (``pytest_xdist_make_scheduler``): the live lane, the tests whose verdicts hang
+costs); the README's test command runs everything, as CI does, on three pytest-xdist workers
+(``-n 3``), three lanes (``pytest_xdist_make_scheduler``): the live lane, the tests whose verdicts hang
 on real time and the host's CPUs (real training jobs, an overloaded worker, skewed producer clocks, a
-broker outage in the middle of a hang), one after another on one worker; and the rest, the pure tiers
-first, then the other process tests (a broker frozen, a sink killed, a CLI against a dead broker:
-mostly waiting) one after another on the other. No two live tests ever run side by side.
+broker outage in the middle of a hang), one after another on one worker; the rest, the pure tiers
+first, then the other integration tests; and the other chaos tests (a broker frozen, a sink killed, a
+CLI against a dead broker). The two lanes beside the live one mostly wait, and both end before it, so
+its last real jobs run alone. No two live tests ever run side by side.
 """
 
 from __future__ import annotations
@@ -36,10 +37,6 @@ LIVE_FILES = frozenset({
     "tests/gpu/test_gpu_probe.py",
 })  # fmt: skip
 
-#: process tests that only wait (no real training job, no verdict on real time) that run in the live lane
-#: anyway, to even the two lanes' times: the rest lane was the longer by about 220 s of 2,770 (a fresh clone,
-#: 2026-12-07: 1,496 s against 1,276 s), and the wall time is the longer lane's
-BALANCE_FILES = frozenset({"tests/chaos/test_worker_restart.py"})
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -75,17 +72,21 @@ def _tier(nodeid: str) -> str:
 if importlib.util.find_spec("xdist") is not None:  # the test extra installs it; a bare pytest runs on without
 
     def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-        """xdist's scope scheduler with two scopes: the live lane (``LIVE_FILES``, ``BALANCE_FILES``) and the rest.
+        """xdist's scope scheduler with three scopes: the live lane (``LIVE_FILES``), the other chaos tests, and
+        the rest (the pure tiers and the other integration tests).
 
         Each is one unit of work, sent whole to one worker in collection order. (The scheduler runs in
         the controller, which collects nothing: node ids are all it has, hence the list of files. xdist's
         ``loadgroup`` would do this from marks, but it renames node ids, which pytest 9.2 no longer lets
-        it do.) About 21-23 minutes each on this machine (tests/README.md).
+        it do.) The live lane sets the wall time: about 22 minutes on this machine, the rest about 15 and
+        the chaos lane about 10 (tests/README.md).
         """
         from xdist.scheduler import LoadScopeScheduling
 
-        class TwoLanes(LoadScopeScheduling):
+        class Lanes(LoadScopeScheduling):
             def _split_scope(self, nodeid: str) -> str:
-                return "live" if _file(nodeid) in LIVE_FILES | BALANCE_FILES else "rest"
+                if _file(nodeid) in LIVE_FILES:
+                    return "live"
+                return "chaos" if _tier(nodeid) == "chaos" else "rest"
 
-        return TwoLanes(config, log)
+        return Lanes(config, log)
