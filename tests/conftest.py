@@ -78,7 +78,7 @@ if importlib.util.find_spec("xdist") is not None:  # the test extra installs it;
         Each is one unit of work, sent whole to one worker in collection order. (The scheduler runs in
         the controller, which collects nothing: node ids are all it has, hence the list of files. xdist's
         ``loadgroup`` would do this from marks, but it renames node ids, which pytest 9.2 no longer lets
-        it do.) The live lane sets the wall time: about 22 minutes on this machine, the rest about 15 and
+        it do.) The live lane sets the wall time: about 22 minutes on this machine, the rest about 16 and
         the chaos lane about 10 (tests/README.md).
         """
         from xdist.scheduler import LoadScopeScheduling
