@@ -38,12 +38,12 @@ LIVE_FILES = frozenset({
 })  # fmt: skip
 
 
-
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     # Each lane in this order. The live lane: the real-time chaos tests first, the real training jobs
-    # (marked torch) last. The other lane: the pure tiers first, beside the live lane's chaos tests (a
+    # (marked torch) last. The rest lane: the pure tiers first, beside the live lane's chaos tests (a
     # real job's slow and starved rules read the host's CPU, and a CPU-bound neighbour has made healthy
-    # gloo jobs look slow before: benchmarks/RESULTS.md), then the other process tests, mostly waiting.
+    # gloo jobs look slow before: benchmarks/RESULTS.md), then its process tests, mostly waiting, as are
+    # the chaos lane's.
     order: dict[str, int] = {}
     stray = sorted({_file(it.nodeid) for it in items if _tier(it.nodeid) in SLOW_TIERS
                     and it.get_closest_marker("torch") is not None and _file(it.nodeid) not in LIVE_FILES})
