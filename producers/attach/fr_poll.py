@@ -79,8 +79,13 @@ from ccld.records import DType, OpType
 log = logging.getLogger(__name__)
 
 DEFAULT_INTERVAL_S = 0.1
-#: between reads of the status-only dump, which time collectives' completions (see the docstring)
+#: between reads of the status-only dump, which time collectives' completions (see the docstring) ...
 DEFAULT_STATUS_S = 0.025
+#: ... while its counters move or a collective stands in flight; this many times longer while the job
+#: computes with nothing in flight, where a read has no exit to time (each read wakes the thread and
+#: takes the GIL from the training thread twice: about 150 us of CPU on a busy 2-core host, 6 ms a
+#: second at 25 ms; see :meth:`FrPoller._status_wait`)
+IDLE_STATUS_FACTOR = 4
 #: completion windows kept per group (a full poll needs those since the one before it)
 WINDOWS_KEPT = 512
 #: the most of its time the poller may spend polling; a dearer poll stretches the interval
@@ -290,6 +295,8 @@ class FrPoller:
         #: pg_status key -> (last completed collective, tracker time) at the latest status read, and
         #: the windows (first, last collective, from, to) in which its completed counter moved
         self._completed_at: dict[str, tuple[int, int]] = {}
+        self._noted: bytes | str | None = None  # the status those were read from, and its groups' keys
+        self._noted_keys: list[str] = []
         self._windows: dict[str, list[tuple[int, int, int, int]]] = {}
 
     # ---- thread ----
@@ -346,8 +353,9 @@ class FrPoller:
                     continue
             t0 = time.perf_counter_ns()
             status = self.read_status()
-            tick = sleep = min(self._stretch((time.perf_counter_ns() - t0) / 1e9, self.status_s), wait)
             now = time.monotonic()
+            self._note_moved(status, now)
+            tick = sleep = min(self._stretch((time.perf_counter_ns() - t0) / 1e9, self._status_wait(status, now)), wait)
             if now < due:
                 continue
             ring = self._ring_mode(status)
@@ -395,8 +403,7 @@ class FrPoller:
         where polling on a clock cost 2.5 % of a 1-s step at any rate (benchmarks/RESULTS.md)."""
         if status is None:
             return True
-        if status != self._status_seen:
-            self._status_seen, self._moved_at = status, now
+        self._note_moved(status, now)
         since = now - self._full_at
         if status == self._status_at_poll:  # nothing enqueued or completed since the last full poll
             if since >= QUIET_MAX_S:
@@ -415,6 +422,24 @@ class FrPoller:
             self.stats.stall_reads += 1
             return True
         return False
+
+    def _note_moved(self, status: bytes | str | None, now: float) -> None:
+        """Note when the status-only dump last changed (a collective enqueued or completed)."""
+        if status is not None and status != self._status_seen:
+            self._status_seen, self._moved_at = status, now
+
+    def _status_wait(self, status: bytes | str | None, now: float) -> float:
+        """How long until the next status read: ``status_s`` while the counters moved at the last read or
+        a collective stands in flight (up to STALL_S after they last moved: its exit is what the reads
+        time), IDLE_STATUS_FACTOR times that while the job computes with nothing in flight. The first
+        collective after such a pause is timed from its own creation (the window starts there), so its
+        exit is at most ``IDLE_STATUS_FACTOR * status_s`` wide, and says so (``t_exit_err_ns``); the
+        reads tighten again at the next one. A status that cannot be read counts as moving."""
+        if status is None or now - self._moved_at < self.status_s / 2:
+            return self.status_s  # moved at this read (or unreadable)
+        if self._in_flight and now - self._moved_at < STALL_S:
+            return self.status_s
+        return min(self.status_s * IDLE_STATUS_FACTOR, self.interval_s)
 
     def _after_full(self, status: bytes | str | None, now: float) -> None:
         """What the next :meth:`_ring_due` or :meth:`_quiet` compares with: the status read before this
@@ -442,6 +467,13 @@ class FrPoller:
             return None
 
     def _note_completions(self, status: bytes | str, now: int) -> None:
+        if status == self._noted:  # nothing completed since the read before: the same counters, read later
+            for key in self._noted_keys:
+                done = self._completed_at.get(key)
+                if done is not None:
+                    self._completed_at[key] = (done[0], now)
+            return
+        self._noted, self._noted_keys = status, []
         try:
             pgs = json.loads(status).get("pg_status")
         except (ValueError, AttributeError):
@@ -459,6 +491,7 @@ class FrPoller:
             if before is None and len(self._completed_at) >= 4 * self._names_max:
                 continue  # bounded (a job that makes groups without end): those exits stay midpoints
             self._completed_at[key] = (done, now)
+            self._noted_keys.append(key)
             if before is not None and done < before[0]:  # a new group under the old key: counts restart
                 self._windows.pop(key, None)
             elif before is not None and done > before[0]:
@@ -568,7 +601,8 @@ class FrPoller:
             self.ring = len(entries)
         groups: dict[str, GroupInfo | None] = {}  # resolved once a poll, not once an entry
         last_rid = self._last_rid
-        for i, e in enumerate(entries):
+        for i in range(self._first_needed(entries), len(entries)):
+            e = entries[i]
             rid = _int(e.get("record_id"))
             if rid is None:
                 rid = -(i + 1)  # no id: never "new" twice, never matched
@@ -600,6 +634,22 @@ class FrPoller:
             if seq is None or (last is not None and seq <= last):
                 self._exit(rid, *self._window(call.t_enter_ns, prev, now, pid, seq))
         self._last_poll_ns = now
+
+    def _first_needed(self, entries: list[dict[str, Any]]) -> int:
+        """The index of the entry holding :meth:`_cut`'s record id: those before it were read by an earlier
+        poll and none of them is open (a full ring of 2,000 read every 1,700 new entries: 300 skipped
+        unread). Record ids count up by one, oldest first, so it is found from the newest; 0 (read them
+        all) when the list is not so."""
+        cut = self._cut()
+        if cut is None or not entries:
+            return 0
+        top = _int(entries[-1].get("record_id"))
+        if top is None or top < cut:
+            return 0
+        k = len(entries) - 1 - (top - cut)
+        if k <= 0 or _int(entries[k].get("record_id")) != cut:
+            return 0
+        return k
 
     @staticmethod
     def _pg_name(e: Mapping[str, Any]) -> str:

@@ -452,13 +452,6 @@ class TorchHooks:
             st.issued += inner
             self.tracker.stats.unobserved += 1
             return None
-        dtype, count = _size_dtype(tensors)
-        if root_group is not None:
-            peer = int(root_group)
-        elif root_global is not None:
-            peer = st.to_group.get(int(root_global), -1)
-        else:
-            peer = -1
         if self.seq_source is None:
             seq = st.seq
             st.seq = st.seq + 1
@@ -466,9 +459,16 @@ class TorchHooks:
         else:
             sourced = self.seq_source(st, st.name)  # may compare st.issued, before this call, with torch's
             st.issued += 1
-            if sourced is None:
+            if sourced is None:  # the other source's (once "auto" has switched, every collective)
                 return None
             seq = sourced
+        dtype, count = _size_dtype(tensors)
+        if root_group is not None:
+            peer = int(root_group)
+        elif root_global is not None:
+            peer = st.to_group.get(int(root_global), -1)
+        else:
+            peer = -1
         call = self.tracker.enter(st.comm_hash, seq, op_type, dtype, count, peer, st.comm_rank, st.size)
         if self.marker is not None:
             self.marker.on_enter(call, tensors)

@@ -665,3 +665,67 @@ def test_an_exit_finds_its_window_among_hundreds_of_status_reads() -> None:
     for s in (2, 100, 350, 599, n):
         assert got[s - 1] == ((999 + s) * MS + MS // 2, MS // 2), (s, got[s - 1])
     assert poller.stats.timed_exits == n - 1
+
+
+def test_status_reads_slow_down_while_nothing_moves_and_tighten_when_a_collective_comes() -> None:
+    """Each read wakes the thread and takes the GIL from the training thread twice: while the job
+    computes with nothing in flight there is no exit to time, so the reads come IDLE_STATUS_FACTOR
+    times further apart; they tighten at the read that sees the counters move."""
+    from ccld.producers.attach import fr_poll
+
+    poller, _tr, _sink, _clock, src = make(interval_s=1.0, status_s=0.05)
+    src.status_text = dump([], {"0": (3, 3)})
+    waits = []
+    for _ in range(3):
+        status = poller.read_status()
+        now = time.monotonic()
+        poller._note_moved(status, now)
+        waits.append(poller._status_wait(status, now))
+    assert waits[0] == 0.05  # it moved (first seen) at this read
+    time.sleep(0.03)  # over half a read's wait later: idle, nothing in flight
+    status = poller.read_status()
+    poller._note_moved(status, time.monotonic())
+    assert poller._status_wait(status, time.monotonic()) == 0.05 * fr_poll.IDLE_STATUS_FACTOR
+    src.status_text = dump([], {"0": (4, 3)})  # a collective was enqueued
+    status = poller.read_status()
+    now = time.monotonic()
+    poller._note_moved(status, now)
+    assert poller._status_wait(status, now) == 0.05
+    time.sleep(0.03)  # in flight, not moving for less than STALL_S: its exit is what the reads time
+    status = poller.read_status()
+    assert poller._status_wait(status, time.monotonic()) == 0.05
+    assert poller._status_wait(None, time.monotonic()) == 0.05  # unreadable: as if moving
+
+
+def test_a_status_read_again_unchanged_moves_the_start_of_the_next_exit_window() -> None:
+    """The same status read twice is not parsed again, but the later read still bounds the window of
+    the collective that completes after it."""
+    poller, tr, sink, clock, src = make()
+    clock.t = 1_100 * MS
+    src.text = dump([entry(0, 1, created_ms=1_010)], {"0": (1, 0)})
+    poller.poll_once()  # in flight
+    for t_ms, completed in [(1_140, 0), (1_180, 0), (1_190, 1)]:
+        clock.t = t_ms * MS
+        src.status_text = dump([], {"0": (1, completed)})
+        poller.read_status()
+    clock.t = 1_300 * MS
+    src.text = dump([entry(0, 1, created_ms=1_010, retired=True)], {"0": (1, 1)})
+    poller.poll_once()
+    tr.pump()
+    got = {r.op_seq: (r.t_exit_ns, r.t_exit_err_ns) for r in rows(sink, Status.DONE)}
+    assert got == {0: (1_185 * MS, 5 * MS)}  # between the reads at 1,180 and 1,190 ms, not 1,140
+
+
+def test_a_poll_reads_only_the_entries_after_the_newest_seen_and_all_when_ids_do_not_count_up() -> None:
+    poller, tr, _sink, clock, src = make()
+    clock.t = 1_100 * MS
+    src.text = dump([entry(i, i + 1, created_ms=1_001 + i, retired=True) for i in range(6)], {"0": (6, 6)})
+    poller.poll_once()
+    assert poller.stats.entered == 6
+    ring = [entry(i, i + 1, created_ms=1_001 + i, retired=True) for i in range(4, 10)]
+    assert poller._first_needed(ring) == 1  # record id 5, the newest seen: the one before it is not read
+    src.text = dump(ring, {"0": (10, 10)})
+    poller.poll_once()
+    gapped = [entry(i, i + 1, created_ms=1_001 + i, retired=True) for i in (7, 8, 20, 21)]
+    assert poller._first_needed(gapped) == 0  # not one id after another: every entry is looked at
+    assert poller.stats.entered == tr.stats.calls == 10 and poller.stats.missed == 0

@@ -464,3 +464,32 @@ def test_a_batch_sink_gets_one_batch_per_pump_of_every_communicator_with_the_pre
     assert batch.col(COMM_COLUMN).tolist() == [to_signed64(COMM), to_signed64(OTHER)]
     assert batch.col("t_prev_exit_ns").tolist() == [-1, a.t_exit_ns]
     assert [r.t_prev_exit_ns for r in batch.records()] == [-1, a.t_exit_ns]
+
+
+def test_an_async_work_wakes_the_emitter_from_its_idle_tick() -> None:
+    """With no async work to ask, the emitter sleeps IDLE_TICK_FACTOR ticks (each wake takes the GIL
+    from the training thread); a work registered meanwhile is asked at once, not after that sleep."""
+    import time
+
+    from ccld.producers.attach import op_tracker
+
+    tr, sink, _ = make()
+    tr.tick_s = 0.5  # an idle sleep of 2 s: far beyond what the test waits
+    tr.clock = time.monotonic_ns
+    tr.start()
+    try:
+        deadline = time.monotonic() + 2.0
+        while not tr._idle and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert tr._idle and op_tracker.IDLE_TICK_FACTOR * tr.tick_s >= 2.0
+        time.sleep(0.05)  # asleep for its idle tick now
+        work = FakeWork()
+        work.done = True
+        t0 = time.monotonic()
+        tr.register_work(work, [enter(tr)])
+        while tr._works and time.monotonic() - t0 < 1.5:
+            time.sleep(0.005)
+        assert not tr._works, "the finished work was not asked before the idle tick ran out"
+    finally:
+        tr.stop(1.0)
+    assert [r.status for r in sink.records][:1] == [Status.DONE]
