@@ -97,6 +97,12 @@ MAX_INTERVAL_S = 5.0
 #: one fill this share of the ring (they are all still in it, 300 entries of 2,000 to spare: 0.15 s at
 #: 2,000 collectives a second, while the status is read every 25 ms) ...
 RING_FILL = 0.85
+#: ... or sooner where the collectives come in bursts: once another burst as large as the largest
+#: seen between two status reads (this read's cycle or the one before) would not fit in what is left
+#: of the ring, with this margin; never before this share of the ring (bursts of more than most of a
+#: ring between two reads lose entries whatever is done, and ``missed`` counts them) ...
+BURST_MARGIN = 1.25
+RING_FILL_MIN = 0.25
 #: ... or once the counters have stood still this long after moving with a collective in flight (a
 #: stall, a hang: the analyzer needs the op the rank waits in) ...
 STALL_S = 1.0
@@ -279,6 +285,9 @@ class FrPoller:
         self.ring = max(1, ring)
         self._keeps_done: bool | None = None
         self._enq_at_poll = 0  # collectives enqueued (every group) at the status read before the last full poll
+        self._enq_prev: int | None = None  # ... at the status read before this one
+        self._burst = 0  # the most enqueued between two status reads, in the cycle before the last full poll
+        self._burst_now = 0  # ... since it
         self._status_seen: bytes | str | None = None  # the latest status that differed from the one before
         self._moved_at = 0.0  # time.monotonic() when it was read
         self._ring_wait = RING_WAIT_S  # set by each read's cost (LATE_DUTY)
@@ -412,7 +421,7 @@ class FrPoller:
             if self._last_poll_ns is not None:  # an op open at that poll is open now too
                 self._last_poll_ns = self.tracker.clock()
             return False
-        if enqueued_total(status) - self._enq_at_poll >= RING_FILL * self.ring:
+        if enqueued_total(status) - self._enq_at_poll >= self._fill_at():
             self.stats.ring_reads += 1
             return True
         if since >= self._ring_wait:
@@ -424,9 +433,24 @@ class FrPoller:
         return False
 
     def _note_moved(self, status: bytes | str | None, now: float) -> None:
-        """Note when the status-only dump last changed (a collective enqueued or completed)."""
-        if status is not None and status != self._status_seen:
-            self._status_seen, self._moved_at = status, now
+        """Note when the status-only dump last changed (a collective enqueued or completed), and, for a
+        ring read by what it holds, how many collectives came since the read before (:meth:`_fill_at`)."""
+        if status is None or status == self._status_seen:
+            return
+        self._status_seen, self._moved_at = status, now
+        if self._keeps_done:
+            enq = enqueued_total(status)
+            if self._enq_prev is not None and enq - self._enq_prev > self._burst_now:
+                self._burst_now = enq - self._enq_prev
+            self._enq_prev = enq
+
+    def _fill_at(self) -> float:
+        """Collectives since the last full read at which the next is due: RING_FILL of the ring, less where
+        a burst as large as the largest seen between two status reads (BURST_MARGIN over) would not fit in
+        what is left; RING_FILL_MIN of the ring at the least. A step of 500 collectives in 35 ms after
+        900 ms of compute comes whole between two reads 100 ms apart."""
+        burst = max(self._burst, self._burst_now)
+        return max(RING_FILL_MIN * self.ring, min(RING_FILL * self.ring, self.ring - BURST_MARGIN * burst))
 
     def _status_wait(self, status: bytes | str | None, now: float) -> float:
         """How long until the next status read: ``status_s`` while the counters moved at the last read or
@@ -446,7 +470,8 @@ class FrPoller:
         full poll."""
         if status is not None:
             self._status_at_poll, self._full_at = status, now
-            self._enq_at_poll = enqueued_total(status)
+            self._enq_at_poll = self._enq_prev = enqueued_total(status)
+            self._burst, self._burst_now = self._burst_now, 0
 
     def _stretch(self, cost_s: float, interval_s: float) -> float:
         """The interval after a read that cost ``cost_s``: stretched to keep to ``max_duty``."""

@@ -547,7 +547,9 @@ def test_a_ring_that_keeps_finished_entries_is_read_again_once_it_has_refilled(m
     poller.start()
     try:
         assert wait_for(lambda: poller.stats.polls == 1) and poller._keeps_done is True
-        src.status_text = dump([], {"0": (9, 9)})  # 5 enqueued and done since: under RING_FILL of the ring
+        for done in range(5, 10):  # 5 enqueued and done since, one at a time: under RING_FILL of the ring
+            src.status_text = dump([], {"0": (done, done)})
+            time.sleep(0.03)
         time.sleep(0.3)  # the counters stood still after moving, but nothing is in flight: no poll
         assert poller.stats.polls == 1, poller.stats
         src.status_text = dump([], {"0": (11, 11)})  # 7 since: RING_FILL of it, read it before it wraps
@@ -729,3 +731,22 @@ def test_a_poll_reads_only_the_entries_after_the_newest_seen_and_all_when_ids_do
     gapped = [entry(i, i + 1, created_ms=1_001 + i, retired=True) for i in (7, 8, 20, 21)]
     assert poller._first_needed(gapped) == 0  # not one id after another: every entry is looked at
     assert poller.stats.entered == tr.stats.calls == 10 and poller.stats.missed == 0
+
+
+def test_a_ring_filled_in_bursts_is_read_before_the_next_burst_would_overrun_it(monkeypatch: pytest.MonkeyPatch
+                                                                                ) -> None:  # fmt: skip
+    """A step's collectives can all come between two status reads (500 in 35 ms after 900 ms of compute):
+    once a burst that large would not fit in what is left of the ring, the ring is read, not at
+    RING_FILL, which the next burst would overrun."""
+    poller, _tr, _sink, _clock, src = ring_poller(monkeypatch)
+    poller.start()
+    try:
+        assert wait_for(lambda: poller.stats.polls == 1) and poller._keeps_done is True
+        src.status_text = dump([], {"0": (7, 7)})  # 3 at once since the last full read (ring of 8)
+        time.sleep(0.2)
+        assert poller.stats.polls == 1 and poller._fill_at() == 8 - 1.25 * 3  # another 3 fit
+        src.status_text = dump([], {"0": (10, 10)})  # 6 since: under RING_FILL (6.8), but a third burst
+        assert wait_for(lambda: poller.stats.polls == 2), poller.stats  # would overrun the ring
+        assert poller.stats.ring_reads == 1 and poller.stats.late_reads == 0
+    finally:
+        poller.stop()
