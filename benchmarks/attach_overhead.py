@@ -16,8 +16,10 @@ One gloo rank (world size 1, in process). Two parts:
   collectives each source saw, and the poller's own cost per poll. ``TORCH_FR_BUFFER_SIZE``
   sets the ring's size (default 2,000 entries). Each block attaches and detaches, where a job
   attaches once: the poller's first read of the full ring (30-40 ms) would land in every block, so
-  each block first plays ``--warmup-s`` of untimed steps (every mode alike), and the last read, at
-  detach, comes after its timing.
+  each block first plays ``--warmup-s`` of untimed steps (every mode alike), then, under a source
+  that will read the ring, more until that first read has come (``auto`` turns the poller on at
+  the end of the first step that computes before its collectives), and the last read, at detach,
+  comes after its timing.
 - DDP (``--ddp-steps-per-block``, 0 skips it): a real ``DistributedDataParallel`` model (its
   gradient all-reduces come from the C++ reducer only, no collective from Python), steps of
   forward, backward and SGD, with no attachment, ``wrap`` (blind to them), ``auto`` (the
@@ -94,6 +96,22 @@ def warmup_steps(args: argparse.Namespace, step_s: float) -> int:
     """Steps played after each block's attach and before its timing: a job attaches once, so the
     poller's first read of the full ring (30-40 ms, once) is no part of its steady state."""
     return max(1, math.ceil(args.warmup_s / max(step_s, 1e-3))) if args.warmup_s > 0 else 0
+
+
+def settle(att: Any, fn: Callable[[], Any], step_s: float) -> int:
+    """Untimed steps, after the warm-up, until an attachment whose poller will read the ring has read it
+    once (``auto`` turns it on only once it sees collectives the wrapper cannot: in a step that computes
+    first, at the end of the warm-up step, so that first read of the whole ring, once per attach, would
+    land in the timed steps of some blocks and not others); at most 3 s of steps. Returns the steps played."""
+    poller = getattr(att, "poller", None)
+    played = 0
+    if poller is None:
+        return 0
+    deadline = time.monotonic() + max(3.0, 3 * step_s)
+    while poller.stats.polls == 0 and time.monotonic() < deadline:
+        fn()
+        played += 1
+    return played
 
 
 def time_block(fn: Callable[[], Any], n: int, att: Any, hooks: list[int], cpu: list[float]) -> list[int]:
@@ -268,6 +286,7 @@ def step_part(args: argparse.Namespace, settings: Any, sources: list[str]) -> di
                              fr_poll_s=args.fr_poll_ms / 1000, cost=True)  # fmt: skip
             warm = warmup_steps(args, args.coll_per_step / args.rate)
             time_calls(step, warm)
+            warm += settle(att, step, args.coll_per_step / args.rate)
             t0 = time.perf_counter_ns()
             block_times = time_block(step, args.steps_per_block, att, hooks[mode], cpu[mode])
             wall_s = (time.perf_counter_ns() - t0) / 1e9
@@ -350,6 +369,7 @@ def ddp_part(args: argparse.Namespace, settings: Any) -> dict[str, Any]:
                              fr_status_s=0.0 if mode.endswith("-nost") else None, cost=True)  # fmt: skip
             warm = warmup_steps(args, args.ddp_step_ms / 1000)
             time_calls(step, warm)
+            warm += settle(att, step, args.ddp_step_ms / 1000)
             t0 = time.perf_counter_ns()
             block_times = time_block(step, args.ddp_steps_per_block, att, hooks[mode], tcpu[mode])
             wall_s = (time.perf_counter_ns() - t0) / 1e9

@@ -31,8 +31,10 @@ the midpoint is used, and each exit says how far off it may be (``t_exit_err_ns`
 window; 0 for an exit Flight Recorder timed itself, ``time_discovered_completed_ns``), so the
 analyzer does not take a midpoint's noise for a slower operation. The window is narrowed by the
 status-only dump (microseconds, no ring): the thread reads it every ``status_s`` (25 ms) between
-full polls, and a group's ``last_completed_collective`` moving from a to b between two reads
-says collectives a+1..b ended between them. A full poll stretched to 200 ms on a busy host left
+full polls while its counters move or a collective stands in flight, IDLE_STATUS_FACTOR times
+less often while nothing does (:meth:`FrPoller._status_wait`), and a group's
+``last_completed_collective`` moving from a to b between two reads says collectives a+1..b ended
+between them. A full poll stretched to 200 ms on a busy host left
 an exit +/-100 ms off, and the analyzer measures a rank's compute before its next op from that
 exit: the noise hid a rank computing 150 ms longer than its peers (a slow rank named nobody).
 
@@ -43,9 +45,10 @@ own creation times, so a poll that delivers a burst of entries is not a burst of
 
 When: a ring that keeps finished entries (gloo's) is dumped whole at every read, about 10 us an entry
 holding the GIL, so it is read when the status-only dump says the ring needs it (refilled to
-RING_FILL, a collective standing in flight, a read worth its cost, RING_WAIT_S at most: see
-:meth:`FrPoller._ring_due`), not on the clock; an active-only dump that drops finished entries
-(NCCL's) is read every interval, or it would miss short ops.
+RING_FILL, or less where the next burst of collectives would overrun it; a collective standing in
+flight; a read worth its cost; RING_WAIT_S at most: see :meth:`FrPoller._ring_due`), not on the
+clock; an active-only dump that drops finished entries (NCCL's) is read every interval, or it would
+miss short ops.
 
 Safety: the thread never raises (every failure is a counter in :class:`FrStats`), a poll that
 costs more than ``max_duty`` of the time stretches the interval, and every table is bounded.
@@ -377,6 +380,9 @@ class FrPoller:
             self.poll_once()
             cost_s = (time.perf_counter_ns() - t0) / 1e9
             self._after_full(status, now)
+            # the first read tells a ring that keeps finished entries: from it on, the ring's cadence (a
+            # clock's wait stretched by that first read's cost, the whole ring, would let the ring overrun)
+            ring = self._ring_mode(status)
             # how long records may wait for the next read, from what this one cost (every read, the
             # clock's too: the first ring-driven wait follows the last clock-driven read's cost)
             late = min(max(self.interval_s, cost_s / LATE_DUTY), RING_WAIT_S)
@@ -494,9 +500,9 @@ class FrPoller:
     def _note_completions(self, status: bytes | str, now: int) -> None:
         if status == self._noted:  # nothing completed since the read before: the same counters, read later
             for key in self._noted_keys:
-                done = self._completed_at.get(key)
-                if done is not None:
-                    self._completed_at[key] = (done[0], now)
+                seen = self._completed_at.get(key)
+                if seen is not None:
+                    self._completed_at[key] = (seen[0], now)
             return
         self._noted, self._noted_keys = status, []
         try:

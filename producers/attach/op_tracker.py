@@ -3,8 +3,9 @@
 The training thread does as little as possible: ``enter`` builds one small object and appends
 it to a deque, ``exit`` stamps a time and appends again (both O(1), no lock, no I/O). A daemon
 thread drains the deque every tick (``tick_s``, 50 ms, while an async ``Work`` waits to be asked
-whether it finished; ``IDLE_TICK_FACTOR`` times that otherwise) and sends the bounded record format (docs/wire-format.md, "Record format
-and its cost"), so the record rate does not grow with the collective rate:
+whether it finished; ``IDLE_TICK_FACTOR`` times that otherwise) and sends the bounded record format
+(docs/wire-format.md, "Record format and its cost"), so the record rate does not grow with the
+collective rate:
 
 - **state**, every ``interval_s`` (1 s) and communicator: ``PROGRESS`` of the newest op in
   flight while the rank is inside one, else ``IDLE`` (``Status.IDLE``) with the last op's

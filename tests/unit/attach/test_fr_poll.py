@@ -750,3 +750,26 @@ def test_a_ring_filled_in_bursts_is_read_before_the_next_burst_would_overrun_it(
         assert poller.stats.ring_reads == 1 and poller.stats.late_reads == 0
     finally:
         poller.stop()
+
+
+def test_the_first_read_of_a_ring_that_keeps_finished_entries_puts_the_next_on_the_rings_cadence(
+        monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """The first read of gloo's ring is the dearest (the whole ring is new); the clock's wait stretched by
+    its cost (seconds) would let a fast job overrun the ring before the next read."""
+    poller, _tr, _sink, _clock, src = ring_poller(monkeypatch)
+    real = poller.dump
+
+    def dear(include_collectives: bool, only_active: bool) -> str | bytes:
+        if include_collectives:
+            time.sleep(0.06)  # stretched by the 2 % duty cap: 3 s
+        return real(include_collectives, only_active)
+
+    poller.dump = dear
+    poller.start()
+    try:
+        assert wait_for(lambda: poller.stats.polls == 1) and poller._keeps_done is True
+        src.status_text = dump([], {"0": (11, 11)})  # 7 since: RING_FILL of the ring of 8
+        assert wait_for(lambda: poller.stats.polls == 2, timeout_s=1.5), poller.stats
+        assert poller.stats.ring_reads == 1
+    finally:
+        poller.stop()
