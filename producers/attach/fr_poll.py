@@ -418,7 +418,7 @@ class FrPoller:
         where polling on a clock cost 2.5 % of a 1-s step at any rate (benchmarks/RESULTS.md)."""
         if status is None:
             return True
-        self._note_moved(status, now)
+        # when the counters last moved (``_moved_at``) was noted at this status read (:meth:`_note_moved`)
         since = now - self._full_at
         if status == self._status_at_poll:  # nothing enqueued or completed since the last full poll
             if since >= QUIET_MAX_S:
