@@ -58,6 +58,7 @@ from __future__ import annotations
 
 import bisect
 import functools
+import gc
 import json
 import logging
 import math
@@ -120,6 +121,7 @@ QUIET_MAX_S = 30.0
 DEFAULT_RING = 2000
 _LIVE = Path("<live flight recorder>")
 _LAST = operator.itemgetter(1)  # a completion window's last collective
+_UNRESOLVED: Any = object()  # a group name not looked up yet in this poll
 
 #: canonical op name (``model.normalise_op``) -> op type; other names are counted as unmapped
 OP_TYPES: dict[str, OpType] = {
@@ -135,6 +137,7 @@ OP_TYPES: dict[str, OpType] = {
     "send": OpType.SEND,
     "recv": OpType.RECV,
 }
+_P2P_TYPES = (OpType.SEND, OpType.RECV)
 
 
 class GroupInfo(Protocol):
@@ -196,9 +199,11 @@ def _done(e: Mapping[str, Any], seq: int | None, completed: int | None) -> bool:
 
 
 @functools.lru_cache(maxsize=1024)
-def _op_name(written: str) -> tuple[str, str, bool]:
-    """``normalise_op``, once per name: a ring holds a few names many times over."""
-    return normalise_op(written)
+def _kind(written: str) -> tuple[str, str, OpType | None, str]:
+    """(op, what follows the name, op type or None, the name an unmapped one is counted under):
+    ``normalise_op`` and the op type once per name, as a ring holds a few names many times over."""
+    op, rest, known = normalise_op(written)
+    return op, rest, OP_TYPES.get(op) if known else None, op if known else written
 
 
 def _size_dtype(op: str, e: Mapping[str, Any]) -> tuple[DType, int]:
@@ -221,6 +226,9 @@ def _numel(sizes: Any) -> int:
     if type(sizes) is list:
         total = 0
         for shape in sizes:
+            if type(shape) is list and len(shape) == 1 and type(shape[0]) is int:  # one 1-D tensor: most
+                total += shape[0]
+                continue
             if type(shape) is not list or not all(type(d) is int for d in shape):
                 return numel(sizes) or 0
             total += math.prod(shape)
@@ -310,6 +318,7 @@ class FrPoller:
         self._noted: bytes | str | None = None  # the status those were read from, and its groups' keys
         self._noted_keys: list[str] = []
         self._windows: dict[str, list[tuple[int, int, int, int]]] = {}
+        self._window_hint: dict[str, int] = {}  # per group: the index of the window its last exit was in
 
     # ---- thread ----
     def start(self) -> None:
@@ -414,7 +423,7 @@ class FrPoller:
         the entries since the last one before the ring drops them, to hand the analyzer an op in
         flight that is not moving, and to keep records from getting old: the status-only dump (3 us,
         read every ``status_s``) tells each. One full poll per refill of RING_FILL of the ring is
-        about 20 us a collective all told (the dump's 12 at one per 1,700 entries, the poller's 7),
+        about 20 us a collective all told (the dump's 12 at one per 1,700 entries, the poller's 6),
         where polling on a clock cost 2.5 % of a 1-s step at any rate (benchmarks/RESULTS.md)."""
         if status is None:
             return True
@@ -590,7 +599,7 @@ class FrPoller:
             if obj is not None:
                 self.stats.tail_reads += 1
                 return obj
-        return json.loads(text)
+        return decode_held(json.loads, text)
 
     def _read_full(self) -> tuple[str, list[dict[str, Any]], Mapping[str, Any], Mapping[str, Any]]:
         """The full dump, decoded and checked (``validate``): the cheaper decoded form while it works (one
@@ -632,26 +641,34 @@ class FrPoller:
             self.ring = len(entries)
         groups: dict[str, GroupInfo | None] = {}  # resolved once a poll, not once an entry
         last_rid = self._last_rid
+        opened_calls = self._open
+        seen_rid = present.add
+        new_rid = new_rids.append
+        new = self._new
+        # The hot loop of a ring read (1,500 entries or so each): locals, and the int case of _int inline
         for i in range(self._first_needed(entries), len(entries)):
             e = entries[i]
-            rid = _int(e.get("record_id"))
-            if rid is None:
-                rid = -(i + 1)  # no id: never "new" twice, never matched
-            present.add(rid)
-            if self._open:
-                opened = self._open.get(rid)
+            rid = e.get("record_id")
+            if type(rid) is not int:
+                rid = fr_int(rid)
+                if rid is None:
+                    rid = -(i + 1)  # no id: never "new" twice, never matched
+            seen_rid(rid)
+            if opened_calls:
+                opened = opened_calls.get(rid)
                 if opened is not None:
                     if _done(e, opened[2], completed.get(opened[1] or "")):
                         self._exit(rid, *self._t_exit(e, offset, now, prev, opened[0].t_enter_ns, opened[1], opened[2]))
                     continue
             if rid <= last_rid:  # seen before (most of a full ring): nothing else to read
                 continue
-            name = self._pg_name(e)
             pg_id = e.get("pg_id")
-            pid = None if pg_id is None else str(pg_id)
-            seq = _int(e.get("collective_seq_id"))
-            new_rids.append(rid)
-            self._new(e, rid, name, pid, seq, completed, offset, now, prev, since, groups)
+            seq = e.get("collective_seq_id")
+            if type(seq) is not int:
+                seq = fr_int(seq)
+            new_rid(rid)
+            new(e, rid, self._pg_name(e), None if pg_id is None else str(pg_id), seq, completed, offset, now, prev,
+                since, groups)  # fmt: skip
         if new_rids:
             first, top = min(new_rids), max(new_rids)
             if self._last_rid >= 0 and first > self._last_rid + 1:
@@ -694,13 +711,21 @@ class FrPoller:
         """(exit time, +/- error): the op ended between ``lo`` (its creation, or the previous poll that
         saw it in flight) and this poll, and, for a collective, between the two status reads that saw
         its group's completed counter pass it; the midpoint, off by at most half that window."""
-        lo = t_enter if prev is None else max(t_enter, prev)
+        lo = t_enter if prev is None or t_enter > prev else prev
         hi = now
         q = self._windows.get(pid or "") if seq is not None else None  # (p2p: no collective sequence)
         if q and seq is not None:
-            # the windows follow the counter up, one after the other: the one that holds seq, by bisection
-            # (a poll seconds after the last reads up to a thousand exits against hundreds of windows)
-            i = bisect.bisect_left(q, seq, key=_LAST)
+            # the windows follow the counter up, one after the other: the one that holds seq. A ring read
+            # asks in seq order, so the window the last exit of this group found (or the next) most often
+            # holds it; else by bisection (a poll seconds after the last reads up to a thousand exits
+            # against hundreds of windows)
+            key = pid or ""
+            i = self._window_hint.get(key, 0)
+            if not (i < len(q) and q[i][0] <= seq <= q[i][1]):
+                i += 1
+                if not (i < len(q) and q[i][0] <= seq <= q[i][1]):
+                    i = bisect.bisect_left(q, seq, key=_LAST)
+                self._window_hint[key] = i
             if i < len(q) and q[i][0] <= seq:
                 _first, _last, t0, t1 = q[i]
                 if max(lo, t0) <= min(hi, t1):
@@ -715,7 +740,9 @@ class FrPoller:
                 pid: str | None, seq: int | None) -> tuple[int, int]:  # fmt: skip
         """(exit time, +/- error): Flight Recorder's own completion time when it wrote one (NCCL), else
         the midpoint of the window it ended in (:meth:`_window`)."""
-        t = _int(e.get("time_discovered_completed_ns"))
+        t = e.get("time_discovered_completed_ns")
+        if t is not None and type(t) is not int:
+            t = fr_int(t)
         if t:
             return max(t_enter, t - offset), 0
         return self._window(t_enter, prev, now, pid, seq)
@@ -728,36 +755,39 @@ class FrPoller:
     def _new(self, e: Mapping[str, Any], rid: int, name: str, pid: str | None, seq: int | None,
              completed: Mapping[str, int], offset: int, now: int, prev: int | None, since: int,
              groups: dict[str, GroupInfo | None]) -> None:  # fmt: skip
-        created = _int(e.get("time_created_ns"))
+        get = e.get  # once an entry for each of a ring read's 1,500 or so: no lookup more than needed
+        created = get("time_created_ns")
+        if type(created) is not int:
+            created = fr_int(created)
         done = _done(e, seq, completed.get(pid or ""))
+        stats = self.stats
         if done and created is not None and created < since:
-            self.stats.preexisting += 1
+            stats.preexisting += 1
             return
-        if seq is not None and seq <= self.wrapper_upto.get(name, 0) and not e.get("is_p2p"):
-            self.stats.wrapper_seen += 1
+        is_p2p = get("is_p2p")
+        if seq is not None and not is_p2p and seq <= self.wrapper_upto.get(name, 0):
+            stats.wrapper_seen += 1
             return
-        if name in groups:  # resolved once a poll
-            group = groups[name]
-        else:
+        group = groups.get(name, _UNRESOLVED)
+        if group is _UNRESOLVED:  # resolved once a poll
             group = groups[name] = self.resolve_group(name)
         if group is None:
-            self.stats.unresolved_groups += 1
+            stats.unresolved_groups += 1
             return
-        written = str(e.get("profiling_name", ""))
-        op, rest, known = _op_name(written)
-        op_type = OP_TYPES.get(op) if known else None
+        written = get("profiling_name", "")
+        op, rest, op_type, unknown = _kind(written if type(written) is str else str(written))
         if op_type is None:
-            self._unknown(op if known else written)
+            self._unknown(unknown)
             return
         dtype, count = _size_dtype(op, e)
-        p2p = bool(e.get("is_p2p")) or op_type in (OpType.SEND, OpType.RECV)
+        p2p = bool(is_p2p) or op_type in _P2P_TYPES
         if p2p:
             if not self.p2p:
-                self.stats.p2p_skipped += 1
+                stats.p2p_skipped += 1
                 return
             spec = self._p2p_call(group, op_type, _p2p_local_peer(rest))
             if spec is None:
-                self.stats.unresolved_groups += 1
+                stats.unresolved_groups += 1
                 return
             chash, op_seq, comm_rank, peer, size = spec
         else:
@@ -766,17 +796,17 @@ class FrPoller:
                 return
             chash, op_seq, comm_rank, peer, size = group.comm_hash, seq - 1, group.comm_rank, -1, group.size
         t_enter = created - offset if created is not None else now
-        self.stats.entered += 1
+        stats.entered += 1
         if done:
             t_exit, err = self._t_exit(e, offset, now, prev, t_enter, pid, None if p2p else seq)
             self.tracker.done(chash, op_seq, op_type, dtype, count, peer, comm_rank, size, t_enter, t_exit, err)
-            self.stats.exited += 1
+            stats.exited += 1
             return
         call = self.tracker.enter(chash, op_seq, op_type, dtype, count, peer, comm_rank, size, t_ns=t_enter)
         if len(self._open) < self._open_max:
             self._open[rid] = (call, pid, None if p2p else seq)
         else:
-            self.stats.untracked += 1
+            stats.untracked += 1
 
     def _p2p_call(self, group: GroupInfo, op_type: OpType, local_peer: int | None
                   ) -> tuple[int, int, int, int, int] | None:  # fmt: skip
@@ -808,6 +838,33 @@ _DECODER = json.JSONDecoder()
 _ENTRIES = '"entries":['
 
 
+def decode_held(decode: Callable[[Any], Any], raw: Any) -> Any:
+    """``decode(raw)`` with Python's cyclic garbage collector's automatic runs held off for the call.
+
+    Why: a ring of 2,000 entries decodes into about 40,000 dicts and lists. With collections on,
+    each 700 of them start a young collection that finds them all alive and moves them to the older
+    generations, and enough promoted objects set off a full collection of the whole process (every
+    torch module and tensor object: 90 ms on the poller's thread here, about one read in three).
+    Measured in a 500-collectives/s job on this 2-core host: an unpickle of 18 ms plus 4.5 ms a step
+    of full collections with them on, 3.7 ms and none held off. The decoded dump lives for one poll
+    and dies young: nothing is left uncollected, only not scanned while it is being built.
+
+    How: the young generation's threshold is 0 for the call (no automatic collection; CPython
+    checks it beside the enabled flag) and put back after. The enabled flag is the job's own
+    (``gc.disable()``, Megatron's manual GC) and is never touched. The decodes passed here run in C
+    holding the GIL (``pickle.loads`` of torch's plain dicts and lists, ``json``'s C scanner), so
+    another thread runs at most a few bytecodes in the window, and its next collection only comes
+    a little later. A job that sets thresholds itself does so at its start, not while it trains."""
+    thresholds = gc.get_threshold()
+    if not thresholds[0]:
+        return decode(raw)
+    gc.set_threshold(0, *thresholds[1:])
+    try:
+        return decode(raw)
+    finally:
+        gc.set_threshold(*thresholds)
+
+
 def parse_tail(text: str, cut: int) -> dict[str, Any] | None:
     """The dump with only the entries from record id ``cut`` on, parsed; None when the text is not
     as expected (the caller then parses it all).
@@ -829,7 +886,7 @@ def parse_tail(text: str, cut: int) -> dict[str, Any] | None:
     try:
         # the entries from the cut to the end of the list in one call of the C decoder (it stops at
         # the list's closing bracket): about a third cheaper than one call per entry
-        entries, end = _DECODER.raw_decode("[" + text[start:])
+        entries, end = decode_held(_DECODER.raw_decode, "[" + text[start:])
         close = start + end - 2  # the list's "]" in the text
         if not isinstance(entries, list) or not entries or text[close] != "]":
             return None
@@ -869,14 +926,16 @@ def make_poller(tracker: Tracker, hooks: Any, *, interval_s: float | None = None
     dump = getattr(c10d_c, "_dump_fr_trace_json", None)
     if dump is None:
         return None
-    # A full read as torch's pickle, without stack traces: the same entries for a third of the cost (a ring
-    # of 2,000: 8 ms to dump and 3 ms to unpickle, against 22 ms for the JSON, holding the GIL either way).
+    # A full read as torch's pickle, without stack traces: the same entries for less (a ring of 2,000 on a
+    # quiet machine here: 8-19 ms to dump and 3-5 ms to unpickle, against 22-33 ms for the JSON dump alone,
+    # holding the GIL either way; the spread is between days).
     # The status-only reads stay JSON: a few hundred bytes, compared and searched as text.
     pickled = getattr(c10d_c, "_dump_fr_trace", None)
     full_dump: FullDumpFn | None = None
     if pickled is not None:
         def full_dump() -> Any:
-            return pickle.loads(pickled(True, False, True))  # (collectives, stack traces, only active)
+            # (collectives, stack traces, only active); decoded with the collector held off (see decode_held)
+            return decode_held(pickle.loads, pickled(True, False, True))
     # weak, like the wrapper's group table: the attachment must never keep a destroyed group alive
     by_name: weakref.WeakValueDictionary[str, Any] = weakref.WeakValueDictionary()
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import gc
 import json
+import pickle
 import threading
 import time
 from dataclasses import dataclass
@@ -11,7 +13,7 @@ from typing import Any
 import pytest
 
 from ccld.identity import P2P_RECEIVER, P2P_SENDER, comm_hash, p2p_hash
-from ccld.producers.attach.fr_poll import FrPoller, parse_tail
+from ccld.producers.attach.fr_poll import FrPoller, decode_held, parse_tail
 from ccld.producers.attach.op_tracker import Identity, Tracker
 from ccld.producers.attach.outlets import ListSink
 from ccld.records import DType, KernelRecord, OpType, Status
@@ -773,3 +775,97 @@ def test_the_first_read_of_a_ring_that_keeps_finished_entries_puts_the_next_on_t
         assert poller.stats.ring_reads == 1
     finally:
         poller.stop()
+
+
+class _Collections:
+    """Counts the cyclic collector's runs (any thread) inside the decodes it wraps (``counted``): not
+    the young collection that may follow a decode, which finds its objects alive or gone as it may."""
+
+    def __init__(self) -> None:
+        self.total = 0
+        self.runs: list[int] = []  # per decode
+
+    def _seen(self, phase: str, _info: dict[str, Any]) -> None:
+        self.total += phase == "start"
+
+    def counted(self, decode: Any) -> Any:
+        def run(raw: Any) -> Any:
+            gc.callbacks.append(self._seen)
+            before = self.total
+            try:
+                return decode(raw)
+            finally:
+                self.runs.append(self.total - before)  # before the callback goes: no list grows uncounted
+                gc.callbacks.remove(self._seen)
+
+        return run
+
+
+def _ring_like(n: int) -> bytes:
+    """A pickle shaped like torch's decoded ring: n entry dicts, each holding lists (tracked containers)."""
+    return pickle.dumps([{"record_id": i, "process_group": ["0", "default"], "input_sizes": [[4, 4]],
+                          "output_sizes": [[4, 4]], "input_dtypes": ["Float"], "profiling_name": "gloo:all_reduce"}
+                         for i in range(n)])  # fmt: skip
+
+
+def test_a_decoded_ring_sets_off_no_collection_and_the_collectors_settings_are_put_back() -> None:
+    raw = _ring_like(20_000)
+    before = gc.get_threshold()
+    plain, held = _Collections(), _Collections()
+    plain.counted(pickle.loads)(raw)
+    entries = decode_held(held.counted(pickle.loads), raw)
+    assert plain.runs[0] > 10, plain.runs  # the same decode with the collector on runs it (the test can fail)
+    assert held.runs == [0] and len(entries) == 20_000
+    assert gc.get_threshold() == before and gc.isenabled()
+
+
+def test_the_collector_is_put_back_when_the_decode_raises_and_a_jobs_own_choice_is_kept() -> None:
+    before = gc.get_threshold()
+    with pytest.raises(ValueError):
+        decode_held(json.loads, "{not json")
+    assert gc.get_threshold() == before and gc.isenabled()
+    gc.disable()  # a job's manual GC (Megatron's): the flag is the job's, never turned back on
+    try:
+        decode_held(pickle.loads, _ring_like(10))
+        assert not gc.isenabled() and gc.get_threshold() == before
+    finally:
+        gc.enable()
+    gc.set_threshold(0, *before[1:])  # a job that turned automatic collection off by its threshold
+    try:
+        decode_held(pickle.loads, _ring_like(10))
+        assert gc.get_threshold() == (0, *before[1:])
+    finally:
+        gc.set_threshold(*before)
+
+
+def test_the_live_pollers_full_read_of_torchs_ring_sets_off_no_collection(monkeypatch: pytest.MonkeyPatch) -> None:
+    torch = pytest.importorskip("torch", reason="torch is not installed (pip install 'ccl-d[torch]')")
+    dist = pytest.importorskip("torch.distributed")
+    from ccld.producers.attach import attach, detach, fr_poll
+    from ccld.settings import Settings
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    before = gc.get_threshold()
+    held, plain = _Collections(), _Collections()
+    loads = pickle.loads
+    try:
+        att = attach(Settings.load({}, job="unit"), sink=ListSink(), markers=False, source="both", fr_poll_s=5.0)
+        t = torch.ones(4)
+        for _ in range(300):
+            dist.all_reduce(t)
+        poller = att.poller
+        detach()  # the attachment's threads stopped: no collection of theirs lands in the counts
+        assert poller is not None and poller.full_dump is not None
+        gc.set_threshold(50, *before[1:])  # a young collection every 50 containers: several in a plain decode
+        monkeypatch.setattr(fr_poll.pickle, "loads", held.counted(loads))
+        _version, entries, _config, _status = fr_poll._checked(poller.full_dump())
+        monkeypatch.setattr(fr_poll, "decode_held", lambda decode, raw: decode(raw))
+        monkeypatch.setattr(fr_poll.pickle, "loads", plain.counted(loads))
+        fr_poll._checked(poller.full_dump())
+    finally:
+        gc.set_threshold(*before)
+        detach()
+        dist.destroy_process_group()
+    assert len(entries) >= 300
+    assert plain.runs[0] > 5, plain.runs  # without the hold the same read collects (the test can fail)
+    assert held.runs == [0], held.runs
