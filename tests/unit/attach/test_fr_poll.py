@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import json
 import pickle
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -808,6 +809,11 @@ def _ring_like(n: int) -> bytes:
                          for i in range(n)])  # fmt: skip
 
 
+#: since CPython 3.12 the collector runs only between bytecodes: a C decode never collects, held or not
+_COLLECTS_IN_C = pytest.mark.skipif(sys.version_info >= (3, 12), reason="CPython 3.12+ never collects inside a C call")
+
+
+@_COLLECTS_IN_C
 def test_a_decoded_ring_sets_off_no_collection_and_the_collectors_settings_are_put_back() -> None:
     raw = _ring_like(20_000)
     before = gc.get_threshold()
@@ -838,6 +844,7 @@ def test_the_collector_is_put_back_when_the_decode_raises_and_a_jobs_own_choice_
         gc.set_threshold(*before)
 
 
+@_COLLECTS_IN_C
 def test_the_live_pollers_full_read_of_torchs_ring_sets_off_no_collection(monkeypatch: pytest.MonkeyPatch) -> None:
     torch = pytest.importorskip("torch", reason="torch is not installed (pip install 'ccl-d[torch]')")
     dist = pytest.importorskip("torch.distributed")
