@@ -197,13 +197,14 @@ def measured(ops: list[Op], store_path: str, args: argparse.Namespace, out_path:
     means: dict[str, list[float]] = {m: [] for m in modes}
     hooks: dict[str, list[int]] = {m: [] for m in modes}
     cpu: dict[str, list[float]] = {m: [] for m in modes}
+    off_gil: dict[str, list[float]] = {m: [] for m in modes}
     seen: dict[str, list[float]] = {m: [] for m in modes}
     for block in range(args.blocks):
         for mode in modes[block % len(modes) :] + modes[: block % len(modes)]:
             att = None
             if mode != "none":
                 att = attach(settings, sink=CountingSink(), markers=False, source=mode, cost=True)
-            block_times = time_block(step, args.steps_per_block, att, hooks[mode], cpu[mode])
+            block_times = time_block(step, args.steps_per_block, att, hooks[mode], cpu[mode], off_gil[mode])
             times[mode] += block_times
             means[mode].append(statistics.fmean(block_times))
             if mode != "none":
@@ -220,7 +221,7 @@ def measured(ops: list[Op], store_path: str, args: argparse.Namespace, out_path:
         row = {"step_ms": med, "added_ms": med - base, "median_step_ms": statistics.median(ordered) / 1e6,
                "p99_step_ms": ordered[int(0.99 * (len(ordered) - 1))] / 1e6,
                "seen": statistics.median(seen[mode]) if seen[mode] else 0.0}  # fmt: skip
-        row.update(cost_columns(mode, hooks[mode], cpu[mode], means, base))
+        row.update(cost_columns(mode, hooks[mode], cpu[mode], means, base, off_gil[mode]))
         res["modes"][mode] = row
     dist.barrier()
     dist.destroy_process_group()

@@ -8,8 +8,10 @@ One gloo rank (world size 1, in process). Two parts:
 - per step (``--steps-per-block``, 0 skips it): training-like steps of ``--coll-per-step``
   collectives plus compute (torch matmuls, calibrated so the rank runs ``--rate`` collectives/s,
   default 1,000), half called from Python (``dist.all_reduce``) and half on the process group
-  directly, as DDP's C++ reducer does (the wrapper cannot see those). Modes none, wrap, fr, both
-  alternate in blocks after the Flight Recorder ring is full (its steady state); prints the
+  directly, as DDP's C++ reducer does (the wrapper cannot see those). Modes none and the sources
+  alternate in blocks after the Flight Recorder ring is full (its steady state; ``SOURCE-gil``, e.g.
+  ``auto-gil``, is that source reading the ring through torch's binding, which holds the GIL for each
+  dump, rather than its C++ function: the two side by side); prints the
   step time (median over blocks of each block's mean step: a poll's cost lands on the few steps
   it overlaps, which a median step would hide), the added cost per step and per collective
   against the unattached steps, the median, p99 and longest single step, the share of
@@ -42,6 +44,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import statistics
 import sys
 import time
@@ -50,6 +53,7 @@ from typing import Any
 
 TARGET_US = 20.0
 SOURCES = ("wrap", "fr", "both", "auto")
+GIL_SUFFIX = "-gil"  # a step-part mode: the source with Flight Recorder read through torch's binding (attach_as)
 
 
 class CountingSink:
@@ -114,36 +118,71 @@ def settle(att: Any, fn: Callable[[], Any], step_s: float) -> int:
     return played
 
 
-def time_block(fn: Callable[[], Any], n: int, att: Any, hooks: list[int], cpu: list[float]) -> list[int]:
+def attach_as(mode: str, attach: Callable[..., Any], *args: Any, **kw: Any) -> Any:
+    """``mode``'s attachment: a source; ``SOURCE-gil`` is that source reading Flight Recorder's ring through
+    torch's binding, which holds the GIL for each dump, instead of its C++ function (``fr_native``)."""
+    from ccld.producers.attach.fr_native import ENV_NATIVE
+
+    source = mode.removesuffix(GIL_SUFFIX)
+    if source == mode:
+        return attach(*args, source=source, **kw)
+    prior = os.environ.get(ENV_NATIVE)
+    os.environ[ENV_NATIVE] = "0"  # read by the poller when it is made, at attach
+    try:
+        return attach(*args, source=source, **kw)
+    finally:
+        if prior is None:
+            del os.environ[ENV_NATIVE]
+        else:
+            os.environ[ENV_NATIVE] = prior
+
+
+def time_block(fn: Callable[[], Any], n: int, att: Any, hooks: list[int], cpu: list[float],
+               off_gil: list[float] | None = None) -> list[int]:  # fmt: skip
     """``n`` steps' wall times; under an attachment that measures its cost (``att``), its per-step hook time
-    goes to ``hooks`` and its threads' CPU per step to ``cpu``."""
+    goes to ``hooks``, its threads' CPU per step to ``cpu``, and the part of that CPU its poller spent in
+    Flight Recorder's dump without holding the GIL (``fr_native``) to ``off_gil``."""
     if att is None or att.hooks.cost is None:
         return time_calls(fn, n)
+    stats = getattr(getattr(att, "poller", None), "stats", None)
+    native0 = stats.native_dump_ns if stats is not None else 0
     walls, in_hooks, cpu_ns = time_consumed(fn, n, att.hooks.cost)
     hooks += in_hooks
     cpu.append(cpu_ns / n)
+    if off_gil is not None:
+        off_gil.append((stats.native_dump_ns - native0) / n if stats is not None else 0.0)
     return walls
 
 
-def cost_columns(mode: str, hooks: list[int], cpu: list[float], means: dict[str, list[float]], base: float
-                 ) -> dict[str, float]:
+def cost_columns(mode: str, hooks: list[int], cpu: list[float], means: dict[str, list[float]], base: float,
+                 off_gil: list[float] | None = None) -> dict[str, float]:  # fmt: skip
     """A mode's consumed columns (``consumed_row``) and its wall-time A/B: each block against the unattached
     block of the same round."""
-    row: dict[str, float] = consumed_row(hooks, cpu, base) if hooks else {}
+    row: dict[str, float] = consumed_row(hooks, cpu, base, off_gil) if hooks else {}
     if mode != "none":
         diff, half = paired_ci([(m - n) / 1e6 for m, n in zip(means[mode], means["none"], strict=True)])
         row.update(ab_ms=diff, ab_ci_ms=half, ab_pairs=len(means[mode]))
     return row
 
 
-def consumed_row(hooks: list[int], cpu_per_step: list[float], base_ms: float) -> dict[str, float]:
+def consumed_row(hooks: list[int], cpu_per_step: list[float], base_ms: float,
+                 off_gil_per_step: list[float] | None = None) -> dict[str, float]:  # fmt: skip
     """What the attachment consumed per step: the training thread's time in it (median, p99), its
-    threads' CPU (median over blocks), and their sum as a share of the unattached step."""
+    threads' CPU (median over blocks), and their sum as a share of the unattached step; and the share
+    a Python training thread can wait for: the same less the threads' CPU spent without the GIL (Flight
+    Recorder's native dump, on a core of its own where the host has one free). Still an upper bound:
+    librdkafka's threads and the Python threads' waits for the GIL hold no GIL either, and are counted."""
     ordered = sorted(hooks)
     med_us = statistics.median(ordered) / 1e3
     cpu_us = statistics.median(cpu_per_step) / 1e3 if cpu_per_step else 0.0
+    off = off_gil_per_step if off_gil_per_step and len(off_gil_per_step) == len(cpu_per_step) else [0.0] * len(
+        cpu_per_step)
+    held_us = statistics.median(c - o for c, o in zip(cpu_per_step, off, strict=True)) / 1e3 if cpu_per_step else 0.0
+    hook_us = statistics.fmean(hooks) / 1e3
     return {"hook_us_p50": med_us, "hook_us_p99": ordered[int(0.99 * (len(ordered) - 1))] / 1e3,
-            "threads_cpu_us": cpu_us, "consumed_pct": 100 * (statistics.fmean(hooks) / 1e3 + cpu_us) / (base_ms * 1e3),
+            "threads_cpu_us": cpu_us, "consumed_pct": 100 * (hook_us + cpu_us) / (base_ms * 1e3),
+            "off_gil_us": statistics.median(off) / 1e3 if off else 0.0,
+            "gil_pct": 100 * (hook_us + held_us) / (base_ms * 1e3),
             "threads_core_pct": 100 * cpu_us / (base_ms * 1e3)}  # fmt: skip
 
 
@@ -199,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     per_block = max(1, args.calls // args.blocks)
     results: dict[str, dict[str, float]] = {}
     sink_records = 0
-    for source in sources:
+    for source in (s for s in sources if not s.endswith(GIL_SUFFIX)):  # a call alone never reads the ring
         for name, fn in cases.items():
             time_calls(fn, 200)  # warm-up
             plain: list[int] = []
@@ -278,17 +317,18 @@ def step_part(args: argparse.Namespace, settings: Any, sources: list[str]) -> di
     polls: dict[str, list[float]] = {m: [] for m in modes}
     hooks: dict[str, list[int]] = {m: [] for m in modes}  # per step: the training thread's ns in the attachment
     cpu: dict[str, list[float]] = {m: [] for m in modes}  # per block: its threads' CPU ns per step
+    off_gil: dict[str, list[float]] = {m: [] for m in modes}  # ... of which spent in the dump without the GIL
     for block in range(args.step_blocks):
         for mode in modes[block % len(modes) :] + modes[: block % len(modes)]:  # rotate the order
             att = None
             if mode != "none":
-                att = attach(settings, sink=None if args.bootstrap else CountingSink(), markers=False, source=mode,
-                             fr_poll_s=args.fr_poll_ms / 1000, cost=True)  # fmt: skip
+                att = attach_as(mode, attach, settings, sink=None if args.bootstrap else CountingSink(), markers=False,
+                                fr_poll_s=args.fr_poll_ms / 1000, cost=True)  # fmt: skip
             warm = warmup_steps(args, args.coll_per_step / args.rate)
             time_calls(step, warm)
             warm += settle(att, step, args.coll_per_step / args.rate)
             t0 = time.perf_counter_ns()
-            block_times = time_block(step, args.steps_per_block, att, hooks[mode], cpu[mode])
+            block_times = time_block(step, args.steps_per_block, att, hooks[mode], cpu[mode], off_gil[mode])
             wall_s = (time.perf_counter_ns() - t0) / 1e9
             times[mode] += block_times
             means[mode].append(statistics.fmean(block_times))
@@ -315,7 +355,7 @@ def step_part(args: argparse.Namespace, settings: Any, sources: list[str]) -> di
         if polls[mode]:
             row["poll_ms"] = statistics.median(polls[mode][0::2])
             row["polls_per_s"] = statistics.median(polls[mode][1::2])
-        row.update(cost_columns(mode, hooks[mode], cpu[mode], means, base))
+        row.update(cost_columns(mode, hooks[mode], cpu[mode], means, base, off_gil[mode]))
         out["modes"][mode] = row
     return out
 
@@ -359,19 +399,21 @@ def ddp_part(args: argparse.Namespace, settings: Any) -> dict[str, Any]:
     cpu: dict[str, list[float]] = {m: [] for m in modes}  # the process's CPU time per step: other tenants' load
     hooks: dict[str, list[int]] = {m: [] for m in modes}
     tcpu: dict[str, list[float]] = {m: [] for m in modes}
+    off_gil: dict[str, list[float]] = {m: [] for m in modes}
     for block in range(args.ddp_blocks):  # moves wall times far more than it moves this
         for mode in modes[block % len(modes) :] + modes[: block % len(modes)]:
             c0 = time.process_time_ns()
             att = None
             if mode != "none":
-                att = attach(settings, sink=None if args.bootstrap else CountingSink(), markers=False,
-                             source=mode.removesuffix("-nost"), fr_poll_s=args.fr_poll_ms / 1000,
-                             fr_status_s=0.0 if mode.endswith("-nost") else None, cost=True)  # fmt: skip
+                att = attach_as(mode.removesuffix("-nost"), attach, settings,
+                                sink=None if args.bootstrap else CountingSink(), markers=False,
+                                fr_poll_s=args.fr_poll_ms / 1000, fr_status_s=0.0 if mode.endswith("-nost") else None,
+                                cost=True)  # fmt: skip
             warm = warmup_steps(args, args.ddp_step_ms / 1000)
             time_calls(step, warm)
             warm += settle(att, step, args.ddp_step_ms / 1000)
             t0 = time.perf_counter_ns()
-            block_times = time_block(step, args.ddp_steps_per_block, att, hooks[mode], tcpu[mode])
+            block_times = time_block(step, args.ddp_steps_per_block, att, hooks[mode], tcpu[mode], off_gil[mode])
             wall_s = (time.perf_counter_ns() - t0) / 1e9
             times[mode] += block_times
             means[mode].append(statistics.fmean(block_times))
@@ -398,7 +440,7 @@ def ddp_part(args: argparse.Namespace, settings: Any) -> dict[str, Any]:
         if polls[mode]:
             row["poll_ms"] = statistics.median(polls[mode][0::2])
             row["polls_per_s"] = statistics.median(polls[mode][1::2])
-        row.update(cost_columns(mode, hooks[mode], tcpu[mode], means, base))
+        row.update(cost_columns(mode, hooks[mode], tcpu[mode], means, base, off_gil[mode]))
         out["modes"][mode] = row
     return out
 
@@ -435,15 +477,17 @@ def print_steps(steps: dict[str, Any]) -> None:
 
 def print_consumed(modes: dict[str, Any]) -> None:
     """What each mode consumed, per step (the attachment's counters), and the wall-time A/B's interval."""
-    print("consumed per step: the training thread's time in the attachment (p50, p99), its threads' CPU; "
-          "share: both against the plain step; A/B: mean of paired block differences, 95 % interval")  # fmt: skip
-    print(f"{'mode':<10}{'hook p50 us':>12}{'hook p99 us':>12}{'threads us':>11}{'share %':>9}{'core %':>8}"
-          f"{'A/B ms':>9}{'+/- ms':>9}{'pairs':>6}")  # fmt: skip
+    print("consumed per step: the training thread's time in the attachment (p50, p99), its threads' CPU, of which "
+          "without the GIL (Flight Recorder's native dump); share: hooks and threads against the plain step; GIL: "
+          "the same less the part without the GIL; A/B: mean of paired block differences, 95 % interval")  # fmt: skip
+    print(f"{'mode':<10}{'hook p50 us':>12}{'hook p99 us':>12}{'threads us':>11}{'no-GIL us':>10}{'share %':>9}"
+          f"{'GIL %':>7}{'core %':>8}{'A/B ms':>9}{'+/- ms':>9}{'pairs':>6}")  # fmt: skip
     for mode, r in modes.items():
         if "hook_us_p50" in r:
+            gil = r.get("gil_pct", r["consumed_pct"])
             print(f"{mode:<10}{r['hook_us_p50']:>12.1f}{r['hook_us_p99']:>12.1f}{r['threads_cpu_us']:>11.1f}"
-                  f"{r['consumed_pct']:>9.3f}{r['threads_core_pct']:>8.2f}{r['ab_ms']:>9.3f}{r['ab_ci_ms']:>9.3f}"
-                  f"{r['ab_pairs']:>6}")  # fmt: skip
+                  f"{r.get('off_gil_us', 0.0):>10.1f}{r['consumed_pct']:>9.3f}{gil:>7.3f}{r['threads_core_pct']:>8.2f}"
+                  f"{r['ab_ms']:>9.3f}{r['ab_ci_ms']:>9.3f}{r['ab_pairs']:>6}")  # fmt: skip
 
 
 def print_rows(modes: dict[str, Any]) -> None:

@@ -21,12 +21,12 @@ from ccld.errors import ConfigError
 ENV_PREFIX = "CCLD_"
 ANALYZER_PREFIX = "ANALYZER_"
 #: CCLD_* variables that are not settings: the test suite's broker; the launch's job name ``ccld run`` hands its
-#: ranks; the attachment's cost counters; ``ccld up``'s lifeline to its children; the NCCL profiler plugin's own
-#: (read by the C library, set by ``ccld run --nccl-plugin``). A rank loads its settings from an environment
-#: that holds them.
+#: ranks; the attachment's cost counters and its switch for Flight Recorder's GIL-free dump; ``ccld up``'s
+#: lifeline to its children; the NCCL profiler plugin's own (read by the C library, set by ``ccld run
+#: --nccl-plugin``). A rank loads its settings from an environment that holds them.
 NOT_SETTINGS = frozenset({
     "CCLD_TEST_BOOTSTRAP", "CCLD_JOB_LAUNCH", "CCLD_ATTACH_COST", "CCLD_SUPERVISOR",
-    "CCLD_NCCL_DIR", "CCLD_NCCL_SLOTS", "CCLD_NCCL_QUIET", "CCLD_NCCL_PLUGIN",
+    "CCLD_NCCL_DIR", "CCLD_NCCL_SLOTS", "CCLD_NCCL_QUIET", "CCLD_NCCL_PLUGIN", "CCLD_FR_NATIVE",
 })  # fmt: skip
 
 

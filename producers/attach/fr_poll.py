@@ -44,11 +44,11 @@ records of the ops ``detail_sampled`` picks): the op rate it measures comes from
 own creation times, so a poll that delivers a burst of entries is not a burst of ops.
 
 When: a ring that keeps finished entries (gloo's) is dumped whole at every read, about 10 us an entry
-holding the GIL, so it is read when the status-only dump says the ring needs it (refilled to
-RING_FILL, or less where the next burst of collectives would overrun it; a collective standing in
-flight; a read worth its cost; RING_WAIT_S at most: see :meth:`FrPoller._ring_due`), not on the
-clock; an active-only dump that drops finished entries (NCCL's) is read every interval, or it would
-miss short ops.
+(holding the GIL through torch's binding; not through its C++ function, ``fr_native``), so it is read
+when the status-only dump says the ring needs it (refilled to RING_FILL, or less where the next burst
+of collectives would overrun it; a collective standing in flight; a read worth its cost; RING_WAIT_S at
+most: see :meth:`FrPoller._ring_due`), not on the clock; an active-only dump that drops finished
+entries (NCCL's) is read every interval, or it would miss short ops.
 
 Safety: the thread never raises (every failure is a counter in :class:`FrStats`), a poll that
 costs more than ``max_duty`` of the time stretches the interval, and every table is bounded.
@@ -77,6 +77,7 @@ from typing import Any, Protocol
 from ccld.fr_dump.load import DumpError, validate
 from ccld.fr_dump.model import fr_int, normalise_op, numel
 from ccld.identity import P2P_RECEIVER, P2P_SENDER, dtype_code, p2p_hash
+from ccld.producers.attach.fr_native import torch_native_dump
 from ccld.producers.attach.op_tracker import OpCall, Tracker
 from ccld.records import DType, OpType
 
@@ -181,6 +182,9 @@ class FrStats:
     status_reads: int = 0  # status-only dumps read (each times the completions since the one before)
     timed_exits: int = 0  # exits narrowed by those reads
     poll_ns_total: int = 0
+    native_dumps: int = 0  # full dumps taken without the GIL (fr_native)
+    native_dump_ns: int = 0  # their CPU time (this thread's), which a Python training thread does not wait for
+    native_failures: int = 0  # the native dump failed: the binding reads the ring from then on
     unknown_names: dict[str, int] = field(default_factory=dict)
 
 
@@ -419,7 +423,9 @@ class FrPoller:
 
     def _ring_due(self, status: bytes | str | None, now: float) -> bool:
         """Whether a full poll is due. A full dump of gloo's ring costs about 10 us an entry, all of
-        them each time, holding the GIL (2,000 entries: 20 ms), while a poll is only needed to read
+        them each time (2,000 entries: 8-20 ms; holding the GIL through torch's binding, not through its
+        C++ function: ``fr_native``; either way a read's cost, which paces the late reads, counts it),
+        while a poll is only needed to read
         the entries since the last one before the ring drops them, to hand the analyzer an op in
         flight that is not moving, and to keep records from getting old: the status-only dump (3 us,
         read every ``status_s``) tells each. One full poll per refill of RING_FILL of the ring is
@@ -930,8 +936,9 @@ def make_poller(tracker: Tracker, hooks: Any, *, interval_s: float | None = None
         return None
     # A full read as torch's pickle, without stack traces: the same entries for less (a ring of 2,000 on a
     # quiet machine here: 8-19 ms to dump and 3-5 ms to unpickle, against 22-33 ms for the JSON dump alone,
-    # holding the GIL either way; the spread is between days).
-    # The status-only reads stay JSON: a few hundred bytes, compared and searched as text.
+    # both bindings holding the GIL; the spread is between days), taken without the GIL where this torch's
+    # C++ dump allows (_without_gil). The status-only reads stay JSON: a few hundred bytes, compared and
+    # searched as text.
     pickled = getattr(c10d_c, "_dump_fr_trace", None)
     full_dump: FullDumpFn | None = None
     if pickled is not None:
@@ -956,9 +963,43 @@ def make_poller(tracker: Tracker, hooks: Any, *, interval_s: float | None = None
                 return None
         return hooks.group_state(pg)
 
-    return FrPoller(tracker, resolve, dump=dump, full_dump=full_dump, interval_s=interval_s or DEFAULT_INTERVAL_S,
-                    p2p=p2p, status_s=DEFAULT_STATUS_S if status_s is None else status_s,
-                    ring=ring_size(os.environ))
+    poller = FrPoller(tracker, resolve, dump=dump, full_dump=full_dump, interval_s=interval_s or DEFAULT_INTERVAL_S,
+                      p2p=p2p, status_s=DEFAULT_STATUS_S if status_s is None else status_s,
+                      ring=ring_size(os.environ))  # fmt: skip
+    if full_dump is not None and pickled is not None:
+        poller.full_dump = _without_gil(poller.stats, full_dump, pickled)
+    return poller
+
+
+def _without_gil(stats: FrStats, bound_full: FullDumpFn, bound: Callable[[bool, bool, bool], bytes]) -> FullDumpFn:
+    """The full read through torch's C++ dump without the GIL (``fr_native``) where it is this torch's, counted
+    in ``stats``; ``bound_full`` (the binding, holding the GIL) where it is not, and for good once it failed."""
+    try:
+        native = torch_native_dump(os.environ, bound)
+    except Exception:  # noqa: BLE001 - whatever this torch is, the binding still reads the ring
+        log.debug("ccld flight recorder: no native dump", exc_info=True)
+        native = None
+    if native is None:
+        return bound_full
+    failed = False
+
+    def full_dump() -> Any:
+        nonlocal failed
+        if failed:
+            return bound_full()
+        t0 = time.thread_time_ns()
+        try:
+            raw = native(True, False, True)  # (collectives, stack traces, only active)
+        except Exception:  # noqa: BLE001 - the binding from now on, counted
+            failed = True
+            stats.native_failures += 1
+            log.debug("ccld flight recorder: native dump failed; the binding reads the ring", exc_info=True)
+            return bound_full()
+        stats.native_dump_ns += time.thread_time_ns() - t0
+        stats.native_dumps += 1
+        return decode_held(pickle.loads, raw)
+
+    return full_dump
 
 
 def ring_size(environ: Mapping[str, str]) -> int:
