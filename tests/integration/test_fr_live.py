@@ -213,7 +213,12 @@ def sigstop_case(fast: Settings, live_job: Callable[..., LocalJob], extra: list[
     for r in recs:
         if r.count == count and r.status is Status.DONE:
             done[r.rank].add(r.op_seq)
-    assert set(done) == set(range(WORLD)) and len(set.intersection(*done.values())) >= 2, done
+    common = set.intersection(*(done[r] for r in range(WORLD) if r != CULPRIT))
+    assert len(common) >= 2, done
+    # the stopped rank has sent only what its poller read before SIGSTOP (gloo's ring is read on its own
+    # cadence, seconds apart, where the hung peers read theirs once their op stands still): one op or more,
+    # sampled by its peers too
+    assert done[CULPRIT] & common, done
 
 
 def test_h1_a_sigstopped_rank_stops_ddps_all_reduce(fast: Settings, live_job: Callable[..., LocalJob]) -> None:
