@@ -175,8 +175,7 @@ def consumed_row(hooks: list[int], cpu_per_step: list[float], base_ms: float,
     ordered = sorted(hooks)
     med_us = statistics.median(ordered) / 1e3
     cpu_us = statistics.median(cpu_per_step) / 1e3 if cpu_per_step else 0.0
-    off = off_gil_per_step if off_gil_per_step and len(off_gil_per_step) == len(cpu_per_step) else [0.0] * len(
-        cpu_per_step)
+    off = off_gil_per_step or [0.0] * len(cpu_per_step)  # one per block, as time_block appends them
     held_us = statistics.median(c - o for c, o in zip(cpu_per_step, off, strict=True)) / 1e3 if cpu_per_step else 0.0
     hook_us = statistics.fmean(hooks) / 1e3
     return {"hook_us_p50": med_us, "hook_us_p99": ordered[int(0.99 * (len(ordered) - 1))] / 1e3,

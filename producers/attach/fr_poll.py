@@ -937,14 +937,9 @@ def make_poller(tracker: Tracker, hooks: Any, *, interval_s: float | None = None
     # A full read as torch's pickle, without stack traces: the same entries for less (a ring of 2,000 on a
     # quiet machine here: 8-19 ms to dump and 3-5 ms to unpickle, against 22-33 ms for the JSON dump alone,
     # both bindings holding the GIL; the spread is between days), taken without the GIL where this torch's
-    # C++ dump allows (_without_gil). The status-only reads stay JSON: a few hundred bytes, compared and
+    # C++ dump allows (_full_dump). The status-only reads stay JSON: a few hundred bytes, compared and
     # searched as text.
     pickled = getattr(c10d_c, "_dump_fr_trace", None)
-    full_dump: FullDumpFn | None = None
-    if pickled is not None:
-        def full_dump() -> Any:
-            # (collectives, stack traces, only active); decoded with the collector held off (see decode_held)
-            return decode_held(pickle.loads, pickled(True, False, True))
     # weak, like the wrapper's group table: the attachment must never keep a destroyed group alive
     by_name: weakref.WeakValueDictionary[str, Any] = weakref.WeakValueDictionary()
 
@@ -963,17 +958,22 @@ def make_poller(tracker: Tracker, hooks: Any, *, interval_s: float | None = None
                 return None
         return hooks.group_state(pg)
 
-    poller = FrPoller(tracker, resolve, dump=dump, full_dump=full_dump, interval_s=interval_s or DEFAULT_INTERVAL_S,
-                      p2p=p2p, status_s=DEFAULT_STATUS_S if status_s is None else status_s,
+    poller = FrPoller(tracker, resolve, dump=dump, interval_s=interval_s or DEFAULT_INTERVAL_S, p2p=p2p,
+                      status_s=DEFAULT_STATUS_S if status_s is None else status_s,
                       ring=ring_size(os.environ))  # fmt: skip
-    if full_dump is not None and pickled is not None:
-        poller.full_dump = _without_gil(poller.stats, full_dump, pickled)
+    if pickled is not None:
+        poller.full_dump = _full_dump(poller.stats, pickled)
     return poller
 
 
-def _without_gil(stats: FrStats, bound_full: FullDumpFn, bound: Callable[[bool, bool, bool], bytes]) -> FullDumpFn:
-    """The full read through torch's C++ dump without the GIL (``fr_native``) where it is this torch's, counted
-    in ``stats``; ``bound_full`` (the binding, holding the GIL) where it is not, and for good once it failed."""
+def _full_dump(stats: FrStats, bound: Callable[[bool, bool, bool], bytes]) -> FullDumpFn:
+    """The full read, decoded with the collector held off (:func:`decode_held`): through torch's C++ dump without
+    the GIL (``fr_native``) where it is this torch's, counted in ``stats``; through ``bound``, the binding
+    (holding the GIL), where it is not, and for good once the native one failed."""
+
+    def bound_full() -> Any:
+        return decode_held(pickle.loads, bound(True, False, True))  # (collectives, stack traces, only active)
+
     try:
         native = torch_native_dump(os.environ, bound)
     except Exception:  # noqa: BLE001 - whatever this torch is, the binding still reads the ring

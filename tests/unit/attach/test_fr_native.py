@@ -200,19 +200,22 @@ def test_a_native_dump_that_fails_at_a_read_gives_way_to_the_binding_for_good(mo
             raise ValueError("no string")
         return pickle.dumps({"version": "2.10", "entries": []})
 
-    def bound_full() -> Any:
+    def bound(*flags: bool) -> bytes:
         calls.append("binding")
-        return {"version": "2.10", "entries": [], "pg_config": {}, "pg_status": {}}
+        assert flags == (True, False, True)  # collectives, no stack traces, only active
+        return pickle.dumps({"version": "2.10", "entries": [], "pg_config": {}, "pg_status": {}})
 
     monkeypatch.setattr(fr_poll, "torch_native_dump", lambda _env, _bound: native)
     stats = fr_poll.FrStats()
-    read = fr_poll._without_gil(stats, bound_full, lambda *_flags: b"")
+    read = fr_poll._full_dump(stats, bound)
     assert read()["version"] == "2.10" and stats.native_dumps == 1 and stats.native_failures == 0
     assert read()["pg_config"] == {} and stats.native_failures == 1  # the binding answered the same read
     read()
     assert calls == ["native", "native", "binding", "binding"] and stats.native_dumps == 1
     monkeypatch.setattr(fr_poll, "torch_native_dump", lambda _env, _bound: None)
-    assert fr_poll._without_gil(stats, bound_full, lambda *_flags: b"") is bound_full
+    calls.clear()
+    assert fr_poll._full_dump(stats, bound)()["pg_config"] == {}  # no native dump here: the binding alone
+    assert calls == ["binding"] and stats.native_dumps == 1
 
 
 def test_a_native_dump_that_does_not_read_as_the_bindings_is_not_used() -> None:
